@@ -1,0 +1,25 @@
+"""nox sessions: `nox -s tests`, `nox -s lint`, `nox -s bench`."""
+
+import nox
+
+nox.options.sessions = ["lint", "tests"]
+# CPU build of torch; with no pin pip pulls a multi-GB CUDA build (see README).
+TORCH = "torch==2.13.0"
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    session.install(TORCH, "-e", ".[dev]")
+    session.run("python", "-m", "pytest", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    session.install("ruff>=0.5")
+    session.run("ruff", "check", "reproduce", "tests", "benchmarks", "noxfile.py")
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    session.install(TORCH, "-e", ".")
+    session.run("python", "benchmarks/decoding.py", *session.posargs)

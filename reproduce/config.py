@@ -1,0 +1,242 @@
+"""Typed, validated configs and the paper's named presets.
+
+Every knob is one of three kinds (google-research/tuning_playbook):
+*scientific* (what a table row varies: the model sizes, dropout, label smoothing, positions, steps),
+*nuisance* (tuned, never varied by a row: learning-rate scale, warm-up) or *fixed* (protocol: Adam's
+betas, beam size, length penalty). Defaults are the paper's base model (section 3, 5, 6).
+
+Overrides are flat ``{field: value}`` maps, as the paper's tables write them (``{h: 1, d_k: 512}``);
+field names are unique across sections so a flat key always names one field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Literal, get_args, get_origin, get_type_hints
+
+
+class ConfigError(ValueError):
+    """A config that cannot be built; the message is one line naming the field and what is allowed."""
+
+
+POSITIONS = ("sinusoidal", "learned")
+# "auto": bf16-mixed where the hardware runs it fast (CUDA with bf16, CPUs with AMX), else 32-true.
+PRECISIONS = ("auto", "32-true", "bf16-mixed", "16-mixed", "bf16-true")
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The Transformer's shape (section 3; Table 3's columns N, d_model, d_ff, h, d_k, d_v, P_drop)."""
+
+    vocab_size: int = 37000  # shared source-target BPE vocabulary (section 5.1)
+    N: int = 6  # layers per stack
+    d_model: int = 512
+    d_ff: int = 2048
+    h: int = 8
+    d_k: int = 64  # per-head query/key size; free, not d_model/h (rows A, B, C)
+    d_v: int = 64  # per-head value size
+    p_drop: float = 0.1  # residual and embedding dropout (section 5.4)
+    # Attention-weight dropout is not specified for translation; 0 keeps to the paper's text.
+    # Table 4's parser tunes it.
+    p_attn: float = 0.0
+    positions: str = "sinusoidal"  # "learned" is Table 3 row E
+    max_positions: int = 1024  # size of the learned position table / sinusoid cache
+    pad_id: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "N", "d_model", "d_ff", "h", "d_k", "d_v", "max_positions"):
+            value = getattr(self, name)
+            _check(value > 0, f"model.{name} = {value}: must be a positive integer")
+        for name in ("p_drop", "p_attn"):
+            value = getattr(self, name)
+            _check(0.0 <= value < 1.0, f"model.{name} = {value}: must be in [0, 1)")
+        _check(
+            self.positions in POSITIONS,
+            f"model.positions = {self.positions!r}: allowed values are {', '.join(POSITIONS)}",
+        )
+        _check(
+            self.positions != "sinusoidal" or self.d_model % 2 == 0,
+            f"model.d_model = {self.d_model}: sinusoidal positions need an even d_model "
+            "(sin and cos come in pairs); use an even size or positions: learned",
+        )
+        _check(
+            0 <= self.pad_id < self.vocab_size,
+            f"model.pad_id = {self.pad_id}: must be in [0, vocab_size={self.vocab_size})",
+        )
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation (section 5.2-5.4). ``lr_scale`` and ``warmup_steps`` are nuisance settings."""
+
+    train_steps: int = 100_000
+    warmup_steps: int = 4000
+    lr_scale: float = 1.0  # multiplies the paper's lrate formula; 1.0 is the paper
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.98
+    adam_eps: float = 1e-9
+    eps_ls: float = 0.1  # label smoothing (section 5.4)
+    batch_tokens: int = 25_000  # source (and target) tokens per optimizer step, over all devices
+    max_tokens_per_sentence: int = 256  # longer pairs are dropped and counted (OOM pitfall)
+    precision: str = "32-true"  # the paper trained in fp32; scales may choose "auto"
+    # Checkpoints for averaging (Table 2): one every `ckpt_every_steps`, the last `average_last` kept.
+    ckpt_every_steps: int = 0
+    average_last: int = 1
+    val_every_steps: int = 0  # 0: validate once, at the end
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("train_steps", "warmup_steps", "batch_tokens", "max_tokens_per_sentence",
+                     "average_last"):
+            value = getattr(self, name)
+            _check(value > 0, f"train.{name} = {value}: must be a positive integer")
+        for name in ("ckpt_every_steps", "val_every_steps", "seed"):
+            value = getattr(self, name)
+            _check(value >= 0, f"train.{name} = {value}: must be >= 0")
+        _check(self.lr_scale > 0, f"train.lr_scale = {self.lr_scale}: must be > 0")
+        _check(0.0 <= self.eps_ls < 1.0, f"train.eps_ls = {self.eps_ls}: must be in [0, 1)")
+        for name in ("adam_beta1", "adam_beta2"):
+            value = getattr(self, name)
+            _check(0.0 <= value < 1.0, f"train.{name} = {value}: must be in [0, 1)")
+        _check(self.adam_eps > 0, f"train.adam_eps = {self.adam_eps}: must be > 0")
+        _check(
+            self.precision in PRECISIONS,
+            f"train.precision = {self.precision!r}: allowed values are {', '.join(PRECISIONS)}",
+        )
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Inference (section 6.1): beam 4, length penalty alpha 0.6, max length = input + 50."""
+
+    beam: int = 4
+    alpha: float = 0.6
+    max_len_offset: int = 50
+
+    def __post_init__(self) -> None:
+        _check(self.beam > 0, f"decode.beam = {self.beam}: must be a positive integer")
+        _check(self.alpha >= 0, f"decode.alpha = {self.alpha}: must be >= 0")
+        _check(self.max_len_offset > 0,
+               f"decode.max_len_offset = {self.max_len_offset}: must be a positive integer")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Which corpus, and how much of it (0 = all). Scales set these; rows never do."""
+
+    corpus: str = "bible-en-de"
+    data_dir: str = ""  # local files in the `datasets` layout instead of the hub ("" = none)
+    max_train_pairs: int = 0
+    max_eval_pairs: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("max_train_pairs", "max_eval_pairs"):
+            value = getattr(self, name)
+            _check(value >= 0, f"data.{name} = {value}: must be >= 0 (0 = all)")
+        _check(bool(self.corpus), "data.corpus is empty: name a corpus")
+
+
+@dataclass(frozen=True)
+class Config:
+    """One run's complete setup: model, training and decoding."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+
+    def overrides(self, **flat: Any) -> Config:
+        """A copy with flat ``field=value`` overrides applied; unknown fields and bad types fail."""
+        return apply_overrides(self, flat)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, dict[str, Any]]) -> Config:
+        """Inverse of ``to_dict`` (records store configs this way); keys are validated."""
+        unknown = set(data) - set(SECTIONS)
+        _check(not unknown, f"config: unknown section(s) {sorted(unknown)}; allowed: "
+               f"{', '.join(SECTIONS)}")
+        flat = {f"{s}.{k}": v for s, values in data.items() for k, v in values.items()}
+        return apply_overrides(cls(), flat)
+
+
+SECTIONS = {"model": ModelConfig, "train": TrainConfig, "decode": DecodeConfig,
+            "data": DataConfig}
+
+
+def _field_index() -> dict[str, tuple[str, type]]:
+    index: dict[str, tuple[str, type]] = {}
+    for section, cls in SECTIONS.items():
+        hints = get_type_hints(cls)
+        for f in fields(cls):
+            assert f.name not in index, f"field {f.name} is defined in two sections"
+            index[f.name] = (section, hints[f.name])
+    return index
+
+
+FIELDS = _field_index()
+
+
+def _coerce(key: str, value: Any, kind: type) -> Any:
+    """Check a YAML/CLI value against the field's type; ints are accepted where floats are."""
+    if get_origin(kind) is Literal:
+        kind = type(get_args(kind)[0])
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if kind is int and isinstance(value, float) and value.is_integer():
+        return int(value)
+    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+        raise ConfigError(f"{key} = {value!r}: expected {kind.__name__}, got {type(value).__name__}")
+    return value
+
+
+def apply_overrides(config: Config, overrides: dict[str, Any]) -> Config:
+    """Apply flat overrides (``{"h": 1, "d_k": 512}``; ``"model.h"`` is accepted too)."""
+    per_section: dict[str, dict[str, Any]] = {}
+    for key, value in overrides.items():
+        name = key.split(".", 1)[1] if "." in key else key
+        if name not in FIELDS or ("." in key and key.split(".", 1)[0] != FIELDS[name][0]):
+            raise ConfigError(
+                f"unknown config key {key!r}; allowed keys: {', '.join(sorted(FIELDS))}"
+            )
+        section, kind = FIELDS[name]
+        per_section.setdefault(section, {})[name] = _coerce(key, value, kind)
+    return replace(
+        config,
+        **{s: replace(getattr(config, s), **vals) for s, vals in per_section.items()},
+    )
+
+
+# --- Named presets ------------------------------------------------------------------------------
+
+# Base model: section 3 and Table 3's first row.
+BASE = Config()
+
+# Big model: Table 3's last row (d_model 1024, d_ff 4096, h 16, P_drop 0.3, 300K steps).
+# EN-FR big uses P_drop 0.1 (section 6.1); Table 2's spec sets that.
+BIG = BASE.overrides(d_model=1024, d_ff=4096, h=16, d_k=64, d_v=64, p_drop=0.3,
+                     train_steps=300_000)
+
+# Constituency parser (section 6.3): 4 layers, d_model 1024, "everything else as the EN-DE base".
+# d_ff and h are not printed; we keep base's d_ff 2048 and h 8 (so d_k = d_v = 1024/8 = 128), as in
+# tensor2tensor's transformer_parsing_base. Vocabulary 16K (WSJ only); beam 21, alpha 0.3, +300.
+PARSING = BASE.overrides(N=4, d_model=1024, d_k=128, d_v=128, vocab_size=16000,
+                         beam=21, alpha=0.3, max_len_offset=300)
+
+PRESETS: dict[str, Config] = {"base": BASE, "big": BIG, "parsing": PARSING}
+
+
+def preset(name: str) -> Config:
+    """A named preset (``base``, ``big``, ``parsing``)."""
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ConfigError(f"unknown preset {name!r}; allowed: {', '.join(PRESETS)}") from None

@@ -1,0 +1,216 @@
+"""Read and validate ``sweeps/*.yaml``; expand rows x scale x seeds into planned runs.
+
+A spec holds the base config, each variant as overrides of it (only the cells the paper lists) and
+the paper's figures beside it. A scale (``sweeps/scales.yaml``) resizes every variant by the same
+factors and may only set what no variant varies, so a row means the same thing at every scale.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .config import BASE, Config, ConfigError, apply_overrides
+
+SWEEPS_DIR = Path(__file__).resolve().parent.parent / "sweeps"
+WIDTH_FIELDS = ("d_model", "d_ff", "d_k", "d_v")
+
+
+class SpecError(ConfigError):
+    """A sweep spec that cannot be used; the message names the file and the key."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    overrides: dict[str, Any]
+    paper: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Scale:
+    name: str
+    about: str
+    width: float
+    steps: float
+    corpus: dict[str, str]
+    overrides: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    table: str
+    row: str
+    variant: str
+    scale: str
+    seed: int
+    config: Config
+    paper: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def run_id(self) -> str:
+        return f"{self.table}-{self.variant}-{self.scale}-seed{self.seed}"
+
+
+@dataclass(frozen=True)
+class Spec:
+    path: Path
+    table: str
+    caption: str
+    corpus: str
+    split: str
+    base: dict[str, Any]
+    variants: dict[str, Variant]
+    rows: dict[str, list[str]]
+    scales: dict[str, Scale]
+
+    def row_of(self, variant: str) -> str:
+        return next((row for row, names in self.rows.items() if variant in names), "base")
+
+    def select(self, rows: list[str] | None = None, variants: list[str] | None = None) -> list[str]:
+        """Variant names for the given rows (each row also runs base) or explicit variants."""
+        chosen: list[str] = []
+        for row in rows or []:
+            if row not in self.rows:
+                raise SpecError(f"{self.path.name}: unknown row {row!r}; valid rows: "
+                                f"{', '.join(self.rows)}")
+            chosen += (["base"] if "base" in self.variants else []) + self.rows[row]
+        for name in variants or []:
+            if name not in self.variants:
+                raise SpecError(f"{self.path.name}: unknown variant {name!r}; valid variants: "
+                                f"{', '.join(self.variants)}")
+            chosen.append(name)
+        if not rows and not variants:
+            chosen = list(self.variants)
+        return list(dict.fromkeys(chosen))
+
+    def scale(self, name: str) -> Scale:
+        if name not in self.scales:
+            raise SpecError(f"unknown scale {name!r}; valid scales: {', '.join(self.scales)}")
+        return self.scales[name]
+
+    def resolve(self, variant: str, scale: str) -> Config:
+        """The full config of one variant at one scale."""
+        sc = self.scale(scale)
+        config = apply_overrides(apply_overrides(BASE, self.base), self.variants[variant].overrides)
+        m, t = config.model, config.train
+        resized: dict[str, Any] = {f: max(1, round(getattr(m, f) * sc.width)) for f in WIDTH_FIELDS}
+        resized["train_steps"] = max(1, round(t.train_steps * sc.steps))
+        resized["corpus"] = sc.corpus.get(self.corpus, self.corpus)
+        return apply_overrides(config, {**resized, **sc.overrides})
+
+    def plan(self, variants: list[str], scale: str, seeds: list[int]) -> list[PlannedRun]:
+        return [
+            PlannedRun(self.table, self.row_of(v), v, scale, seed,
+                       self.resolve(v, scale).overrides(seed=seed), self.variants[v].paper)
+            for v in variants for seed in seeds
+        ]
+
+
+SPEC_KEYS = {"table", "caption", "corpus", "split", "base", "variants", "rows", "scales"}
+VARIANT_KEYS = {"set", "paper"}
+SCALE_KEYS = {"about", "width", "steps", "corpus", "set"}
+
+
+def _mapping(value: Any, where: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise SpecError(f"{where}: expected a mapping, got {type(value).__name__}")
+    return value
+
+
+def _keys(data: dict[str, Any], allowed: set[str], where: str) -> None:
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise SpecError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: "
+                        f"{', '.join(sorted(allowed))}")
+
+
+def _overrides(values: Any, where: str) -> dict[str, Any]:
+    values = _mapping(values, where)
+    try:
+        apply_overrides(BASE, values)
+    except ConfigError as e:
+        raise SpecError(f"{where}: {e}") from None
+    return values
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise SpecError(f"{path}: no such sweep spec")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise SpecError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
+    return _mapping(data, str(path))
+
+
+def load_scales(path: Path, data: dict[str, Any], varied: set[str]) -> dict[str, Scale]:
+    scales = {}
+    for name, raw in data.items():
+        where = f"{path.name}: scales.{name}"
+        raw = _mapping(raw, where)
+        _keys(raw, SCALE_KEYS, where)
+        overrides = _overrides(raw.get("set"), f"{where}.set")
+        clash = sorted(set(overrides) & (varied | set(WIDTH_FIELDS) | {"train_steps"}))
+        if clash:
+            raise SpecError(f"{where}.set: {', '.join(clash)} varied by a row or resized by "
+                            "`width`/`steps`; a scale may not set it")
+        for factor in ("width", "steps"):
+            value = raw.get(factor, 1)
+            if not isinstance(value, (int, float)) or not 0 < value <= 1:
+                raise SpecError(f"{where}.{factor} = {value!r}: must be a number in (0, 1]")
+        scales[name] = Scale(name, str(raw.get("about", "")), float(raw.get("width", 1)),
+                             float(raw.get("steps", 1)), _mapping(raw.get("corpus"), where),
+                             overrides)
+    return scales
+
+
+def load_spec(table_or_path: str | Path) -> Spec:
+    """Load ``sweeps/<table>.yaml`` (or a path) with the shared scales, validating every key."""
+    path = Path(table_or_path)
+    if not path.suffix:
+        path = SWEEPS_DIR / f"{table_or_path}.yaml"
+    data = _read_yaml(path)
+    _keys(data, SPEC_KEYS, path.name)
+    variants = {}
+    for name, raw in _mapping(data.get("variants"), f"{path.name}: variants").items():
+        where = f"{path.name}: variants.{name}"
+        raw = _mapping(raw, where)
+        _keys(raw, VARIANT_KEYS, where)
+        variants[str(name)] = Variant(str(name), _overrides(raw.get("set"), f"{where}.set"),
+                                      _mapping(raw.get("paper"), f"{where}.paper"))
+    if not variants:
+        raise SpecError(f"{path.name}: variants: the spec lists no variants")
+    rows = {str(k): v for k, v in _mapping(data.get("rows"), f"{path.name}: rows").items()}
+    for row, names in rows.items():
+        if not isinstance(names, list) or not names:
+            raise SpecError(f"{path.name}: rows.{row}: expected a non-empty list of variants")
+        for name in names:
+            if name not in variants:
+                raise SpecError(f"{path.name}: rows.{row}: unknown variant {name!r}; valid "
+                                f"variants: {', '.join(variants)}")
+    base = _overrides(data.get("base"), f"{path.name}: base")
+    varied = {k for v in variants.values() for k in v.overrides}
+    shared = _read_yaml(SWEEPS_DIR / "scales.yaml")
+    own = _mapping(data.get("scales"), f"{path.name}: scales")
+    scales = load_scales(SWEEPS_DIR / "scales.yaml", shared, varied)
+    scales.update(load_scales(path, own, varied))
+    spec = Spec(path, str(data.get("table", path.stem)), str(data.get("caption", "")),
+                str(data.get("corpus", BASE.data.corpus)), str(data.get("split", "dev")),
+                base, variants, rows, scales)
+    for name in variants:  # every variant must be buildable at every scale
+        for scale in scales:
+            try:
+                spec.resolve(name, scale)
+            except ConfigError as e:
+                raise SpecError(f"{path.name}: variant {name} at scale {scale}: {e}") from None
+    return spec
+
+
+def shipped_specs() -> list[Path]:
+    return sorted(p for p in SWEEPS_DIR.glob("*.yaml") if p.name != "scales.yaml")

@@ -1,0 +1,140 @@
+"""Configs, presets, sweep specs and the parameter table's CLI."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from reproduce.config import BASE, BIG, PARSING, Config, ConfigError, ModelConfig, apply_overrides
+from reproduce.sweep import SpecError, load_spec, shipped_specs
+
+from .test_model import independent_count
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"d_model": 0}, "model.d_model = 0: must be a positive integer"),
+    ({"h": -1}, "model.h = -1"),
+    ({"p_drop": 1.0}, r"model.p_drop = 1.0: must be in \[0, 1\)"),
+    ({"positions": "rotary"}, "allowed values are sinusoidal, learned"),
+    ({"d_model": 511, "positions": "sinusoidal"}, "even d_model"),
+    ({"eps_ls": -0.1}, "train.eps_ls"),
+    ({"precision": "fp8"}, "allowed values are auto, 32-true"),
+    ({"beam": 0}, "decode.beam"),
+    ({"hh": 3}, "unknown config key 'hh'; allowed keys: .*d_model"),
+    ({"h": "8"}, "h = '8': expected int, got str"),
+    ({"model.eps_ls": 0.1}, "unknown config key 'model.eps_ls'"),
+])
+def test_impossible_configs_fail_with_one_clear_line(overrides, message):
+    with pytest.raises(ConfigError, match=message) as e:
+        apply_overrides(BASE, overrides)
+    assert "\n" not in str(e.value)
+
+
+def test_odd_d_model_is_fine_with_learned_positions():
+    assert BASE.overrides(d_model=511, positions="learned").model.d_model == 511
+
+
+def test_presets_are_the_papers():
+    assert (BASE.model.N, BASE.model.d_model, BASE.model.d_ff, BASE.model.h) == (6, 512, 2048, 8)
+    assert (BASE.model.p_drop, BASE.train.eps_ls, BASE.train.warmup_steps) == (0.1, 0.1, 4000)
+    assert (BIG.model.d_model, BIG.model.d_ff, BIG.model.h, BIG.model.p_drop) == (1024, 4096, 16, 0.3)
+    assert BIG.train.train_steps == 300_000
+    assert (PARSING.model.N, PARSING.model.d_model) == (4, 1024)
+    assert (PARSING.decode.beam, PARSING.decode.alpha, PARSING.decode.max_len_offset) == (21, 0.3, 300)
+    assert (BASE.decode.beam, BASE.decode.alpha, BASE.decode.max_len_offset) == (4, 0.6, 50)
+
+
+def test_config_dict_round_trip():
+    c = BIG.overrides(seed=3, corpus="bible-en-fr")
+    assert Config.from_dict(json.loads(json.dumps(c.to_dict()))) == c
+
+
+@pytest.mark.parametrize("path", shipped_specs(), ids=lambda p: p.name)
+def test_every_shipped_spec_loads(path):
+    spec = load_spec(path)
+    assert spec.variants
+    for scale in spec.scales:
+        for name in spec.variants:
+            spec.resolve(name, scale)
+
+
+def test_table3_spec_is_the_papers_table():
+    spec = load_spec("table3")
+    assert spec.select(rows=["A"]) == ["base", "A1", "A2", "A3", "A4"]
+    assert len(spec.variants) == 20
+    assert spec.resolve("big", "paper").model == BIG.model.__class__(
+        **{**BIG.model.__dict__, "vocab_size": 37000})
+    assert spec.resolve("big", "paper").train.train_steps == 300_000
+    b1 = spec.resolve("B1", "paper").model
+    assert (b1.d_k, b1.d_v) == (16, 64)
+
+
+def test_scales_keep_each_rows_ratios_to_base():
+    spec = load_spec("table3")
+    for scale in ("cpu", "smoke"):
+        base = spec.resolve("base", scale)
+        for name in spec.variants:
+            v, paper_v = spec.resolve(name, scale), spec.resolve(name, "paper")
+            for f in ("d_model", "d_ff", "d_k", "d_v"):
+                ratio = getattr(paper_v.model, f) / getattr(BASE.model, f)
+                assert getattr(v.model, f) == max(1, round(getattr(base.model, f) * ratio)), f
+            assert (v.model.h, v.model.N, v.model.p_drop, v.train.eps_ls, v.model.positions) == (
+                paper_v.model.h, paper_v.model.N, paper_v.model.p_drop, paper_v.train.eps_ls,
+                paper_v.model.positions)
+            steps_ratio = paper_v.train.train_steps / spec.resolve("base", "paper").train.train_steps
+            assert v.train.train_steps == round(base.train.train_steps * steps_ratio)
+
+
+def _write(tmp_path, text):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("text, message", [
+    ("variants: {base: {set: {hh: 1}}}", r"bad.yaml: variants.base.set: unknown config key 'hh'"),
+    ("variants: {base: {sett: {}}}", r"bad.yaml: variants.base: unknown key\(s\) sett; allowed: paper, set"),
+    ("variants: {base: {set: {h: one}}}", r"variants.base.set: h = 'one': expected int"),
+    ("tabel: x\nvariants: {base: {}}", r"bad.yaml: unknown key\(s\) tabel"),
+    ("variants: {}", "lists no variants"),
+    ("variants: {base: {}}\nrows: {A: [A9]}", r"rows.A: unknown variant 'A9'; valid variants: base"),
+    ("variants: {base: {}, A: {set: {h: 2}}}\nscales: {tiny: {set: {h: 4}, width: 0.5}}",
+     r"scales.tiny.set: h varied by a row or resized"),
+    ("variants: {base: {}}\nscales: {tiny: {set: {d_ff: 4}}}", r"scales.tiny.set: d_ff"),
+    ("variants: {base: {set: {h: 2}}}\nscales: {tiny: {width: 2}}", r"scales.tiny.width = 2"),
+    ("variants: [", "not valid YAML"),
+])
+def test_bad_specs_fail_with_the_right_message(tmp_path, text, message):
+    with pytest.raises(SpecError, match=message):
+        load_spec(_write(tmp_path, text))
+
+
+def test_unknown_row_lists_valid_rows():
+    with pytest.raises(SpecError, match="unknown row 'Z'; valid rows: A, B, C, D, E, big"):
+        load_spec("table3").select(rows=["Z"])
+
+
+def test_params_cli_lists_all_variants_with_exact_counts():
+    out = subprocess.run([sys.executable, "-m", "reproduce", "table3", "--params", "--json",
+                          "--vocab-size", "41000"], capture_output=True, text=True, check=True)
+    rows = json.loads(out.stdout)
+    spec = load_spec("table3")
+    assert [r["variant"] for r in rows] == list(spec.variants)
+    for r in rows:
+        expected = independent_count(spec.resolve(r["variant"], "paper").model.__class__(
+            **{**spec.resolve(r["variant"], "paper").model.__dict__, "vocab_size": 41000}))
+        assert r["params"] == expected
+        if r["paper_params_m"] is not None:  # the paper's column fits a ~41000 tied vocabulary
+            assert abs(r["params"] / 1e6 - r["paper_params_m"]) <= 0.03 * r["paper_params_m"]
+
+
+def test_params_cli_states_the_vocabulary():
+    out = subprocess.run([sys.executable, "-m", "reproduce", "table3", "--params"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "shared vocabulary 37000" in out and "41000" in out
+
+
+def test_model_config_is_immutable():
+    with pytest.raises(AttributeError):
+        ModelConfig().d_model = 3

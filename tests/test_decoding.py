@@ -1,0 +1,83 @@
+"""Greedy and beam search: beam 1 is greedy, the cache changes nothing, lengths are bounded."""
+
+import pytest
+import torch
+
+from reproduce.config import ModelConfig
+from reproduce.decoding import beam_search, greedy_search, length_penalty
+from reproduce.model import Transformer
+
+BOS, EOS = 2, 3
+CONFIG = ModelConfig(vocab_size=40, N=2, d_model=32, d_ff=64, h=4, d_k=8, d_v=8, p_drop=0.0)
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    m = Transformer(CONFIG).double().eval()
+    # Make EOS likely enough that hypotheses end at different lengths.
+    with torch.no_grad():
+        m.embed.weight[EOS] *= 3
+    return m
+
+
+@pytest.fixture(scope="module")
+def src():
+    g = torch.Generator().manual_seed(5)
+    s = torch.randint(4, 40, (6, 9), generator=g)
+    s[1, 6:] = 0
+    s[4, 3:] = 0
+    return s
+
+
+def test_cached_greedy_equals_uncached(model, src):
+    assert greedy_search(model, src, BOS, EOS, 12) == \
+        greedy_search(model, src, BOS, EOS, 12, use_cache=False)
+
+
+@pytest.mark.parametrize("beam", [2, 4])
+def test_cached_beam_equals_uncached(model, src, beam):
+    assert beam_search(model, src, BOS, EOS, beam=beam, max_len_offset=12) == \
+        beam_search(model, src, BOS, EOS, beam=beam, max_len_offset=12, use_cache=False)
+
+
+def test_beam_one_is_greedy(model, src):
+    assert beam_search(model, src, BOS, EOS, beam=1, max_len_offset=12) == \
+        greedy_search(model, src, BOS, EOS, 12)
+
+
+def test_output_length_is_bounded_by_input_plus_offset(model, src):
+    lengths = (src != 0).sum(1).tolist()
+    for out, n in zip(beam_search(model, src, BOS, EOS, beam=3, max_len_offset=2), lengths,
+                      strict=True):
+        assert len(out) <= n + 2
+        assert EOS not in out and BOS not in out
+
+
+def test_batched_equals_one_at_a_time(model, src):
+    batched = beam_search(model, src, BOS, EOS, beam=4, max_len_offset=12)
+    single = [beam_search(model, src[i:i + 1, :int((src[i] != 0).sum())], BOS, EOS, beam=4,
+                          max_len_offset=12)[0] for i in range(src.shape[0])]
+    assert batched == single
+
+
+def _score(model, src, hyp, alpha):
+    """Length-normalised log-probability of one hypothesis, by teacher forcing."""
+    tgt = torch.tensor([[BOS] + hyp])
+    logp = torch.log_softmax(model(src[None], tgt).double(), -1)[0]
+    total = sum(logp[i, t].item() for i, t in enumerate(hyp + [EOS]))
+    return total / length_penalty(len(hyp) + 1, alpha)
+
+
+def test_beam_finds_at_least_as_good_a_hypothesis_as_greedy(model, src):
+    for i in range(src.shape[0]):
+        s = src[i, : int((src[i] != 0).sum())]
+        g = greedy_search(model, s[None], BOS, EOS, 12)[0]
+        b = beam_search(model, s[None], BOS, EOS, beam=8, alpha=0.6, max_len_offset=12)[0]
+        assert _score(model, s, b, 0.6) >= _score(model, s, g, 0.6) - 1e-9
+
+
+def test_length_penalty_formula():
+    assert length_penalty(1, 0.6) == pytest.approx(1.0)
+    assert length_penalty(7, 0.6) == pytest.approx(2.0 ** 0.6)
+    assert length_penalty(10, 0.0) == 1.0
