@@ -83,9 +83,14 @@ class TrainConfig:
     adam_eps: float = 1e-9
     eps_ls: float = 0.1  # label smoothing (section 5.4)
     batch_tokens: int = 25_000  # source (and target) tokens per optimizer step, over all devices
+    # Most tokens one device takes per forward pass; fewer devices reach `batch_tokens` by
+    # gradient accumulation (0: one pass per step per device).
+    device_batch_tokens: int = 0
     max_tokens_per_sentence: int = 256  # longer pairs are dropped and counted (OOM pitfall)
     precision: str = "32-true"  # the paper trained in fp32; scales may choose "auto"
-    # Checkpoints for averaging (Table 2): one every `ckpt_every_steps`, the last `average_last` kept.
+    # Checkpoints for averaging (Table 2): one every `ckpt_every_minutes` (the paper: 10) or, at
+    # small scales, every `ckpt_every_steps`; the last `average_last` are averaged (1: none).
+    ckpt_every_minutes: float = 0.0
     ckpt_every_steps: int = 0
     average_last: int = 1
     val_every_steps: int = 0  # 0: validate once, at the end
@@ -96,7 +101,8 @@ class TrainConfig:
                      "average_last"):
             value = getattr(self, name)
             _check(value > 0, f"train.{name} = {value}: must be a positive integer")
-        for name in ("ckpt_every_steps", "val_every_steps", "seed"):
+        for name in ("device_batch_tokens", "ckpt_every_steps", "val_every_steps", "seed",
+                     "ckpt_every_minutes"):
             value = getattr(self, name)
             _check(value >= 0, f"train.{name} = {value}: must be >= 0")
         _check(self.lr_scale > 0, f"train.lr_scale = {self.lr_scale}: must be > 0")

@@ -1,10 +1,18 @@
-"""What a configuration costs: parameter counts (Table 3's column) and, later, training FLOPs."""
+"""What a configuration costs before it runs: parameter counts (Table 3's column) and the
+time a run should take here, from a measured training step (`--dry-run`)."""
 
 from __future__ import annotations
 
+import statistics
+import time
 from typing import Any
 
-from .model import build_on_meta, count_parameters
+import torch
+
+from .config import Config
+from .model import Transformer, build_on_meta, count_parameters
+from .optim import accumulation, smoothed_loss
+from .runner import resolve_precision
 from .sweep import Spec
 
 
@@ -22,3 +30,44 @@ def parameter_rows(spec: Spec, vocab_size: int, scale: str = "paper") -> list[di
             "paper_params_m": spec.variants[name].paper.get("params_m"),
         })
     return rows
+
+
+def measure_step_seconds(config: Config, tokens: int, sentence_length: int = 25,
+                         repeats: int = 1) -> float:
+    """Seconds for one forward + backward + Adam step on `tokens` source (and target) tokens of
+    synthetic sentences, on this machine's default device (no data, no network)."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    m = config.model
+    model = Transformer(m).to(device)
+    optimizer = torch.optim.Adam(model.parameters())
+    B = max(1, tokens // sentence_length)
+    src = torch.randint(4, m.vocab_size, (B, sentence_length), device=device)
+    autocast = torch.autocast(device, dtype=torch.bfloat16,
+                              enabled=resolve_precision(config.train.precision).startswith("bf16"))
+    times = []
+    for _ in range(repeats + 1):  # the first step warms up
+        start = time.perf_counter()
+        with autocast:
+            loss, _ = smoothed_loss(model(src, src), src, config.train.eps_ls, m.pad_id)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[1:])
+
+
+def estimate(run_id: str, config: Config, probe_tokens: int = 512) -> str:
+    """A plan line: steps, tokens per step and the time and device-hours the run should take here,
+    from a measured step on a `probe_tokens` micro-batch scaled linearly to the real one."""
+    devices = torch.cuda.device_count() if torch.cuda.is_available() else 1
+    t = config.train
+    accumulate, micro = accumulation(t.batch_tokens, t.device_batch_tokens, devices)
+    probe = min(probe_tokens, micro)
+    step = measure_step_seconds(config, probe) * (micro / probe) * accumulate
+    hours = step * t.train_steps / 3600
+    where = torch.cuda.get_device_name(0) if devices and torch.cuda.is_available() else "this CPU"
+    return (f"{run_id}: {t.train_steps} steps x {micro * devices * accumulate} tokens/step "
+            f"({devices} device(s) x {accumulate} accumulated x {micro}); measured "
+            f"{step:.2f} s/step on {where} -> {hours:.1f} h, {hours * devices:.1f} device-hours")

@@ -37,6 +37,7 @@ class Scale:
     width: float
     steps: float
     corpus: dict[str, str]
+    vocab: dict[str, int]
     overrides: dict[str, Any]
 
 
@@ -60,12 +61,12 @@ class Spec:
     path: Path
     table: str
     caption: str
-    corpus: str
     split: str
     base: dict[str, Any]
     variants: dict[str, Variant]
     rows: dict[str, list[str]]
     scales: dict[str, Scale]
+    cited: list[dict[str, Any]] = field(default_factory=list)  # other systems' published rows
 
     def row_of(self, variant: str) -> str:
         return next((row for row, names in self.rows.items() if variant in names), "base")
@@ -99,8 +100,11 @@ class Spec:
         m, t = config.model, config.train
         resized: dict[str, Any] = {f: max(1, round(getattr(m, f) * sc.width)) for f in WIDTH_FIELDS}
         resized["train_steps"] = max(1, round(t.train_steps * sc.steps))
-        resized["corpus"] = sc.corpus.get(self.corpus, self.corpus)
-        return apply_overrides(config, {**resized, **sc.overrides})
+        corpus = sc.corpus.get(config.data.corpus, config.data.corpus)
+        config = apply_overrides(config, {**resized, **sc.overrides, "corpus": corpus})
+        if corpus in sc.vocab:  # e.g. the paper's 37000 for EN-DE, 32000 for EN-FR
+            config = config.overrides(vocab_size=sc.vocab[corpus])
+        return config
 
     def plan(self, variants: list[str], scale: str, seeds: list[int]) -> list[PlannedRun]:
         return [
@@ -110,9 +114,9 @@ class Spec:
         ]
 
 
-SPEC_KEYS = {"table", "caption", "corpus", "split", "base", "variants", "rows", "scales"}
+SPEC_KEYS = {"table", "caption", "split", "base", "variants", "rows", "scales", "cited"}
 VARIANT_KEYS = {"set", "paper"}
-SCALE_KEYS = {"about", "width", "steps", "corpus", "set"}
+SCALE_KEYS = {"about", "width", "steps", "corpus", "vocab", "set"}
 
 
 def _mapping(value: Any, where: str) -> dict[str, Any]:
@@ -156,7 +160,7 @@ def load_scales(path: Path, data: dict[str, Any], varied: set[str]) -> dict[str,
         raw = _mapping(raw, where)
         _keys(raw, SCALE_KEYS, where)
         overrides = _overrides(raw.get("set"), f"{where}.set")
-        clash = sorted(set(overrides) & (varied | set(WIDTH_FIELDS) | {"train_steps"}))
+        clash = sorted(set(overrides) & (varied | set(WIDTH_FIELDS) | {"train_steps", "corpus"}))
         if clash:
             raise SpecError(f"{where}.set: {', '.join(clash)} varied by a row or resized by "
                             "`width`/`steps`; a scale may not set it")
@@ -166,7 +170,7 @@ def load_scales(path: Path, data: dict[str, Any], varied: set[str]) -> dict[str,
                 raise SpecError(f"{where}.{factor} = {value!r}: must be a number in (0, 1]")
         scales[name] = Scale(name, str(raw.get("about", "")), float(raw.get("width", 1)),
                              float(raw.get("steps", 1)), _mapping(raw.get("corpus"), where),
-                             overrides)
+                             _mapping(raw.get("vocab"), where), overrides)
     return scales
 
 
@@ -200,9 +204,12 @@ def load_spec(table_or_path: str | Path) -> Spec:
     own = _mapping(data.get("scales"), f"{path.name}: scales")
     scales = load_scales(SWEEPS_DIR / "scales.yaml", shared, varied)
     scales.update(load_scales(path, own, varied))
+    cited = data.get("cited") or []
+    if not isinstance(cited, list) or not all(isinstance(c, dict) for c in cited):
+        raise SpecError(f"{path.name}: cited: expected a list of mappings (one per published row)")
     spec = Spec(path, str(data.get("table", path.stem)), str(data.get("caption", "")),
-                str(data.get("corpus", BASE.data.corpus)), str(data.get("split", "dev")),
-                base, variants, rows, scales)
+                str(data.get("split", "dev")),
+                base, variants, rows, scales, cited)
     for name in variants:  # every variant must be buildable at every scale
         for scale in scales:
             try:

@@ -6,9 +6,9 @@ the file instead of retraining, so every experiment on a corpus sees the same se
 
 from __future__ import annotations
 
+import io
 import os
 import re
-import shutil
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -116,27 +116,20 @@ def train_tokenizer(
     path = model_path(corpus, vocab_size, cache_dir)
     if path.is_file():
         return load_tokenizer(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Train under a private temporary prefix next to the target and rename at the end, so an
-    # interrupted run (or a concurrent one) never leaves a half-written model under the real name.
-    workdir = Path(tempfile.mkdtemp(prefix=f".{path.stem}-", dir=path.parent))
-    try:
-        prefix = workdir / "spm"
-        _train(texts, prefix, vocab_size, corpus)
-        os.replace(prefix.with_suffix(".vocab"), path.with_suffix(".vocab"))
-        os.replace(prefix.with_suffix(".model"), path)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    model = _train(texts, vocab_size, corpus)
+    _write_atomically(path, model)
     return load_tokenizer(path)
 
 
-def _train(texts: Iterable[str], prefix: Path, vocab_size: int, corpus: str) -> None:
+def _train(texts: Iterable[str], vocab_size: int, corpus: str) -> bytes:
+    """The serialized model. Trained in memory, so the file holds no temporary paths."""
+    model = io.BytesIO()
     # Sampling beyond MAX_TRAINING_SENTENCES is the only randomness in BPE training.
     spm.set_random_generator_seed(0)
     try:
         spm.SentencePieceTrainer.train(
             sentence_iterator=(t for t in texts if t),
-            model_prefix=str(prefix),
+            model_writer=model,
             model_type="bpe",
             vocab_size=vocab_size,
             character_coverage=1.0,
@@ -157,6 +150,23 @@ def _train(texts: Iterable[str], prefix: Path, vocab_size: int, corpus: str) -> 
             f"vocab_size {vocab_size} is too large for the {corpus!r} training text: sentencepiece"
             f" allows at most {too_high.group(1)}; use a smaller vocab_size or more text"
         ) from exc
+    return model.getvalue()
+
+
+def _write_atomically(path: Path, content: bytes) -> None:
+    # A temporary file in the same folder, renamed over the target: an interrupted run (or a
+    # concurrent one) never leaves a half-written model under the real name.
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
+    try:
+        with os.fdopen(handle, "wb") as file:
+            file.write(content)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
 
 
 def _threads() -> int:

@@ -1,0 +1,50 @@
+"""Optimisation of section 5.3-5.4: Adam, the warm-up schedule and the label-smoothed loss."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .config import TrainConfig
+
+
+def lrate(step: int, d_model: int, warmup_steps: int, scale: float = 1.0) -> float:
+    """Equation 3: d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5); step counts from 1."""
+    step = max(step, 1)
+    return scale * d_model ** -0.5 * min(step ** -0.5, step * warmup_steps ** -1.5)
+
+
+def adam_with_schedule(params, train: TrainConfig, d_model: int):
+    """Adam(beta1 0.9, beta2 0.98, eps 1e-9) with the learning rate set by `lrate` at every step."""
+    optimizer = torch.optim.Adam(params, lr=1.0, betas=(train.adam_beta1, train.adam_beta2),
+                                 eps=train.adam_eps)
+    # LambdaLR multiplies lr=1.0 by the factor; it is called with 0 before the first step.
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda i: lrate(i + 1, d_model, train.warmup_steps, train.lr_scale))
+    return optimizer, schedule
+
+
+def accumulation(batch_tokens: int, device_batch_tokens: int, devices: int) -> tuple[int, int]:
+    """(micro-batches accumulated per step, tokens per micro-batch per device) so that
+    devices x accumulated x micro-batch tokens reaches the paper's tokens per step (5.1).
+
+    Pitfall this avoids: fewer GPUs than the paper's 8 silently train with smaller batches."""
+    per_device = -(-batch_tokens // devices)  # ceil
+    limit = device_batch_tokens or per_device
+    accumulate = -(-per_device // limit)
+    return accumulate, -(-per_device // accumulate)
+
+
+def smoothed_loss(logits: Tensor, target: Tensor, eps_ls: float, pad_id: int) -> tuple[Tensor, Tensor]:
+    """Label-smoothed cross-entropy summed over non-pad tokens, and the plain NLL sum.
+
+    Smoothing spreads eps_ls uniformly over the vocabulary (Szegedy et al. 2016, as the paper;
+    the same loss as ``F.cross_entropy(label_smoothing=eps_ls)``), from one log-softmax so the
+    unsmoothed NLL (for perplexity) comes for free. Divide by the token count for means.
+    """
+    logp = F.log_softmax(logits.float(), dim=-1)
+    keep = target != pad_id
+    nll = -logp.gather(-1, target.unsqueeze(-1)).squeeze(-1)[keep].sum()
+    uniform = -logp.mean(dim=-1)[keep].sum()
+    return (1.0 - eps_ls) * nll + eps_ls * uniform, nll.detach()

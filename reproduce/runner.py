@@ -1,0 +1,350 @@
+"""Run one planned run, idempotently, and write its record.
+
+A finished run has a record (``results/<table>/<run_id>.json``, written atomically) and is never
+redone. An interrupted run resumes from its last checkpoint under ``runs/<table>/<run_id>/``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+
+from .config import Config
+from .sweep import PlannedRun
+
+REPO = Path(__file__).resolve().parent.parent
+log = logging.getLogger("reproduce")
+
+
+def results_dir() -> Path:
+    return Path(os.environ.get("REPRODUCE_RESULTS", REPO / "results"))
+
+
+def runs_dir() -> Path:
+    return Path(os.environ.get("REPRODUCE_RUNS", REPO / "runs"))
+
+
+def record_path(run: PlannedRun, results: Path | None = None) -> Path:
+    return (results or results_dir()) / run.table / f"{run.run_id}.json"
+
+
+def write_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Write JSON so that a reader sees the old file or the whole new one, never a part."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n")
+    os.replace(tmp, path)
+
+
+# --- where a run happened --------------------------------------------------------------------
+
+
+def commit() -> dict[str, Any]:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True,
+                              check=False).stdout.strip()
+    return {"sha": git("rev-parse", "HEAD") or None,
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+
+
+def hardware() -> dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    if Path("/proc/cpuinfo").exists():
+        names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text()
+                 .splitlines() if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    info = {"cpu": cpu, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__, "python": platform.python_version(), "gpus": []}
+    if torch.cuda.is_available():
+        info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return info
+
+
+def _bf16_pays_on_cpu() -> bool:
+    """bf16 matmuls are ~5x faster than fp32 on CPUs with AMX and ~100x slower on some without:
+    measure rather than guess."""
+    def rate(dtype: torch.dtype) -> float:
+        a = torch.randn(256, 256, dtype=dtype)
+        a @ a
+        start = time.perf_counter()
+        for _ in range(4):
+            a @ a
+        return 1.0 / max(time.perf_counter() - start, 1e-9)
+    return rate(torch.bfloat16) > 1.3 * rate(torch.float32)
+
+
+def resolve_precision(precision: str) -> str:
+    """``auto``: bf16 mixed precision where the hardware runs it fast, else fp32."""
+    if precision != "auto":
+        return precision
+    if torch.cuda.is_available():
+        return "bf16-mixed" if torch.cuda.is_bf16_supported() else "32-true"
+    return "bf16-mixed" if _bf16_pays_on_cpu() else "32-true"
+
+
+def default_scale() -> str:
+    """The scale that fits this machine: the paper's on a GPU, `cpu` otherwise."""
+    return "paper" if torch.cuda.is_available() else "cpu"
+
+
+# --- one run -----------------------------------------------------------------------------------
+
+
+def load_record(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+
+
+def execute(run: PlannedRun, split: str, command: str) -> dict[str, Any]:
+    """Train, evaluate and record one run, or return its record if it already finished."""
+    path = record_path(run)
+    record = load_record(path)
+    if record is not None:
+        log.info("%s: finished earlier (%s), skipped", run.run_id, path)
+        return record
+    started = time.time()
+    c = run.config
+    precision = resolve_precision(c.train.precision)
+    pl.seed_everything(c.train.seed, workers=True, verbose=False)
+    tokenizer, data = _data(c)
+    work = runs_dir() / run.table / run.run_id
+    logger = _wandb_logger(run, work, precision)
+    trainer, module, clock, resumed, accumulate = _train(run, work, data, logger, precision)
+
+    weights = _final_weights(module, work / "checkpoints", c.train.average_last)
+    trainer.limit_val_batches = 1.0
+    dev = trainer.validate(module, datamodule=data, verbose=False)[0]
+    lang = c.data.corpus.rsplit("-", 1)[-1]
+    bleu = {name: _bleu(module.model, tokenizer, data, pairs, c, lang)
+            for name, pairs in (("dev", data.dev_pairs), ("test", data.test_pairs))}
+    from .model import count_parameters
+
+    metrics = {
+        "dev_ppl": round(float(dev["dev/ppl"]), 3),
+        "dev_nll": round(float(dev["dev/nll"]), 4),
+        "dev_bleu": bleu["dev"]["sacrebleu"]["score"],
+        "test_bleu": bleu["test"]["sacrebleu"]["score"],
+        "dev_bleu_tokenized": bleu["dev"]["tokenized"]["score"],
+        "test_bleu_tokenized": bleu["test"]["tokenized"]["score"],
+        "params": count_parameters(module.model),
+        "train_steps": trainer.global_step,
+        "train_seconds": round(clock.seconds, 1),
+    }
+    work_done = module.total_work()
+    micro = -(-c.train.batch_tokens // (trainer.world_size * accumulate))
+    record = {
+        "run_id": run.run_id, "table": run.table, "row": run.row, "variant": run.variant,
+        "scale": run.scale, "seed": c.train.seed, "split": split,
+        "config": c.to_dict(), "precision": precision,
+        "metrics": metrics, "bleu": bleu, "paper": run.paper,
+        "data": {"corpus": c.data.corpus, "train_pairs": data.num_train_pairs,
+                 "dropped_train_pairs": data.dropped, "dev_pairs": len(data.dev_pairs),
+                 "test_pairs": len(data.test_pairs), "vocab_size": tokenizer.vocab_size},
+        "batch": {"devices": trainer.world_size, "accumulate": accumulate,
+                  "device_batch_tokens": micro,
+                  "effective_tokens_per_step": micro * trainer.world_size * accumulate,
+                  "measured_tgt_tokens_per_step": round(work_done["real_tgt_tokens"]
+                                                        / max(trainer.global_step, 1))},
+        "averaged_checkpoints": weights,
+        "cost": _cost(c, work_done, clock.seconds, trainer.world_size),
+        "resumed": resumed, "commit": commit(), "hardware": hardware(),
+        "wall_seconds": round(time.time() - started, 1), "command": command,
+        "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "wandb": _finish_wandb(logger, metrics),
+    }
+    write_atomic(path, record)
+    log.info("%s: recorded %s", run.run_id, path)
+    return record
+
+
+def _data(c: Config):
+    from .data import TranslationData, load_pairs
+    from .tokenizer import cache_dir, train_tokenizer
+
+    train_pairs = load_pairs(c.data.corpus, "train", c.data.data_dir or None)
+    tokenizer = train_tokenizer(c.data.corpus, c.model.vocab_size,
+                                (s for pair in train_pairs for s in pair), cache_dir())
+    data = TranslationData(c.data.corpus, tokenizer, c.train.batch_tokens,
+                           c.train.max_tokens_per_sentence, c.data.max_train_pairs or None,
+                           c.data.max_eval_pairs or None, c.data.data_dir or None, c.train.seed)
+    return tokenizer, data
+
+
+def _train(run: PlannedRun, work: Path, data, logger, precision: str):
+    """Fit with Lightning (resuming from the last checkpoint if there is one)."""
+    from .lit import TranslationModule
+    from .optim import accumulation
+
+    c = run.config
+    module = TranslationModule(c.to_dict())
+    clock = TrainClock(every=0 if sys.stderr.isatty() else 50)
+    every = ({"train_time_interval": timedelta(minutes=c.train.ckpt_every_minutes)}
+             if c.train.ckpt_every_minutes else
+             {"every_n_train_steps": c.train.ckpt_every_steps or max(1, c.train.train_steps // 10)})
+    ckpt = pl.callbacks.ModelCheckpoint(
+        dirpath=work / "checkpoints", filename="step{step}", auto_insert_metric_name=False,
+        save_last=True, save_top_k=c.train.average_last, monitor="step", mode="max", **every)
+    trainer = pl.Trainer(
+        max_steps=c.train.train_steps, max_epochs=-1, precision=precision,
+        accelerator="auto", devices="auto", logger=logger, callbacks=[ckpt, clock],
+        num_sanity_val_steps=0, log_every_n_steps=10, enable_model_summary=False,
+        enable_progress_bar=sys.stderr.isatty(),
+        **({"val_check_interval": c.train.val_every_steps, "check_val_every_n_epoch": None}
+           if c.train.val_every_steps else {"limit_val_batches": 0}),
+    )
+    accumulate, micro = accumulation(c.train.batch_tokens, c.train.device_batch_tokens,
+                                     trainer.world_size)
+    trainer.accumulate_grad_batches = accumulate
+    data.batch_tokens = micro
+    last = work / "checkpoints" / "last.ckpt"
+    resumed = last.exists()
+    if resumed:
+        log.info("%s: resuming from %s", run.run_id, last)
+    trainer.fit(module, datamodule=data, ckpt_path=last if resumed else None)
+    if trainer.interrupted or trainer.global_step < c.train.train_steps:
+        raise RuntimeError(f"{run.run_id}: training stopped at step {trainer.global_step} of "
+                           f"{c.train.train_steps}; run the command again to resume")
+    trainer.save_checkpoint(last)  # the final weights, so a crash below resumes at evaluation
+    return trainer, module, clock, resumed, accumulate
+
+
+def _final_weights(module, directory: Path, k: int) -> list[str]:
+    """Table 2: average the last k checkpoints into the model; Table 3 (k = 1): final weights."""
+    if k <= 1:
+        return []
+    from .averaging import average_checkpoints, last_checkpoints
+
+    paths = last_checkpoints(directory, k)
+    module.load_state_dict(average_checkpoints(paths))
+    return [p.name for p in paths]
+
+
+def _bleu(model, tokenizer, data, pairs, c: Config, lang: str) -> dict[str, Any]:
+    """Both BLEU conventions, each labelled, and a few example outputs."""
+    from .bleu import tokenized_bleu
+    from .evaluate import sacre_bleu, translate
+
+    sources, refs = [s for s, _ in pairs], [t for _, t in pairs]
+    hyps = translate(model, tokenizer, data.source_batches(sources, c.train.batch_tokens),
+                     len(sources), c.decode)
+    return {"sacrebleu": sacre_bleu(hyps, refs), "tokenized": tokenized_bleu(hyps, refs, lang),
+            "examples": [{"source": s, "reference": t, "output": h}
+                         for s, t, h in list(zip(sources, refs, hyps, strict=True))[:3]]}
+
+
+def _cost(c: Config, work: dict[str, int], seconds: float, devices: int) -> dict[str, Any]:
+    """Training cost two ways: the paper's (time x devices x sustained TFLOPS) and counted FLOPs."""
+    from .flops import analytic_flops, gpu_tflops, paper_cost
+
+    if torch.cuda.is_available():
+        name = torch.cuda.get_device_name(0)
+        tflops, source = gpu_tflops(name), "GPU table (reproduce/flops.py)"
+    else:
+        name, tflops, source = hardware()["cpu"], measured_tflops(), "measured fp32 matmul peak"
+    return {
+        "paper_method_flops": None if tflops is None else paper_cost(seconds / 3600, devices, tflops),
+        "device": name, "devices": devices, "tflops_per_device": tflops, "tflops_source": source,
+        "analytic_flops": analytic_flops(c.model, work["src_tokens"], work["tgt_tokens"],
+                                         work["src_sq"], work["tgt_sq"], work["cross"]),
+        "train_hours": round(seconds / 3600, 4),
+    }
+
+
+def measured_tflops(n: int = 1024, repeats: int = 8) -> float:
+    """This CPU's sustained fp32 matmul rate, in TFLOPS (the paper's method needs one)."""
+    a = torch.randn(n, n)
+    a @ a
+    start = time.perf_counter()
+    for _ in range(repeats):
+        a @ a
+    return round(2 * n ** 3 * repeats / (time.perf_counter() - start) / 1e12, 4)
+
+
+def planned_summary(run: PlannedRun, overrides: dict[str, Any]) -> str:
+    m, t = run.config.model, run.config.train
+    return (f"{run.run_id}: overrides {overrides or '{}'} -> N={m.N} d_model={m.d_model} "
+            f"d_ff={m.d_ff} h={m.h} d_k={m.d_k} d_v={m.d_v} P_drop={m.p_drop} eps_ls={t.eps_ls} "
+            f"positions={m.positions} steps={t.train_steps} batch_tokens={t.batch_tokens} "
+            f"corpus={run.config.data.corpus}")
+
+
+# --- Lightning helpers ---------------------------------------------------------------------------
+
+
+class TrainClock(pl.Callback):
+    """Training wall time, summed over resumed sessions (kept inside the checkpoints); prints a
+    progress line every `every` steps where there is no progress bar (logs, nohup, CI)."""
+
+    def __init__(self, every: int = 0) -> None:
+        self.before = 0.0
+        self.start: float | None = None
+        self.every = every
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step
+        if self.every and step % self.every == 0:
+            loss = trainer.callback_metrics.get("train/loss")
+            log.info("step %d/%d  loss %.3f  %.0f s", step, trainer.max_steps,
+                     float("nan") if loss is None else float(loss), self.seconds)
+
+    @property
+    def seconds(self) -> float:
+        return self.before + (time.time() - self.start if self.start else 0.0)
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.start = time.time()
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.before, self.start = self.seconds, None
+
+    def state_dict(self) -> dict[str, float]:
+        return {"seconds": self.seconds}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.before = state["seconds"]
+
+
+def _wandb_logger(run: PlannedRun, work: Path, precision: str):
+    """W&B, offline unless an API key is set (sync later with `wandb sync`)."""
+    from pytorch_lightning.loggers import WandbLogger
+
+    work.mkdir(parents=True, exist_ok=True)
+    online = bool(os.environ.get("WANDB_API_KEY")) and os.environ.get("WANDB_MODE") != "offline"
+    os.environ.setdefault("WANDB_SILENT", "true")
+    return WandbLogger(
+        project=os.environ.get("WANDB_PROJECT", "reproduce"), name=run.run_id,
+        id=run.run_id.replace(".", "_"), group=f"{run.table}/{run.row}", job_type=run.variant,
+        tags=[run.table, f"row:{run.row}", f"scale:{run.scale}", f"seed:{run.seed}"],
+        save_dir=str(work), offline=not online, resume="allow",
+        config={**_flat(run.config), "table": run.table, "row": run.row,
+                "variant": run.variant, "scale": run.scale, "precision": precision},
+    )
+
+
+def _flat(config: Config) -> dict[str, Any]:
+    return {f"{section}.{k}": v for section, values in asdict(config).items()
+            for k, v in values.items()}
+
+
+def _finish_wandb(logger, metrics: dict[str, Any]) -> dict[str, Any]:
+    experiment = logger.experiment
+    for key, value in metrics.items():
+        experiment.summary[f"final/{key}"] = value
+    info = {"id": experiment.id, "mode": "offline" if experiment.offline else "online",
+            "dir": experiment.dir, "url": None if experiment.offline else experiment.url}
+    experiment.finish()
+    return info

@@ -1,0 +1,386 @@
+"""Corpora, splits, token batching, the shared BPE tokenizer and the Lightning data module."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from reproduce import data, tokenizer
+from reproduce.data import (
+    BIBLE_DEV_BOOKS,
+    BIBLE_TEST_BOOKS,
+    BIBLE_TRAIN_BOOKS,
+    CORPORA,
+    SPLITS,
+    DataError,
+    TranslationData,
+    batch_by_tokens,
+    load_bible_verses,
+    load_pairs,
+)
+from reproduce.tokenizer import Tokenizer, cache_dir, load_tokenizer, train_tokenizer
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def bible_en_de() -> dict[str, list[data.BibleVerse]]:
+    return {split: load_bible_verses("bible-en-de", split) for split in SPLITS}
+
+
+@pytest.fixture(scope="module")
+def small_tokenizer(tmp_path_factory, bible_en_de) -> Tokenizer:
+    texts = [side for verse in bible_en_de["train"][:400] for side in (verse.source, verse.target)]
+    return train_tokenizer("bible-en-de", 400, texts, tmp_path_factory.mktemp("cache"))
+
+
+# --- the Bible corpora -------------------------------------------------------------------------
+
+
+def test_bible_book_splits_are_disjoint_and_cover_the_bible():
+    train, dev, test = set(BIBLE_TRAIN_BOOKS), set(BIBLE_DEV_BOOKS), set(BIBLE_TEST_BOOKS)
+    assert not train & dev and not train & test and not dev & test
+    assert train | dev | test == set(range(1, 67))
+    assert len(train) == 58
+
+
+def test_bible_splits_hold_whole_books_and_expected_counts(bible_en_de):
+    books = {"train": BIBLE_TRAIN_BOOKS, "dev": BIBLE_DEV_BOOKS, "test": BIBLE_TEST_BOOKS}
+    for split, verses in bible_en_de.items():
+        assert {verse.book for verse in verses} == set(books[split]), split
+    sizes = {split: len(verses) for split, verses in bible_en_de.items()}
+    assert 28_900 <= sizes["train"] <= 29_045
+    assert 600 <= sizes["dev"] <= 617
+    assert 1_400 <= sizes["test"] <= 1_440
+    references = [(v.book, v.chapter, v.verse) for verses in bible_en_de.values() for v in verses]
+    assert len(references) == len(set(references))
+
+
+def test_bible_pairs_are_real_english_and_german(bible_en_de):
+    train = bible_en_de["train"]
+    john_3_16 = next(v for v in train if (v.book, v.chapter, v.verse) == (43, 3, 16))
+    assert john_3_16.source.startswith("For God so loved the world")
+    assert john_3_16.target.startswith("Denn also hat Gott die Welt geliebt")
+    pairs = load_pairs("bible-en-de", "dev")
+    assert pairs == [(v.source, v.target) for v in bible_en_de["dev"]]
+    assert all(isinstance(s, str) and isinstance(t, str) and s and t for s, t in pairs)
+
+
+def test_bible_en_fr_has_french_targets():
+    pairs = load_pairs("bible-en-fr", "test")
+    assert 1_400 <= len(pairs) <= 1_440
+    assert sum("é" in target for _, target in pairs) > len(pairs) / 4
+
+
+MARKUP_EXAMPLES = [
+    # (raw verse text, cleaned text): every edition's notation seen in bible.db
+    ("God`s Spirit said, `Eat,` he said", "God's Spirit said, 'Eat,' he said"),
+    ("He shall offer of it, [even] an offering", "He shall offer of it, even an offering"),
+    ("As an offering of first -[fruits] you shall", "As an offering of first-fruits you shall"),
+    ("Yahweh. Selah. Psalm 4 For the Chief Musician.", "Yahweh. Selah."),
+    ("So Job died, full of days. BOOK I Psalm 1", "So Job died, full of days."),
+    ("I will not forget your word. GIMEL", "I will not forget your word."),
+    ("auf ewig. * * *", "auf ewig."),
+    ("(3:9) Le salut est auprès de l'Éternel", "Le salut est auprès de l'Éternel"),
+    ("(9:1) Au chef des chantres. (9:2) Je louerai", "Au chef des chantres. Je louerai"),
+    ("(MISSING) [KJV: It pleased Silas.] From Schlachter: Es gefiel Silas.", "Es gefiel Silas."),
+    ("dummy verses inserted by amos", ""),
+    ("(*)", ""),
+    ("(Ein Psalm von David.) Wenn ich rufe", "(Ein Psalm von David.) Wenn ich rufe"),
+]
+
+
+@pytest.mark.parametrize(("raw", "clean"), MARKUP_EXAMPLES)
+def test_bible_markup_is_removed_and_text_kept(raw, clean):
+    assert data.clean_bible_text(raw) == clean
+
+
+def test_loaded_bible_text_has_no_markup(bible_en_de):
+    markers = ("`", "[", "]", "*", " by amos", "(MISSING)", "KJV:", "  ")
+    for verse in bible_en_de["test"] + bible_en_de["dev"]:
+        for text in (verse.source, verse.target):
+            assert not any(marker in text for marker in markers), text
+            assert text == text.strip()
+
+
+# --- corpus names, local files, the Hub offline ---------------------------------------------
+
+
+def test_unknown_corpus_and_split_list_the_allowed_values():
+    with pytest.raises(DataError, match="unknown corpus 'nope'") as error:
+        load_pairs("nope", "train")
+    assert all(name in str(error.value) for name in CORPORA)
+    with pytest.raises(DataError, match="unknown split 'validation'") as error:
+        load_pairs("bible-en-de", "validation")
+    assert all(split in str(error.value) for split in SPLITS)
+    with pytest.raises(DataError, match="unknown corpus"):
+        TranslationData("nope", tokenizer=None, batch_tokens=100)
+
+
+@pytest.fixture
+def private_datasets_cache(tmp_path, monkeypatch):
+    """Keep the json loader's cache of throwaway files out of the user's datasets cache."""
+    import datasets.config
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf-datasets"))
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> None:
+    path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+
+
+def _wmt_rows(n: int, tag: str) -> list[dict]:
+    return [
+        {"translation": {"de": f"Satz {tag} {i}.", "en": f"Sentence {tag} {i}."}} for i in range(n)
+    ]
+
+
+@pytest.mark.usefixtures("private_datasets_cache")
+def test_local_jsonl_loads_through_the_same_path_as_the_hub(tmp_path, monkeypatch):
+    rows = _wmt_rows(5, "train") + [{"translation": {"de": " ", "en": "orphan"}}]
+    _write_jsonl(tmp_path / "train.jsonl", rows)
+    _write_jsonl(tmp_path / "validation.jsonl", _wmt_rows(3, "dev"))
+    _write_jsonl(tmp_path / "test.jsonl", _wmt_rows(2, "test"))
+    calls = []
+    real = data._load_dataset
+    monkeypatch.setattr(data, "_load_dataset", lambda *a, **k: calls.append(a) or real(*a, **k))
+    train = load_pairs("wmt14-en-de", "train", data_dir=str(tmp_path))
+    assert train == [(f"Sentence train {i}.", f"Satz train {i}.") for i in range(5)]
+    dev = load_pairs("wmt14-en-de", "dev", data_dir=str(tmp_path))
+    assert dev[0] == ("Sentence dev 0.", "Satz dev 0.")
+    assert len(load_pairs("wmt14-en-de", "test", data_dir=str(tmp_path))) == 2
+    assert calls == [("json",)] * 3
+
+
+@pytest.mark.usefixtures("private_datasets_cache")
+def test_missing_local_file_and_field_are_named(tmp_path):
+    _write_jsonl(tmp_path / "train.jsonl", _wmt_rows(2, "train"))
+    with pytest.raises(DataError, match="validation.jsonl"):
+        load_pairs("wmt14-en-de", "dev", data_dir=str(tmp_path))
+    with pytest.raises(DataError, match=r"no \['fr'\] field"):
+        load_pairs("wmt14-en-fr", "train", data_dir=str(tmp_path))
+    with pytest.raises(DataError, match="not a directory"):
+        load_pairs("wmt14-en-de", "train", data_dir=str(tmp_path / "absent"))
+
+
+def test_hub_corpus_fails_fast_when_offline(monkeypatch):
+    import datasets.config
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    before = datasets.config.HF_HUB_OFFLINE
+    start = time.monotonic()
+    with pytest.raises(DataError, match="could not fetch corpus 'wmt14-en-de'.*offline.*data_dir"):
+        load_pairs("wmt14-en-de", "dev")
+    assert time.monotonic() - start < 10
+    assert datasets.config.HF_HUB_OFFLINE == before
+
+
+def test_unreachable_hub_switches_datasets_offline(monkeypatch):
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(data, "_hub_reachable", lambda: False)
+    start = time.monotonic()
+    with pytest.raises(DataError, match="wmt14-en-fr.*offline"):
+        load_pairs("wmt14-en-fr", "test")
+    assert time.monotonic() - start < 10
+    assert "HF_HUB_OFFLINE" not in os.environ
+
+
+# --- batching ------------------------------------------------------------------------------
+
+
+def _random_lengths(n: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    src = rng.integers(1, 120, n)
+    tgt = np.clip(src + rng.integers(-10, 11, n), 1, None)
+    return np.stack([src, tgt], axis=1)
+
+
+def test_batch_by_tokens_covers_each_index_once_within_budget():
+    lengths = _random_lengths(3000)
+    batches = batch_by_tokens(lengths.tolist(), 1500, shuffle=True, seed=1)
+    flat = [i for batch in batches for i in batch]
+    assert sorted(flat) == list(range(len(lengths)))
+    real = padded = 0
+    for batch in batches:
+        sizes = lengths[batch]
+        assert len(batch) * sizes.max() <= 1500
+        real += sizes.sum()
+        padded += len(batch) * (sizes[:, 0].max() + sizes[:, 1].max())
+    assert 1 - real / padded < 0.1  # length-homogeneous batches waste little on padding
+
+
+def test_batch_by_tokens_shuffle_is_seeded_and_plain_order_is_short_to_long():
+    lengths = _random_lengths(500)
+    first = batch_by_tokens(lengths, 800, shuffle=True, seed=3)
+    assert first == batch_by_tokens(lengths, 800, shuffle=True, seed=3)
+    assert first != batch_by_tokens(lengths, 800, shuffle=True, seed=4)
+    ordered = batch_by_tokens(lengths, 800, shuffle=False, seed=0)
+    widths = [int(lengths[batch].max()) for batch in ordered]
+    assert widths == sorted(widths)
+
+
+def test_batch_by_tokens_over_long_example_stands_alone():
+    batches = batch_by_tokens([(5, 5), (400, 3), (6, 4), (5, 6)], 100, shuffle=False, seed=0)
+    assert [1] in batches
+    assert sorted(i for batch in batches for i in batch) == [0, 1, 2, 3]
+
+
+def test_batch_by_tokens_ranks_get_disjoint_equal_shares():
+    lengths = _random_lengths(2000)
+    shares = [batch_by_tokens(lengths, 1000, True, 7, rank=r, world_size=3) for r in range(3)]
+    assert len({len(share) for share in shares}) == 1
+    seen = [i for share in shares for batch in share for i in batch]
+    assert len(seen) == len(set(seen))
+    everything = batch_by_tokens(lengths, 1000, True, 7)
+    assert len(everything) - len(shares[0]) * 3 < 3
+    with pytest.raises(ValueError, match="rank"):
+        batch_by_tokens(lengths, 1000, True, 7, rank=3, world_size=3)
+
+
+# --- tokenizer -----------------------------------------------------------------------------
+
+
+def test_tokenizer_special_ids_and_round_trip(small_tokenizer, bible_en_de):
+    tok = small_tokenizer
+    assert (tok.pad_id, tok.bos_id, tok.eos_id) == (0, 2, 3)
+    assert tok.vocab_size == 400
+    verses = bible_en_de["train"][:50]
+    texts = [v.source for v in verses] + [v.target for v in verses]
+    texts += ["And God said to Noah, go in the ark.", "Und Gott sprach zu ihm."]
+    ids = tok.encode(texts)
+    assert all(isinstance(i, int) and 3 < i < 400 for seq in ids for i in seq)
+    assert tok.decode(ids) == texts
+    assert tok.decode([[tok.bos_id, *ids[0], tok.eos_id, tok.pad_id]]) == texts[:1]
+
+
+def test_tokenizer_cache_hit_does_not_retrain(tmp_path, monkeypatch):
+    texts = ["In the beginning God created the heavens and the earth.", "Und Gott sprach."] * 20
+    first = train_tokenizer("toy", 40, texts, tmp_path)
+    path = tmp_path / "spm" / "toy-bpe40.model"
+    assert first.path == path and path.is_file()
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary files left
+    stamp = path.stat().st_mtime_ns
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("retrained despite a cached model")
+
+    monkeypatch.setattr(tokenizer, "_train", refuse)
+    again = train_tokenizer("toy", 40, [], tmp_path)
+    assert path.stat().st_mtime_ns == stamp
+    assert again.encode(texts[:1]) == first.encode(texts[:1])
+    assert load_tokenizer(path).vocab_size == 40
+
+
+def test_tokenizer_errors_are_data_errors(tmp_path):
+    with pytest.raises(DataError, match="too large"):
+        train_tokenizer("tiny", 5000, ["a b c"] * 10, tmp_path)
+    assert not (tmp_path / "spm" / "tiny-bpe5000.model").exists()
+    with pytest.raises(DataError, match="not found"):
+        load_tokenizer(tmp_path / "absent.model")
+
+
+def test_cache_dir_defaults_to_repo_and_follows_env(monkeypatch):
+    monkeypatch.delenv("REPRODUCE_CACHE", raising=False)
+    assert cache_dir() == Path(data.__file__).resolve().parent.parent / "cache"
+    monkeypatch.setenv("REPRODUCE_CACHE", "/somewhere/else")
+    assert cache_dir() == Path("/somewhere/else")
+
+
+# --- the data module -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def module(small_tokenizer) -> TranslationData:
+    dm = TranslationData(
+        "bible-en-de", small_tokenizer, batch_tokens=1200, max_train_pairs=300, max_eval_pairs=40
+    )
+    dm.setup()
+    return dm
+
+
+def test_data_module_batches_have_bos_eos_and_shifted_targets(module, small_tokenizer):
+    tok = small_tokenizer
+    assert module.dropped == 0 and module.num_train_pairs == 300
+    assert len(module.dev_pairs) == 40 and len(module.test_pairs) == 40
+    loader = module.train_dataloader()
+    batches = list(loader)
+    assert len(batches) == len(loader)
+    assert sum(len(b["src"]) for b in batches) == 300
+    for batch in batches:
+        src, tgt_in, tgt_out = batch["src"], batch["tgt_in"], batch["tgt_out"]
+        assert src.dtype == tgt_in.dtype == tgt_out.dtype == torch.long
+        assert src.shape[0] == tgt_in.shape[0] and tgt_in.shape == tgt_out.shape
+        assert src.shape[0] * max(src.shape[1], tgt_in.shape[1]) <= 1200
+        src_len, tgt_len = (src != 0).sum(1), (tgt_out != 0).sum(1)
+        rows = torch.arange(len(src))
+        assert (src[rows, src_len - 1] == tok.eos_id).all()
+        assert (tgt_out[rows, tgt_len - 1] == tok.eos_id).all()
+        assert (tgt_in[:, 0] == tok.bos_id).all()
+        assert ((tgt_in != 0).sum(1) == tgt_len).all()
+        # the decoder input is the output shifted right: equal wherever the input is not padding
+        real = tgt_in[:, 1:] != 0
+        assert torch.equal(tgt_in[:, 1:][real], tgt_out[:, :-1][real])
+        assert torch.isin(tgt_out[:, :-1][~real], torch.tensor([0, tok.eos_id])).all()
+        # no BOS/EOS inside, no gaps: everything after the first pad is pad
+        assert ((src == tok.bos_id).sum() == 0) and ((tgt_in == tok.eos_id).sum() == 0)
+        assert torch.equal(src != 0, torch.arange(src.shape[1]) < src_len[:, None])
+
+
+def test_data_module_sources_decode_back(module, small_tokenizer):
+    batch = next(iter(module.val_dataloader()))
+    pieces = [row[row > 3].tolist() for row in batch["src"]]
+    dev_sources = {source for source, _ in module.dev_pairs}
+    assert all(text in dev_sources for text in small_tokenizer.decode(pieces))
+
+
+def test_data_module_reshuffles_each_epoch_and_shards_by_rank(module):
+    loader = module.train_dataloader()
+    first, second = ([b["src"][0, :4].tolist() for b in loader] for _ in range(2))
+    assert first != second
+    assert [b["src"].shape for b in module.val_dataloader()] == [
+        b["src"].shape for b in module.val_dataloader()
+    ]
+    module.trainer = SimpleNamespace(global_rank=0, world_size=2, current_epoch=5)
+    try:
+        shares = []
+        for rank in range(2):
+            module.trainer.global_rank = rank
+            shares.append([tuple(b["src"][:, 0].tolist()) for b in module.train_dataloader()])
+        assert len(shares[0]) == len(shares[1]) > 0
+    finally:
+        module.trainer = None
+
+
+def test_data_module_drops_long_training_pairs(small_tokenizer):
+    dm = TranslationData(
+        "bible-en-de", small_tokenizer, batch_tokens=400, max_tokens_per_sentence=30,
+        max_train_pairs=200, max_eval_pairs=10,
+    )  # fmt: skip
+    dm.setup()
+    assert 0 < dm.dropped < 200 and dm.num_train_pairs + dm.dropped == 200
+    for batch in dm.train_dataloader():
+        assert batch["src"].shape[1] <= 30 and batch["tgt_in"].shape[1] <= 30
+
+
+def test_source_batches_cover_sources_grouped_by_length(module, small_tokenizer):
+    sources = [source for source, _ in module.test_pairs]
+    seen = []
+    for indices, src in module.source_batches(sources, batch_tokens=600):
+        assert src.shape[0] == len(indices)
+        assert src.shape[0] * src.shape[1] <= max(600, src.shape[1])
+        lengths = (src != 0).sum(1)
+        assert (src[torch.arange(len(src)), lengths - 1] == small_tokenizer.eos_id).all()
+        assert small_tokenizer.decode([row[row > 3].tolist() for row in src]) == [
+            sources[i] for i in indices
+        ]
+        seen += indices
+    assert sorted(seen) == list(range(len(sources)))

@@ -1,0 +1,53 @@
+"""The training pieces: the paper's schedule and label-smoothed loss."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from reproduce.config import BASE, TrainConfig
+from reproduce.optim import adam_with_schedule, lrate, smoothed_loss
+
+
+def test_lrate_is_equation_3():
+    d, w = 512, 4000
+    assert lrate(1, d, w) == pytest.approx(512 ** -0.5 * 1 * 4000 ** -1.5)
+    assert lrate(w, d, w) == pytest.approx(512 ** -0.5 * 4000 ** -0.5)  # the peak
+    assert lrate(16000, d, w) == pytest.approx(512 ** -0.5 * 16000 ** -0.5)
+    assert lrate(w, d, w) > lrate(w - 1, d, w) and lrate(w, d, w) > lrate(w + 1, d, w)
+    assert lrate(100, d, w, scale=2.0) == pytest.approx(2 * lrate(100, d, w))
+
+
+def test_optimizer_follows_the_schedule():
+    p = torch.nn.Parameter(torch.zeros(3))
+    train = TrainConfig(warmup_steps=10)
+    optimizer, schedule = adam_with_schedule([p], train, d_model=64)
+    assert optimizer.defaults["betas"] == (0.9, 0.98) and optimizer.defaults["eps"] == 1e-9
+    for step in range(1, 30):
+        assert optimizer.param_groups[0]["lr"] == pytest.approx(lrate(step, 64, 10))
+        p.grad = torch.ones(3)
+        optimizer.step()
+        schedule.step()
+
+
+def test_label_smoothing_matches_torch_and_ignores_padding():
+    torch.manual_seed(0)
+    logits, target = torch.randn(2, 5, 11), torch.randint(1, 11, (2, 5))
+    target[1, 3:] = 0
+    keep = target != 0
+    for eps in (0.0, 0.1, 0.2):
+        smoothed, nll = smoothed_loss(logits, target, eps, pad_id=0)
+        ref = F.cross_entropy(logits[keep], target[keep], label_smoothing=eps, reduction="sum")
+        torch.testing.assert_close(smoothed, ref)
+        torch.testing.assert_close(nll, F.cross_entropy(logits[keep], target[keep], reduction="sum"))
+
+
+def test_label_smoothing_prefers_a_less_confident_model():
+    target = torch.tensor([[2]])
+    confident = torch.full((1, 1, 10), -30.0)
+    confident[0, 0, 2] = 30.0
+    hedged = torch.zeros(1, 1, 10)
+    hedged[0, 0, 2] = 5.0
+    # Without smoothing the confident model wins; with eps_ls = 0.1 (the paper's) it loses.
+    assert smoothed_loss(confident, target, 0.0, 0)[0] < smoothed_loss(hedged, target, 0.0, 0)[0]
+    assert smoothed_loss(confident, target, BASE.train.eps_ls, 0)[0] > \
+        smoothed_loss(hedged, target, BASE.train.eps_ls, 0)[0]
