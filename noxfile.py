@@ -21,5 +21,6 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    session.install(TORCH, "-e", ".")
-    session.run("python", "benchmarks/decoding.py", *session.posargs)
+    """`nox -s bench` writes results/performance.md; `nox -s bench -- --quick` takes minutes."""
+    session.install(TORCH, "-e", ".[bench]")
+    session.run("python", "-m", "reproduce", "bench", *session.posargs)

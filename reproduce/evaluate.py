@@ -1,4 +1,5 @@
-"""Evaluation: translation with beam search and BLEU (sacreBLEU on detokenized text)."""
+"""Evaluation: translation with beam search and BLEU (sacreBLEU on detokenized text); parse trees
+with beam search, repaired over the input words and scored with EVALB (Table 4)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,9 @@ def translate(model: Transformer, tokenizer, batches: Iterable[tuple[list[int], 
         hyps = beam_search(model, src.to(device), tokenizer.bos_id, tokenizer.eos_id,
                            beam=decode.beam, alpha=decode.alpha,
                            max_len_offset=decode.max_len_offset)
+        # A model may be larger than a soft-limited vocabulary (treebank corpora); ids beyond the
+        # tokenizer's are never trained targets and decode to nothing.
+        hyps = [[i for i in hyp if i < tokenizer.vocab_size] for hyp in hyps]
         for i, text in zip(indices, tokenizer.decode(hyps), strict=True):
             out[i] = text
     return out
@@ -34,3 +38,26 @@ def sacre_bleu(hypotheses: list[str], references: list[str]) -> dict:
     score = metric.corpus_score(hypotheses, [references])
     return {"kind": "sacrebleu", "score": round(score.score, 2),
             "signature": str(metric.get_signature()), "sentences": len(hypotheses)}
+
+
+def parse_scores(model: Transformer, tokenizer, batches: Iterable[tuple[list[int], torch.Tensor]],
+                 pairs: list[tuple[str, str]], gold: list, decode: DecodeConfig) -> dict:
+    """Parse each sentence of ``pairs`` (its words, its linearized gold tree) by beam search, repair
+    every output into a tree over the gold words with the gold POS tags (``delinearize``) and score
+    the trees against ``gold`` as EVALB with COLLINS.prm does: labelled bracket P, R, F1 (%)."""
+    from .parsing import delinearize, evalb, tag_pos, well_formed, words
+
+    outputs = translate(model, tokenizer, batches, len(pairs), decode)
+    trees, whole = [], 0
+    for (source, _), output, tree in zip(pairs, outputs, gold, strict=True):
+        sentence = words(tree)
+        if source.split() != sentence:
+            raise ValueError(f"gold tree and sentence differ: {source!r}")
+        whole += well_formed(output.split(), len(sentence))
+        trees.append(delinearize(output.split(), sentence, tag_pos(tree)))
+    score = evalb(list(gold), trees)
+    return {"kind": "evalb-collins", **{k: round(score[k], 2) for k in ("precision", "recall", "f1")},
+            **{k: score[k] for k in ("matched", "gold_brackets", "test_brackets", "sentences")},
+            "well_formed": whole,
+            "examples": [{"source": s, "reference": t, "output": o, "tree": tree.pformat(margin=10**6)}
+                         for (s, t), o, tree in list(zip(pairs, outputs, trees, strict=True))[:3]]}

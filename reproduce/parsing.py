@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import re
 from collections import Counter
+from collections.abc import Iterator
 
 import nltk
 from nltk.corpus.reader import BracketParseCorpusReader
@@ -82,7 +83,9 @@ def load_treebank(split: str, wsj_dir: str | None = None) -> list[Tree]:
 def _wsj_reader(split: str, wsj_dir: str) -> tuple[BracketParseCorpusReader, list[str]]:
     """A reader over the full PTB WSJ and the file ids of the split's sections."""
     if not os.path.isdir(wsj_dir):
-        raise ParsingDataError(f"--wsj-dir {wsj_dir!r} is not a directory (expected PTB parsed/mrg/wsj)")
+        raise ParsingDataError(
+            f"treebank {wsj_dir!r} is not a directory (expected the PTB's parsed/mrg/wsj, with section "
+            "folders 02-23); without --treebank the NLTK sample is read from NLTK_DATA")
     wsj_dir = os.path.realpath(wsj_dir)
     # Recent NLTK refuses corpus roots outside its data path; the user named this one explicitly.
     if wsj_dir not in nltk.data.path:
@@ -92,7 +95,8 @@ def _wsj_reader(split: str, wsj_dir: str) -> tuple[BracketParseCorpusReader, lis
     fileids = reader.fileids()
     if not fileids:
         raise ParsingDataError(
-            f"no wsj_*.mrg files for sections {sections} under {wsj_dir!r} (expected PTB parsed/mrg/wsj)")
+            f"no wsj_*.mrg files for sections {sections} under {wsj_dir!r} (expected the PTB's "
+            "parsed/mrg/wsj; without --treebank the NLTK sample is read from NLTK_DATA)")
     return reader, fileids
 
 
@@ -103,10 +107,50 @@ def _sample_reader(split: str) -> tuple[BracketParseCorpusReader, list[str]]:
         root = nltk.data.find("corpora/treebank/combined/")
     except LookupError:
         raise ParsingDataError(
-            "NLTK's WSJ sample is missing: run `python -m nltk.downloader treebank` or set NLTK_DATA to "
-            "a folder holding corpora/treebank.zip; --wsj-dir takes a full Penn Treebank instead") from None
+            f"NLTK's WSJ sample corpora/treebank.zip is not under NLTK_DATA="
+            f"{os.environ.get('NLTK_DATA', '(unset)')} nor in {', '.join(map(str, nltk.data.path))}: "
+            "run `python -m nltk.downloader treebank` or set NLTK_DATA to a folder holding "
+            "corpora/treebank.zip; --treebank takes a full Penn Treebank instead") from None
     first, last = SAMPLE_FILES[split]
     return BracketParseCorpusReader(root, r"wsj_\d{4}\.mrg"), sample_fileids(first, last)
+
+
+def read_trees(path: str) -> Iterator[Tree]:
+    """Bracketed trees from a file, or from every file under a folder, one after another (lazily:
+    a semi-supervised corpus holds millions). Empty elements are stripped as in ``load_treebank``."""
+    if not os.path.exists(path):
+        raise ParsingDataError(f"extra trees {path!r}: no such file or folder (bracketed trees, e.g. "
+                               "PTB .mrg files or one tree per line)")
+    path = os.path.realpath(path)
+    if os.path.isdir(path):
+        root, fileids = path, r"(?!\.).*"
+    else:
+        root, fileids = os.path.dirname(path), re.escape(os.path.basename(path))
+    if root not in nltk.data.path:
+        nltk.data.path.append(root)
+    reader = BracketParseCorpusReader(root, fileids)
+    if not reader.fileids():
+        raise ParsingDataError(f"extra trees {path!r}: the folder holds no files")
+    for tree in reader.parsed_sents():
+        stripped = strip_empty(tree)
+        if stripped is not None:
+            yield stripped
+
+
+def treebank_description(wsj_dir: str | None = None, extra_trees: str | None = None) -> dict:
+    """What a run's trees were, for its record and the rendered table."""
+    if wsj_dir:
+        info = {"kind": "wsj", "path": os.path.realpath(wsj_dir),
+                "about": "Penn Treebank WSJ: train sections 02-21, dev 22, test 23 (as the paper)"}
+    else:
+        files = ", ".join(f"{split} wsj_{a:04d}-{b:04d} ({SAMPLE_SENTENCES[split]} sentences)"
+                          for split, (a, b) in SAMPLE_FILES.items())
+        info = {"kind": "nltk-sample", "path": None,
+                "about": f"NLTK's 10% WSJ sample (3,914 sentences), split by file: {files}. Not "
+                         "WSJ sections 02-21 / 22 / 23: F1 is not comparable with the paper's"}
+    if extra_trees:
+        info["extra_trees"] = os.path.realpath(extra_trees)
+    return info
 
 
 def sample_fileids(first: int, last: int) -> list[str]:
@@ -245,6 +289,30 @@ def delinearize(tokens: list[str], words: list[str], tags: list[str] | None = No
     if len(roots) == 1 and position == len(words) and not _is_preterminal(roots[0]):
         return roots[0]
     return Tree(ROOT_LABEL, roots)
+
+
+def well_formed(tokens: list[str], n_words: int) -> bool:
+    """Whether model output needs no repair: one root constituent, brackets balanced with matching
+    labels, none empty, exactly one ``XX`` per word and no other tokens."""
+    open_labels: list[str] = []
+    filled: list[bool] = []  # whether each open constituent holds a word yet
+    roots = xx = 0
+    for token in tokens:
+        if token == POS_TOKEN and open_labels:
+            xx += 1
+            filled[-1] = True
+        elif token.startswith("(") and len(token) > 1:
+            roots += not open_labels
+            open_labels.append(token[1:])
+            filled.append(False)
+        elif token.startswith(")") and open_labels and open_labels[-1] == token[1:] and filled[-1]:
+            open_labels.pop()
+            filled.pop()
+            if filled:
+                filled[-1] = True
+        else:
+            return False
+    return not open_labels and roots == 1 and xx == n_words
 
 
 def _close(open_labels: list[str], open_children: list[list[Tree]]) -> None:

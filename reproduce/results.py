@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -102,9 +104,11 @@ def _scale_table(spec: Spec, scale: str, records: list[dict[str, Any]]) -> list[
             "vocabulary. Hardware: " + _hardware(records) + ".", ""]
     header = [""] + [h for h, _, _ in SHAPE_COLUMNS] + [
         "PPL (dev) paper", "PPL (dev) ours", "BLEU (dev) paper", "BLEU (dev) ours",
-        "BLEU (test) ours", "params ×10⁶ paper", "params ×10⁶ ours"]
+        "BLEU (test) ours", "params ×10⁶ paper", "params ×10⁶ ours",
+        "ΔPPL paper", "ΔPPL ours", "ΔBLEU paper", "ΔBLEU ours", "sign agrees (PPL; BLEU)"]
     out += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     groups = [("base", ["base"])] + list(spec.rows.items())
+    tally: dict[str, Counter[str]] = {"PPL": Counter(), "BLEU": Counter()}
     for row, names in groups:
         for i, name in enumerate(n for n in names if n in spec.variants):
             paper, ours = spec.variants[name].paper, runs.get(name, [])
@@ -114,10 +118,66 @@ def _scale_table(spec: Spec, scale: str, records: list[dict[str, Any]]) -> list[
                 _fmt(paper.get("ppl")), _mean_std(metric[0], 2), _fmt(paper.get("bleu")),
                 _mean_std(metric[1], 1), _mean_std(metric[2], 1), _fmt(paper.get("params_m")),
                 _params([r["metrics"]["params"] for r in ours])]
+            verdicts = [compare_to_base(spec, runs, name, key, paper_key)
+                        for key, paper_key in (("dev_ppl", "ppl"), ("dev_bleu", "bleu"))]
+            for v in verdicts:
+                tally[v.metric][v.verdict] += name != "base"
+            cells += [c for v in verdicts for c in (v.paper_cell, v.ours_cell)]
+            cells.append("" if name == "base" else "; ".join(v.verdict for v in verdicts))
             out.append("| " + " | ".join(cells) + " |")
     out += ["", f"{sum(len(v) for v in runs.values())} runs recorded at this scale; commands and "
             "configs are in each record.", ""]
+    for metric, counts in tally.items():
+        judged = sum(counts[k] for k in ("yes", "no", "no effect"))
+        out.append(f"- {metric}: {counts['yes']} of {judged} variants with a verdict change in the "
+                   f"paper's direction; {counts['no']} go the other way; {counts['no effect']} "
+                   f"change by less than our seed noise; {counts['n/a']} have no verdict (no "
+                   "record of them or of base at this scale, or one seed, which gives no noise "
+                   "estimate).")
+    out += ["", "Δ: change from base (variant − base). *sign agrees*: `yes` when our change has "
+            "the paper's sign and exceeds our seed noise (2 standard errors of the difference of "
+            "means, from the seeds of the variant and of base); `no effect` when it is within "
+            "that noise; `n/a` with fewer than 2 seeds of either.", ""]
     return out
+
+
+@dataclass(frozen=True)
+class Verdict:
+    metric: str
+    paper_cell: str
+    ours_cell: str
+    verdict: str  # yes | no | no effect | n/a
+
+
+def compare_to_base(spec: Spec, runs: dict[str, list[dict[str, Any]]], variant: str, key: str,
+                    paper_key: str) -> Verdict:
+    """Our change from base beside the paper's, and whether the two agree in sign.
+
+    A change inside our seed noise (2 standard errors of the difference of the two means) is
+    "no effect", never agreement; with fewer than two seeds on either side there is no noise
+    estimate and no verdict."""
+    metric = {"ppl": "PPL", "bleu": "BLEU"}[paper_key]
+    paper_v, paper_b = (spec.variants[n].paper.get(paper_key) if n in spec.variants else None
+                        for n in (variant, "base"))
+    paper_delta = None if paper_v is None or paper_b is None else paper_v - paper_b
+    ours_v = [r["metrics"][key] for r in runs.get(variant, [])]
+    ours_b = [r["metrics"][key] for r in runs.get("base", [])]
+    if variant == "base" or not ours_v or not ours_b:
+        return Verdict(metric, "" if variant == "base" else _signed(paper_delta), "", "n/a")
+    delta = statistics.mean(ours_v) - statistics.mean(ours_b)
+    if len(ours_v) < 2 or len(ours_b) < 2 or paper_delta is None:
+        return Verdict(metric, _signed(paper_delta), _signed(delta), "n/a")
+    noise = 2 * math.sqrt(statistics.variance(ours_v) / len(ours_v)
+                          + statistics.variance(ours_b) / len(ours_b))
+    if abs(delta) <= noise:
+        verdict = "no effect"
+    else:
+        verdict = "yes" if paper_delta != 0 and (delta > 0) == (paper_delta > 0) else "no"
+    return Verdict(metric, _signed(paper_delta), f"{_signed(delta)} (±{noise:.2f})", verdict)
+
+
+def _signed(value: float | None) -> str:
+    return "" if value is None else f"{value:+.2f}"
 
 
 def _fmt(value: Any) -> str:
@@ -214,4 +274,94 @@ def _table2_details(spec: Spec, scale: str, records: list[dict[str, Any]]) -> li
     return out
 
 
-RENDERERS = {"table2": render_table2, "table3": render_table3}
+# --- Table 4 ---------------------------------------------------------------------------------------
+
+TREEBANKS = {"nltk-sample": "NLTK WSJ sample", "wsj": "WSJ"}
+
+
+def _settings(record: dict[str, Any]) -> str:
+    tuning = record.get("tuning")
+    return f"tuned on dev ({tuning['n_trials']} trials)" if tuning else "untuned"
+
+
+def render_table4(spec: Spec, records: list[dict[str, Any]]) -> str:
+    """The paper's Table 4 (every cited parser, its training data and F1) with our rows under the
+    paper's Transformer rows, then the details of our runs, by scale and treebank."""
+    from .data import missing_input
+
+    lines = [f"# Table 4: {spec.caption}", "",
+             "Rendered by `python -m reproduce table4` from the run records in `results/table4/`; "
+             "never edited by hand. Rows without *ours* are the published figures as the paper "
+             "cites them (WSJ section 23).", "",
+             "| Parser | Training | WSJ 23 F1 |", "|---|---|---|"]
+    ours: dict[str, dict[tuple[str, str, str], list[dict[str, Any]]]] = defaultdict(dict)
+    for r in records:
+        key = (r["scale"], r["treebank"]["kind"], _settings(r))
+        ours[r["variant"]].setdefault(key, []).append(r)
+    for row in spec.cited:
+        lines.append(f"| {row['parser']} | {row['training']} | {_fmt(row.get('f1'))} |")
+        variant = row.get("ours")
+        if variant is None:
+            continue
+        if not ours.get(variant):
+            corpus = spec.resolve(variant, "paper").data.corpus if variant in spec.variants else ""
+            why = missing_input(corpus, None) if corpus else None
+            lines.append(f"| {row['parser']}, ours | {row['training']} | not run"
+                         + (" (no semi-supervised corpus given: `--silver PATH`)" if why else "")
+                         + " |")
+        for (scale, kind, settings), recs in ours[variant].items():
+            f1 = _mean_std([r["metrics"]["test_f1"] for r in recs], 1)
+            where = "the sample's test files" if kind == "nltk-sample" else "section 23"
+            lines.append(f"| {row['parser']}, ours, scale `{scale}`, {TREEBANKS.get(kind, kind)}, "
+                         f"{settings} | {row['training']} | {f1} ({where}) |")
+    lines += ["", "Our F1: labelled bracketing F1 on the test split, EVALB COLLINS.prm conventions "
+              "(function tags stripped, PRT = ADVP, punctuation and the root not counted), model "
+              "output repaired into a tree over the input words and given the gold POS tags. On "
+              "NLTK's 10% WSJ sample (3,914 sentences, split by file) the training set is ~13x "
+              "smaller than sections 02-21 and the test files are not section 23: **those F1 are "
+              "not comparable with the paper's**.", ""]
+    if not records:
+        lines.append("No runs recorded yet.")
+    by_data: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in records:
+        by_data[(r["scale"], r["treebank"]["kind"])].append(r)
+    for (scale, kind), recs in by_data.items():
+        lines += _table4_details(spec, scale, kind, recs)
+    return "\n".join(lines) + "\n"
+
+
+def _table4_details(spec: Spec, scale: str, kind: str, records: list[dict[str, Any]]) -> list[str]:
+    first = records[0]
+    out = [f"## Our runs at scale `{scale}` on the {TREEBANKS.get(kind, kind)}", "",
+           _scale_note(spec.scales.get(scale), "model sizes as named"), "",
+           f"Data: {first['treebank']['about']}"
+           + (f" ({first['treebank']['path']})" if first["treebank"].get("path") else "") + ". "
+           f"Hardware: {_hardware(records)}.", "",
+           "| run | settings | dev P | dev R | dev F1 | test P | test R | test F1 | sentences "
+           "(dev, test) | well-formed outputs (test) | dev PPL | vocabulary | params ×10⁶ | steps "
+           "| training time | beam, alpha, max length |", "|" + "---|" * 16]
+    for r in sorted(records, key=lambda r: r["run_id"]):
+        m, c, ev = r["metrics"], r["config"], r["evalb"]
+        d = c["decode"]
+        out.append(
+            f"| {r['run_id']} | {_settings(r)} | {m['dev_precision']:.2f} | {m['dev_recall']:.2f} | "
+            f"{m['dev_f1']:.2f} | {m['test_precision']:.2f} | {m['test_recall']:.2f} | "
+            f"{m['test_f1']:.2f} | {ev['dev']['sentences']}, {ev['test']['sentences']} | "
+            f"{ev['test']['well_formed']} of {ev['test']['sentences']} | {m['dev_ppl']:.2f} | "
+            f"{r['data']['vocab_size']} | {m['params'] / 1e6:.2f} | {m['train_steps']} | "
+            f"{m['train_seconds'] / 60:.1f} min | {d['beam']}, {d['alpha']}, input + "
+            f"{d['max_len_offset']} |")
+    for r in records:
+        t = r.get("tuning")
+        if t:
+            out.append(f"- {r['run_id']}: settings {t['best_params']} from trial {t['best_trial']} "
+                       f"of optuna study `{t['study']}` ({t['n_trials']} trials: {t['complete']} "
+                       f"finished, {t['pruned']} pruned; {t['metric']} {t['best_value']:.2f} on "
+                       f"{t['split']}).")
+    out += ["", "*untuned*: the settings of `sweeps/table4.yaml` at this scale; *tuned*: the best "
+            "trial of `--tune` (dropout, learning rate and beam size chosen on the dev split, as "
+            "the paper). Each record holds its full config.", ""]
+    return out
+
+
+RENDERERS = {"table2": render_table2, "table3": render_table3, "table4": render_table4}

@@ -13,7 +13,7 @@ import platform
 import subprocess
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -66,7 +66,9 @@ def hardware() -> dict[str, Any]:
                  .splitlines() if line.startswith("model name")]
         cpu = names[0] if names else cpu
     info = {"cpu": cpu, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "torch": torch.__version__, "python": platform.python_version(), "gpus": []}
+            "torch": torch.__version__, "python": platform.python_version(), "gpus": [],
+            # Other work on the machine slows a run: the load when the record was written.
+            "load_average": [round(x, 2) for x in os.getloadavg()]}
     if torch.cuda.is_available():
         info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     return info
@@ -109,40 +111,57 @@ def load_record(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def execute(run: PlannedRun, split: str, command: str) -> dict[str, Any]:
-    """Train, evaluate and record one run, or return its record if it already finished."""
+def execute(run: PlannedRun, split: str, command: str,
+            extra: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """Train, evaluate and record one run; return its record if it already finished, or None if
+    another live worker is on it (``claims``: many workers may share one sweep).
+
+    ``extra`` entries are added to the record (e.g. ``tuning``: how the settings were chosen)."""
+    from .claims import claim
+
     path = record_path(run)
     record = load_record(path)
     if record is not None:
         log.info("%s: finished earlier (%s), skipped", run.run_id, path)
         return record
+    work = runs_dir() / run.table / run.run_id
+    with claim(work) as mine:
+        if not mine:
+            log.info("%s: another worker is training it, skipped", run.run_id)
+            return None
+        record = load_record(path)  # finished by another worker since we looked
+        if record is not None:
+            log.info("%s: finished by another worker (%s), skipped", run.run_id, path)
+            return record
+        return _execute(run, split, command, work, extra)
+
+
+def _execute(run: PlannedRun, split: str, command: str, work: Path,
+             extra: dict[str, Any] | None) -> dict[str, Any]:
+    from .claims import worker_id
+
     started = time.time()
     c = run.config
     precision = resolve_precision(c.train.precision)
     pl.seed_everything(c.train.seed, workers=True, verbose=False)
     tokenizer, data = _data(c)
-    work = runs_dir() / run.table / run.run_id
     logger = _wandb_logger(run, work, precision)
     trainer, module, clock, resumed, accumulate = _train(run, work, data, logger, precision)
 
     weights = _final_weights(module, work / "checkpoints", c.train.average_last)
     trainer.limit_val_batches = 1.0
     dev = trainer.validate(module, datamodule=data, verbose=False)[0]
-    lang = c.data.corpus.rsplit("-", 1)[-1]
-    bleu = {name: _bleu(module.model, tokenizer, data, pairs, c, lang)
-            for name, pairs in (("dev", data.dev_pairs), ("test", data.test_pairs))}
+    scores, headline = task_scores(module.model, tokenizer, data, c)
     from .model import count_parameters
 
     metrics = {
         "dev_ppl": round(float(dev["dev/ppl"]), 3),
         "dev_nll": round(float(dev["dev/nll"]), 4),
-        "dev_bleu": bleu["dev"]["sacrebleu"]["score"],
-        "test_bleu": bleu["test"]["sacrebleu"]["score"],
-        "dev_bleu_tokenized": bleu["dev"]["tokenized"]["score"],
-        "test_bleu_tokenized": bleu["test"]["tokenized"]["score"],
+        **headline,
         "params": count_parameters(module.model),
         "train_steps": trainer.global_step,
         "train_seconds": round(clock.seconds, 1),
+        "train_cpu_seconds": round(clock.cpu_seconds, 1),
     }
     work_done = module.total_work()
     micro = -(-c.train.batch_tokens // (trainer.world_size * accumulate))
@@ -150,7 +169,7 @@ def execute(run: PlannedRun, split: str, command: str) -> dict[str, Any]:
         "run_id": run.run_id, "table": run.table, "row": run.row, "variant": run.variant,
         "scale": run.scale, "seed": c.train.seed, "split": split,
         "config": c.to_dict(), "precision": precision,
-        "metrics": metrics, "bleu": bleu, "paper": run.paper,
+        "metrics": metrics, **scores, "paper": run.paper,
         "data": {"corpus": c.data.corpus, "train_pairs": data.num_train_pairs,
                  "dropped_train_pairs": data.dropped, "dev_pairs": len(data.dev_pairs),
                  "test_pairs": len(data.test_pairs), "vocab_size": tokenizer.vocab_size},
@@ -159,32 +178,41 @@ def execute(run: PlannedRun, split: str, command: str) -> dict[str, Any]:
                   "effective_tokens_per_step": micro * trainer.world_size * accumulate,
                   "measured_tgt_tokens_per_step": round(work_done["real_tgt_tokens"]
                                                         / max(trainer.global_step, 1))},
-        "averaged_checkpoints": weights,
+        "averaged_checkpoints": weights, "curve": clock.curve,
         "cost": _cost(c, work_done, clock.seconds, trainer.world_size),
-        "resumed": resumed, "commit": commit(), "hardware": hardware(),
+        "resumed": resumed, "commit": commit(), "hardware": hardware(), "worker": worker_id(),
         "wall_seconds": round(time.time() - started, 1), "command": command,
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "wandb": _finish_wandb(logger, metrics),
     }
-    write_atomic(path, record)
-    log.info("%s: recorded %s", run.run_id, path)
+    record.update(extra or {})
+    path = record_path(run)
+    if trainer.is_global_zero:  # one record per run, however many processes trained it
+        write_atomic(path, record)
+        log.info("%s: recorded %s", run.run_id, path)
     return record
 
 
 def _data(c: Config):
-    from .data import TranslationData, load_pairs
+    from .data import TranslationData, is_treebank, load_pairs, tokenizer_name, tree_symbols
     from .tokenizer import cache_dir, train_tokenizer
 
-    train_pairs = load_pairs(c.data.corpus, "train", c.data.data_dir or None)
-    tokenizer = train_tokenizer(c.data.corpus, c.model.vocab_size,
-                                (s for pair in train_pairs for s in pair), cache_dir())
-    data = TranslationData(c.data.corpus, tokenizer, c.train.batch_tokens,
-                           c.train.max_tokens_per_sentence, c.data.max_train_pairs or None,
-                           c.data.max_eval_pairs or None, c.data.data_dir or None, c.train.seed)
+    d = c.data
+    train_pairs = load_pairs(d.corpus, "train", d.data_dir or None, d.extra_trees or None)
+    # Treebank corpora: tree tokens stay whole pieces; a small sample may not fill vocab_size.
+    trees = is_treebank(d.corpus)
+    tokenizer = train_tokenizer(tokenizer_name(d.corpus, d.data_dir, d.extra_trees),
+                                c.model.vocab_size, (s for pair in train_pairs for s in pair),
+                                cache_dir(), symbols=tree_symbols(train_pairs) if trees else (),
+                                hard_vocab_limit=not trees)
+    data = TranslationData(d.corpus, tokenizer, c.train.batch_tokens,
+                           c.train.max_tokens_per_sentence, d.max_train_pairs or None,
+                           d.max_eval_pairs or None, d.data_dir or None, c.train.seed,
+                           extra_trees=d.extra_trees or None)
     return tokenizer, data
 
 
-def _train(run: PlannedRun, work: Path, data, logger, precision: str):
+def _train(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=()):
     """Fit with Lightning (resuming from the last checkpoint if there is one)."""
     from .lit import TranslationModule
     from .optim import accumulation
@@ -200,7 +228,7 @@ def _train(run: PlannedRun, work: Path, data, logger, precision: str):
         save_last=True, save_top_k=c.train.average_last, monitor="step", mode="max", **every)
     trainer = pl.Trainer(
         max_steps=c.train.train_steps, max_epochs=-1, precision=precision,
-        accelerator="auto", devices="auto", logger=logger, callbacks=[ckpt, clock],
+        accelerator="auto", devices="auto", logger=logger, callbacks=[ckpt, clock, *callbacks],
         num_sanity_val_steps=0, log_every_n_steps=10, enable_model_summary=False,
         enable_progress_bar=sys.stderr.isatty(),
         **({"val_check_interval": c.train.val_every_steps, "check_val_every_n_epoch": None}
@@ -244,6 +272,34 @@ def _bleu(model, tokenizer, data, pairs, c: Config, lang: str) -> dict[str, Any]
     return {"sacrebleu": sacre_bleu(hyps, refs), "tokenized": tokenized_bleu(hyps, refs, lang),
             "examples": [{"source": s, "reference": t, "output": h}
                          for s, t, h in list(zip(sources, refs, hyps, strict=True))[:3]]}
+
+
+def task_scores(model, tokenizer, data, c: Config,
+                splits: tuple[str, ...] = ("dev", "test")) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The task's evaluation: (record entries, headline metrics). Translation: both BLEUs of each
+    split. Parsing (treebank corpora, Table 4): EVALB precision, recall and F1 of each split."""
+    from .data import is_treebank, treebank_trees
+
+    pairs = {"dev": data.dev_pairs, "test": data.test_pairs}
+    if not is_treebank(c.data.corpus):
+        lang = c.data.corpus.rsplit("-", 1)[-1]
+        bleu = {name: _bleu(model, tokenizer, data, pairs[name], c, lang) for name in splits}
+        return {"bleu": bleu}, {
+            **{f"{n}_bleu": bleu[n]["sacrebleu"]["score"] for n in splits},
+            **{f"{n}_bleu_tokenized": bleu[n]["tokenized"]["score"] for n in splits}}
+    from .evaluate import parse_scores
+    from .parsing import treebank_description
+
+    # Beam x (input + max_len_offset) cached positions per sentence: fewer sentences per batch.
+    batch_tokens = max(64, c.train.batch_tokens // c.decode.beam)
+    evalb = {name: parse_scores(model, tokenizer,
+                                data.source_batches([s for s, _ in pairs[name]], batch_tokens),
+                                pairs[name], treebank_trees(name, c.data.data_dir or None)
+                                [:len(pairs[name])], c.decode)
+             for name in splits}
+    headline = {f"{n}_{k}": evalb[n][k] for n in splits for k in ("f1", "precision", "recall")}
+    return {"evalb": evalb, "treebank": treebank_description(c.data.data_dir or None,
+                                                             c.data.extra_trees or None)}, headline
 
 
 def _cost(c: Config, work: dict[str, int], seconds: float, devices: int) -> dict[str, Any]:
@@ -292,30 +348,58 @@ class TrainClock(pl.Callback):
     def __init__(self, every: int = 0) -> None:
         self.before = 0.0
         self.start: float | None = None
+        self.cpu_before, self.cpu_start = 0.0, None
         self.every = every
+        # The learning curve kept in the record: (step, seconds, train loss or dev PPL).
+        self.curve: dict[str, list[list[float]]] = {"train_loss": [], "dev_ppl": []}
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
+        curve_every = max(1, min(50, trainer.max_steps // 20))  # about 20 points or more
+        if step % curve_every or not (loss := trainer.callback_metrics.get("train/loss")):
+            return
+        if self.curve["train_loss"] and self.curve["train_loss"][-1][0] == step:
+            return  # the same optimizer step seen again (gradient accumulation)
+        self.curve["train_loss"].append([step, round(self.seconds, 1), round(float(loss), 4)])
         if self.every and step % self.every == 0:
-            loss = trainer.callback_metrics.get("train/loss")
-            log.info("step %d/%d  loss %.3f  %.0f s", step, trainer.max_steps,
-                     float("nan") if loss is None else float(loss), self.seconds)
+            log.info("step %d/%d  loss %.3f  %.0f s", step, trainer.max_steps, float(loss),
+                     self.seconds)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        ppl = trainer.callback_metrics.get("dev/ppl")
+        if ppl is None or trainer.sanity_checking or trainer.state.fn != "fit":
+            return
+        self.curve["dev_ppl"].append([trainer.global_step, round(self.seconds, 1),
+                                      round(float(ppl), 3)])
+        if self.every:
+            log.info("step %d/%d  dev PPL %.2f  %.0f s", trainer.global_step, trainer.max_steps,
+                     float(ppl), self.seconds)
 
     @property
     def seconds(self) -> float:
         return self.before + (time.time() - self.start if self.start else 0.0)
 
+    @property
+    def cpu_seconds(self) -> float:
+        """CPU time of this process (all its threads) while training: on a shared machine, wall
+        time grows with the load and this does not (divide by the cores for an unloaded wall)."""
+        now = time.process_time() - self.cpu_start if self.cpu_start is not None else 0.0
+        return self.cpu_before + now
+
     def on_train_start(self, trainer, pl_module) -> None:
-        self.start = time.time()
+        self.start, self.cpu_start = time.time(), time.process_time()
 
     def on_train_end(self, trainer, pl_module) -> None:
-        self.before, self.start = self.seconds, None
+        self.before, self.cpu_before = self.seconds, self.cpu_seconds
+        self.start = self.cpu_start = None
 
-    def state_dict(self) -> dict[str, float]:
-        return {"seconds": self.seconds}
+    def state_dict(self) -> dict[str, Any]:
+        return {"seconds": self.seconds, "cpu_seconds": self.cpu_seconds, "curve": self.curve}
 
-    def load_state_dict(self, state: dict[str, float]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.before = state["seconds"]
+        self.cpu_before = state.get("cpu_seconds", 0.0)
+        self.curve = state.get("curve", self.curve)
 
 
 def _wandb_logger(run: PlannedRun, work: Path, precision: str):
@@ -348,3 +432,14 @@ def _finish_wandb(logger, metrics: dict[str, Any]) -> dict[str, Any]:
             "dir": experiment.dir, "url": None if experiment.offline else experiment.url}
     experiment.finish()
     return info
+
+
+def with_data(run: PlannedRun, data_dir: str | None = None,
+              extra_trees: str | None = None) -> PlannedRun:
+    """``run`` on the user's data (``--treebank``, ``--silver``). Local data gets its own run id
+    (tag ``ptb``): a run on NLTK's sample is never taken for one on the full treebank."""
+    overrides = {k: v for k, v in (("data_dir", data_dir), ("extra_trees", extra_trees)) if v}
+    if not overrides:
+        return run
+    tag = "-".join(t for t in (run.tag, "ptb" if data_dir else "") if t)
+    return replace(run, config=run.config.overrides(**overrides), tag=tag)

@@ -7,13 +7,14 @@ factors and may only set what no variant varies, so a row means the same thing a
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from .config import BASE, Config, ConfigError, apply_overrides
+from .config import BASE, FIELDS, PRESETS, Config, ConfigError, apply_overrides
 
 SWEEPS_DIR = Path(__file__).resolve().parent.parent / "sweeps"
 WIDTH_FIELDS = ("d_model", "d_ff", "d_k", "d_v")
@@ -31,6 +32,27 @@ class Variant:
 
 
 @dataclass(frozen=True)
+class Knob:
+    """One tuned (nuisance) setting: a range (``low``..``high``, on a log scale if ``log``) or a
+    list of ``choices``."""
+
+    name: str
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    choices: tuple[Any, ...] = ()
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """What ``--tune`` searches: the metric to optimise on the dev split and the knobs."""
+
+    metric: str
+    direction: str  # maximize | minimize
+    knobs: dict[str, Knob]
+
+
+@dataclass(frozen=True)
 class Scale:
     name: str
     about: str
@@ -39,6 +61,7 @@ class Scale:
     corpus: dict[str, str]
     vocab: dict[str, int]
     overrides: dict[str, Any]
+    tune: dict[str, Knob] = field(default_factory=dict)  # replaces the spec's knobs of that name
 
 
 @dataclass(frozen=True)
@@ -50,10 +73,12 @@ class PlannedRun:
     seed: int
     config: Config
     paper: dict[str, Any] = field(default_factory=dict)
+    tag: str = ""  # tells apart runs of one variant on other data or with tuned settings
 
     @property
     def run_id(self) -> str:
-        return f"{self.table}-{self.variant}-{self.scale}-seed{self.seed}"
+        return f"{self.table}-{self.variant}-{self.scale}-seed{self.seed}" + (
+            f"-{self.tag}" if self.tag else "")
 
 
 @dataclass(frozen=True)
@@ -67,6 +92,15 @@ class Spec:
     rows: dict[str, list[str]]
     scales: dict[str, Scale]
     cited: list[dict[str, Any]] = field(default_factory=list)  # other systems' published rows
+    preset: str = "base"  # the named config (reproduce.config.PRESETS) that `base` overrides
+    tuning: Tuning | None = None  # `tune:` in the spec; None: the table is not tuned
+
+    def search_space(self, scale: str) -> Tuning:
+        """The spec's tuning with the scale's own knobs (e.g. smaller beams) in place of its."""
+        if self.tuning is None:
+            raise SpecError(f"{self.path.name}: no `tune:` section; this table is not tuned")
+        return Tuning(self.tuning.metric, self.tuning.direction,
+                      {**self.tuning.knobs, **self.scale(scale).tune})
 
     def row_of(self, variant: str) -> str:
         return next((row for row, names in self.rows.items() if variant in names), "base")
@@ -96,7 +130,8 @@ class Spec:
     def resolve(self, variant: str, scale: str) -> Config:
         """The full config of one variant at one scale."""
         sc = self.scale(scale)
-        config = apply_overrides(apply_overrides(BASE, self.base), self.variants[variant].overrides)
+        config = apply_overrides(apply_overrides(PRESETS[self.preset], self.base),
+                                 self.variants[variant].overrides)
         m, t = config.model, config.train
         resized: dict[str, Any] = {f: max(1, round(getattr(m, f) * sc.width)) for f in WIDTH_FIELDS}
         resized["train_steps"] = max(1, round(t.train_steps * sc.steps))
@@ -114,9 +149,12 @@ class Spec:
         ]
 
 
-SPEC_KEYS = {"table", "caption", "split", "base", "variants", "rows", "scales", "cited"}
+SPEC_KEYS = {"table", "caption", "split", "base", "variants", "rows", "scales", "cited", "preset",
+             "tune"}
 VARIANT_KEYS = {"set", "paper"}
-SCALE_KEYS = {"about", "width", "steps", "corpus", "vocab", "set"}
+SCALE_KEYS = {"about", "width", "steps", "corpus", "vocab", "set", "tune"}
+TUNE_KEYS = {"metric", "direction", "knobs"}
+KNOB_KEYS = {"low", "high", "log", "choices"}
 
 
 def _mapping(value: Any, where: str) -> dict[str, Any]:
@@ -143,11 +181,21 @@ def _overrides(values: Any, where: str) -> dict[str, Any]:
     return values
 
 
+class _Loader(yaml.SafeLoader):
+    """YAML 1.1 reads ``3.3e18`` (no dot, no exponent sign) as a string; read it as a float."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"))
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise SpecError(f"{path}: no such sweep spec")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(path.read_text(), Loader=_Loader)
     except yaml.YAMLError as e:
         raise SpecError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
     return _mapping(data, str(path))
@@ -170,8 +218,56 @@ def load_scales(path: Path, data: dict[str, Any], varied: set[str]) -> dict[str,
                 raise SpecError(f"{where}.{factor} = {value!r}: must be a number in (0, 1]")
         scales[name] = Scale(name, str(raw.get("about", "")), float(raw.get("width", 1)),
                              float(raw.get("steps", 1)), _mapping(raw.get("corpus"), where),
-                             _mapping(raw.get("vocab"), where), overrides)
+                             _mapping(raw.get("vocab"), where), overrides,
+                             load_knobs(raw.get("tune"), f"{where}.tune", varied))
     return scales
+
+
+def load_knobs(data: Any, where: str, varied: set[str]) -> dict[str, Knob]:
+    """Tuned settings: config fields that no row varies and no scale resizes (nuisance knobs)."""
+    knobs = {}
+    for name, raw in _mapping(data, where).items():
+        at = f"{where}.{name}"
+        raw = _mapping(raw, at)
+        _keys(raw, KNOB_KEYS, at)
+        if name not in FIELDS:
+            raise SpecError(f"{at}: unknown config key {name!r}; allowed keys: "
+                            f"{', '.join(sorted(FIELDS))}")
+        if name in varied | set(WIDTH_FIELDS) | {"train_steps", "corpus"}:
+            raise SpecError(f"{at}: {name} is varied by a row or resized by a scale; only "
+                            "nuisance settings may be tuned")
+        choices = raw.get("choices")
+        if choices is not None:
+            if set(raw) != {"choices"} or not isinstance(choices, list) or not choices:
+                raise SpecError(f"{at}: `choices` must be a non-empty list, without low/high/log")
+            for value in choices:
+                _overrides({name: value}, at)
+            knobs[name] = Knob(name, choices=tuple(choices))
+            continue
+        low, high, log = raw.get("low"), raw.get("high"), raw.get("log", False)
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (low, high)) \
+                or not low < high or not isinstance(log, bool) or (log and low <= 0):
+            raise SpecError(f"{at}: needs numbers low < high (both > 0 with log: true) or choices")
+        _overrides({name: low}, at)
+        _overrides({name: high}, at)
+        knobs[name] = Knob(name, float(low), float(high), log)
+    return knobs
+
+
+def load_tuning(data: Any, where: str, varied: set[str]) -> Tuning | None:
+    if data is None:
+        return None
+    data = _mapping(data, where)
+    _keys(data, TUNE_KEYS, where)
+    direction = data.get("direction", "maximize")
+    if direction not in ("maximize", "minimize"):
+        raise SpecError(f"{where}.direction = {direction!r}: allowed values are maximize, minimize")
+    if not isinstance(data.get("metric"), str):
+        raise SpecError(f"{where}.metric: name the dev metric to optimise (e.g. dev_f1)")
+    knobs = load_knobs(data.get("knobs"), f"{where}.knobs", varied)
+    if not knobs:
+        raise SpecError(f"{where}.knobs: list at least one tuned setting")
+    return Tuning(data["metric"], direction, knobs)
 
 
 def load_spec(table_or_path: str | Path) -> Spec:
@@ -200,16 +296,21 @@ def load_spec(table_or_path: str | Path) -> Spec:
                                 f"variants: {', '.join(variants)}")
     base = _overrides(data.get("base"), f"{path.name}: base")
     varied = {k for v in variants.values() for k in v.overrides}
-    shared = _read_yaml(SWEEPS_DIR / "scales.yaml")
     own = _mapping(data.get("scales"), f"{path.name}: scales")
+    # A spec's own scale replaces the shared one of the same name, which is then not checked.
+    shared = {k: v for k, v in _read_yaml(SWEEPS_DIR / "scales.yaml").items() if k not in own}
     scales = load_scales(SWEEPS_DIR / "scales.yaml", shared, varied)
     scales.update(load_scales(path, own, varied))
     cited = data.get("cited") or []
     if not isinstance(cited, list) or not all(isinstance(c, dict) for c in cited):
         raise SpecError(f"{path.name}: cited: expected a list of mappings (one per published row)")
+    preset = str(data.get("preset", "base"))
+    if preset not in PRESETS:
+        raise SpecError(f"{path.name}: preset {preset!r} unknown; allowed: {', '.join(PRESETS)}")
+    tuning = load_tuning(data.get("tune"), f"{path.name}: tune", varied)
     spec = Spec(path, str(data.get("table", path.stem)), str(data.get("caption", "")),
                 str(data.get("split", "dev")),
-                base, variants, rows, scales, cited)
+                base, variants, rows, scales, cited, preset, tuning)
     for name in variants:  # every variant must be buildable at every scale
         for scale in scales:
             try:

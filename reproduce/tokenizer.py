@@ -10,7 +10,7 @@ import io
 import os
 import re
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import sentencepiece as spm
@@ -104,24 +104,33 @@ def model_path(corpus: str, vocab_size: int, cache_dir: str | Path) -> Path:
 
 
 def train_tokenizer(
-    corpus: str, vocab_size: int, texts: Iterable[str], cache_dir: str | Path
+    corpus: str,
+    vocab_size: int,
+    texts: Iterable[str],
+    cache_dir: str | Path,
+    symbols: Sequence[str] = (),
+    hard_vocab_limit: bool = True,
 ) -> Tokenizer:
     """A shared source+target BPE model for ``corpus``, trained once and then loaded from cache.
 
     ``texts`` should hold both sides of the training split. The cache key is only (corpus,
     vocab_size): a second call returns the cached model whatever ``texts`` it is given.
+    ``symbols`` are pieces kept whole wherever they occur (the parser's ``▁(NP``, ``▁XX``). With
+    ``hard_vocab_limit=False`` a text too small for ``vocab_size`` gets a smaller vocabulary
+    instead of an error (``Tokenizer.vocab_size`` is the real size).
     """
     if vocab_size < 8:
         raise DataError(f"vocab_size must be at least 8 (4 special ids + pieces), got {vocab_size}")
     path = model_path(corpus, vocab_size, cache_dir)
     if path.is_file():
         return load_tokenizer(path)
-    model = _train(texts, vocab_size, corpus)
+    model = _train(texts, vocab_size, corpus, tuple(symbols), hard_vocab_limit)
     _write_atomically(path, model)
     return load_tokenizer(path)
 
 
-def _train(texts: Iterable[str], vocab_size: int, corpus: str) -> bytes:
+def _train(texts: Iterable[str], vocab_size: int, corpus: str, symbols: tuple[str, ...] = (),
+           hard_vocab_limit: bool = True) -> bytes:
     """The serialized model. Trained in memory, so the file holds no temporary paths."""
     model = io.BytesIO()
     # Sampling beyond MAX_TRAINING_SENTENCES is the only randomness in BPE training.
@@ -141,6 +150,8 @@ def _train(texts: Iterable[str], vocab_size: int, corpus: str) -> bytes:
             shuffle_input_sentence=True,
             num_threads=_threads(),
             minloglevel=2,
+            user_defined_symbols=list(symbols),
+            hard_vocab_limit=hard_vocab_limit,
         )
     except RuntimeError as exc:
         too_high = _VOCAB_TOO_HIGH.search(str(exc))

@@ -50,6 +50,9 @@ def test_row_a_writes_five_records_and_the_table(row_a):
     base = json.loads((results / "table3" / "table3-base-smoke-seed0.json").read_text())
     assert f"| {base['metrics']['dev_ppl']:.2f} |" in table
     assert "## Scale `smoke`" in table
+    assert (results / "table3-smoke.png").read_bytes()[:4] == b"\x89PNG"
+    steps = [point[0] for point in base["curve"]["train_loss"]]
+    assert steps == sorted(set(steps)) and steps[-1] == base["metrics"]["train_steps"]
 
 
 def test_running_again_skips_finished_runs(row_a):

@@ -21,9 +21,11 @@ from reproduce.parsing import (
     linearize,
     load_treebank,
     normalize_tree,
+    read_trees,
     sample_fileids,
     strip_empty,
     tag_pos,
+    well_formed,
     words,
 )
 
@@ -82,8 +84,11 @@ def test_load_treebank_errors_name_the_fix(tmp_path, monkeypatch):
         load_treebank("test", wsj_dir=str(tmp_path))
     monkeypatch.setattr(nltk.data, "path", [])
     monkeypatch.delenv("NLTK_DATA", raising=False)
-    with pytest.raises(ParsingDataError, match="nltk.downloader treebank.*NLTK_DATA.*--wsj-dir"):
+    monkeypatch.setenv("NLTK_DATA", str(tmp_path / "nltk_data"))
+    with pytest.raises(ParsingDataError, match=rf"NLTK_DATA={tmp_path / 'nltk_data'}.*nltk.downloader "
+                       "treebank.*--treebank") as e:
         load_treebank("dev")
+    assert "\n" not in str(e.value)
 
 
 def _sample_present() -> bool:
@@ -156,6 +161,36 @@ SENTENCE = ["John", "has", "a", "dog", "."]
 ])
 def test_delinearize_repairs_malformed_output(output, expected):
     assert delinearize(output.split(), SENTENCE) == T(expected)
+
+
+@pytest.mark.parametrize("output, ok", [
+    ("(S (NP XX )NP (VP XX (NP XX XX )NP )VP XX )S", True),
+    ("(S (NP XX )NP (VP XX (NP XX XX )NP )VP XX XX )S", False),   # one XX too many
+    ("(S (NP XX )NP (VP XX (NP XX XX )NP )VP )S", False),         # one XX too few
+    ("(S (NP XX )VP (VP XX (NP XX XX )NP )VP XX )S", False),      # closing label differs
+    ("(S (NP XX )NP (VP XX (NP XX XX )NP )VP XX", False),         # unclosed
+    ("(NP XX XX )NP (VP XX XX XX )VP", False),                    # two roots
+    ("(S (NP )NP (NP XX XX )NP (VP XX XX XX )VP )S", False),      # an empty constituent
+    ("(S (NP XX )NP <unk> (VP XX XX XX XX )VP )S", False),        # a stray token
+    ("XX XX XX XX XX", False),
+])
+def test_well_formed_tells_when_output_needs_repair(output, ok):
+    assert well_formed(output.split(), len(SENTENCE)) is ok
+    if ok:
+        assert linearize(delinearize(output.split(), SENTENCE)) == output.split()
+
+
+def test_read_trees_from_a_file_or_a_folder(tmp_path, monkeypatch):
+    monkeypatch.setattr(nltk.data, "path", list(nltk.data.path))
+    (tmp_path / "silver").mkdir()
+    one = tmp_path / "silver" / "a.txt"
+    one.write_text("(S (NP (NNS Cats)) (VP (VBP sleep)))\n( (S (NP (PRP It)) (VP (VBD was) "
+                   "(NP (-NONE- *)))) )\n")
+    (tmp_path / "silver" / "b.mrg").write_text("(NP (DT the) (NN end))\n")
+    assert [words(t) for t in read_trees(str(one))] == [["Cats", "sleep"], ["It", "was"]]
+    assert len(list(read_trees(str(tmp_path / "silver")))) == 3
+    with pytest.raises(ParsingDataError, match="no such file or folder"):
+        list(read_trees(str(tmp_path / "absent")))
 
 
 def test_delinearize_restores_tags_on_repaired_output():

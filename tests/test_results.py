@@ -1,6 +1,7 @@
 """Records in, tables out: atomic writes, round trips and rendering."""
 
 import json
+from pathlib import Path
 
 from reproduce.results import load_records, render_table3
 from reproduce.runner import write_atomic
@@ -57,3 +58,47 @@ def test_scales_are_never_mixed_and_seeds_are_summarised():
 
 def test_no_records_renders_an_empty_table():
     assert "No runs recorded yet." in render_table3(load_spec("table3"), [])
+
+
+def test_changes_from_base_agree_only_beyond_seed_noise():
+    spec = load_spec("table3")
+    recs = [record("base", "cpu", s, ppl=p, bleu=b) for s, p, b in
+            [(0, 10.0, 3.0), (1, 10.2, 3.2), (2, 10.1, 3.1)]]
+    recs += [record("A1", "cpu", s, ppl=p, bleu=b) for s, p, b in   # worse, as the paper's
+             [(0, 12.0, 2.0), (1, 12.1, 2.1), (2, 12.2, 2.2)]]
+    recs += [record("A2", "cpu", s, ppl=p, bleu=b) for s, p, b in   # inside the noise
+             [(0, 10.1, 3.1), (1, 10.0, 3.0), (2, 10.2, 3.2)]]
+    recs += [record("C3", "cpu", s, ppl=p, bleu=b) for s, p, b in   # paper: PPL down; ours up
+             [(0, 11.0, 3.6), (1, 11.1, 3.7), (2, 11.2, 3.8)]]
+    recs += [record("D1", "cpu", 0, ppl=9.0, bleu=3.5)]             # one seed: no verdict
+    table = render_table3(spec, recs)
+    a1 = _row(table, "1,512,512")
+    assert a1[-5:] == ["+0.37", "+2.00 (±0.16)", "-0.90", "-1.00 (±0.16)", "yes; yes"]
+    assert _row(table, "4,128,128")[-1] == "no effect; no effect"
+    c3 = [line for line in table.splitlines() if line.startswith("|  | 8 |")][0]
+    assert c3.endswith("| -0.04 | +1.00 (±0.16) | -0.30 | +0.60 (±0.16) | no; no |")
+    assert "- PPL: 1 of 3 variants with a verdict" in table
+    assert "1 go the other way; 1 change by less than our seed noise" in table
+    assert "; 16 have no verdict" in table
+    d1 = [line for line in table.splitlines() if "| 0.0 |" in line][0]
+    assert d1.rstrip(" |").endswith("n/a; n/a")
+
+
+def test_the_table_and_its_figure_go_to_wandb_offline(tmp_path):
+    from reproduce.dashboard import log_table, table_rows
+    from reproduce.plots import plot_table
+
+    spec = load_spec("table3")
+    recs = [record("base", "cpu", 0, ppl=7.0, bleu=3.0),
+            {**record("A1", "cpu", 0, ppl=8.0, bleu=2.0),
+             "curve": {"dev_ppl": [[100, 10.0, 50.0], [200, 20.0, 20.0]]}}]
+    rows = table_rows(spec, recs)
+    assert rows[0][:5] == ["A1", "cpu", 0, 8.0, 2.0] and rows[0][10:12] == [5.29, 24.9]
+    figures = plot_table(spec, recs, tmp_path)
+    assert [p.name for p in figures] == ["table3-cpu.png"]
+    md = tmp_path / "table3.md"
+    md.write_text(render_table3(spec, recs))
+    where = log_table(spec, recs, md, figures, tmp_path / "wandb")
+    assert where["mode"] == "offline"
+    run_dir = Path(where["dir"]).parent
+    assert list(run_dir.glob("*.wandb")), "the offline run holds no data to sync"

@@ -1,0 +1,106 @@
+"""Attention maps of a trained model for one sentence, as the paper's Figures 3-5.
+
+``python -m reproduce attention --run table3-base-cpu-seed0 [--sentence "..."]`` loads the run's
+last checkpoint, translates the sentence (beam search as the run was evaluated), and draws every
+head of the chosen encoder self-attention layer (default: the fifth of six, as Figure 3), the
+last decoder layer's attention over the source, and the decoder's self-attention, to
+``results/attention-<run_id>.png``.
+
+The model computes attention with torch's fused kernel, which returns no weights; here forward
+hooks keep each attention module's inputs and the weights are recomputed from its own
+projections: softmax(Q K^T / sqrt(d_k)) with the same masks.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from .model import MultiHeadAttention, Transformer
+
+DEFAULT_SENTENCE = ("In the beginning was the Word, and the Word was with God, and the Word was "
+                    "God.")
+
+
+def attention_weights(model: Transformer, src: Tensor, tgt_in: Tensor) -> dict[str, list[Tensor]]:
+    """Teacher-forced weights of one sentence (batch of 1): for each of "encoder self",
+    "decoder self" and "decoder cross", one (h, L_query, L_key) tensor per layer."""
+    captured: list[tuple[MultiHeadAttention, tuple, dict]] = []
+
+    def keep(module, args, kwargs):
+        captured.append((module, args, kwargs))
+
+    hooks = [m.register_forward_pre_hook(keep, with_kwargs=True)
+             for m in model.modules() if isinstance(m, MultiHeadAttention)]
+    try:
+        model.eval()
+        with torch.no_grad():
+            model(src, tgt_in)
+            out: dict[str, list[Tensor]] = {"encoder self": [], "decoder self": [],
+                                            "decoder cross": []}
+            for module, args, kwargs in captured:
+                x_q, x_kv = args[0], args[1]
+                mask = args[2] if len(args) > 2 else kwargs.get("mask")
+                causal = args[3] if len(args) > 3 else kwargs.get("is_causal", False)
+                q = module.project_q(x_q)
+                k, _ = module.project_kv(x_kv)
+                scores = q @ k.transpose(-1, -2) / math.sqrt(module.d_k)
+                if mask is not None:
+                    scores = scores.masked_fill(~mask, float("-inf"))
+                if causal:
+                    L, S = scores.shape[-2:]
+                    future = torch.ones(L, S, dtype=torch.bool, device=scores.device).triu(1)
+                    scores = scores.masked_fill(future, float("-inf"))
+                weights = scores.softmax(-1)[0]
+                if module in {layer.self_attn for layer in model.encoder}:
+                    out["encoder self"].append(weights)
+                elif module in {layer.self_attn for layer in model.decoder}:
+                    out["decoder self"].append(weights)
+                else:
+                    out["decoder cross"].append(weights)
+    finally:
+        for h in hooks:
+            h.remove()
+    return out
+
+
+def draw(run_id: str, sentence: str | None, layer: int | None, results: Path, runs: Path) -> Path:
+    """Load a finished or running run's last checkpoint and write its attention figure."""
+    from .data import DataError, tokenizer_name
+    from .decoding import beam_search
+    from .lit import TranslationModule
+    from .plots import plot_attention
+    from .tokenizer import cache_dir, load_tokenizer, model_path
+
+    table = run_id.split("-", 1)[0]
+    ckpt = runs / table / run_id / "checkpoints" / "last.ckpt"
+    if not ckpt.is_file():
+        raise DataError(f"{ckpt}: no checkpoint for run {run_id!r} (runs are under {runs})")
+    module = TranslationModule.load_from_checkpoint(ckpt, map_location="cpu")
+    c = module.config
+    tokenizer = load_tokenizer(model_path(tokenizer_name(c.data.corpus, c.data.data_dir or None),
+                                          c.model.vocab_size, cache_dir()))
+    model = module.model.eval()
+    ids = tokenizer.encode([sentence or DEFAULT_SENTENCE])[0] + [tokenizer.eos_id]
+    src = torch.tensor([ids])
+    with torch.no_grad():
+        out = beam_search(model, src, tokenizer.bos_id, tokenizer.eos_id, c.decode.beam,
+                          c.decode.alpha, c.decode.max_len_offset)[0]
+    tgt_in = torch.tensor([[tokenizer.bos_id] + out])
+    weights = attention_weights(model, src, tgt_in)
+    pieces = tokenizer._sp.id_to_piece
+    source = [pieces(i) for i in ids[:-1]] + ["</s>"]
+    target = ["<s>"] + [pieces(i) for i in out]
+    n = len(weights["encoder self"])
+    layer = min(layer or max(n - 1, 1), n)  # 1-based; Figure 3 shows layer 5 of 6
+    panels = [(f"encoder self L{layer}", weights["encoder self"][layer - 1], source, source),
+              (f"decoder cross L{n}", weights["decoder cross"][-1], source, target),
+              (f"decoder self L{n}", weights["decoder self"][-1], target, target)]
+    path = results / f"attention-{run_id}.png"
+    plot_attention(panels, path)
+    translation = tokenizer.decode([out])[0]
+    print(f"{run_id}: {sentence or DEFAULT_SENTENCE!r} -> {translation!r}")
+    return path

@@ -1,0 +1,72 @@
+"""``python -m reproduce status``: per table and scale, what is done, running, stopped and missing,
+and what the finished runs cost. Reads records, claims and run folders; changes nothing.
+
+*running*: a live worker holds the run's claim. *stopped*: the run has a folder (and perhaps
+checkpoints) but no record and no live worker: crashed or interrupted; the next sweep command
+resumes it. *missing*: planned by the spec (at a scale and seed this table has been run at) but
+never started.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from .claims import holder
+from .results import load_records
+from .sweep import load_spec, shipped_specs
+
+
+def table_status(table: str, results: Path, runs: Path) -> list[dict[str, Any]]:
+    """One row per scale: the run ids in each state and the cost of the finished ones."""
+    spec = load_spec(table)
+    records = {r["run_id"]: r for r in load_records(spec.table, results)}
+    folders = {p.name: p for p in (runs / spec.table).glob(f"{spec.table}-*") if p.is_dir()}
+    seen: dict[str, set[int]] = defaultdict(set)
+    for run_id in set(records) | set(folders):
+        parts = run_id.rsplit("-", 2)  # <table>-<variant>-<scale>-seed<k>
+        if len(parts) == 3 and parts[2].startswith("seed") and parts[2][4:].isdigit():
+            seen[parts[1]].add(int(parts[2][4:]))
+    rows = []
+    for scale in sorted(seen):
+        if scale not in spec.scales:
+            continue
+        planned = [run.run_id for run in spec.plan(list(spec.variants), scale, sorted(seen[scale]))]
+        state: dict[str, list[str]] = {"done": [], "running": [], "stopped": [], "missing": []}
+        for run_id in planned:
+            if run_id in records:
+                state["done"].append(run_id)
+            elif run_id in folders and holder(folders[run_id]) is not None:
+                state["running"].append(run_id)
+            elif run_id in folders:
+                state["stopped"].append(run_id)
+            else:
+                state["missing"].append(run_id)
+        done = [records[i] for i in state["done"]]
+        flops = [r.get("cost", {}).get("paper_method_flops") for r in done]
+        rows.append({"table": spec.table, "scale": scale, "seeds": sorted(seen[scale]), **state,
+                     "train_hours": sum(r["metrics"]["train_seconds"] for r in done) / 3600,
+                     "device_hours": sum(r["metrics"]["train_seconds"] * r.get("cost", {}).get(
+                         "devices", 1) for r in done) / 3600,
+                     "paper_method_flops": sum(f for f in flops if f)})
+    return rows
+
+
+def report(results: Path, runs: Path, verbose: bool = False) -> str:
+    lines = []
+    for path in shipped_specs():
+        rows = table_status(path.stem, results, runs)
+        if not rows:
+            lines.append(f"{path.stem}: nothing run yet")
+            continue
+        for row in rows:
+            counts = ", ".join(f"{len(row[k])} {k}" for k in ("done", "running", "stopped", "missing"))
+            lines.append(f"{row['table']} at `{row['scale']}` (seeds {row['seeds']}): {counts}; "
+                         f"spent {row['train_hours']:.2f} h training ({row['device_hours']:.2f} "
+                         f"device-hours, {row['paper_method_flops']:.2g} FLOPs by the paper's "
+                         "method)")
+            for key in ("running", "stopped") + (("missing",) if verbose else ()):
+                for run_id in row[key]:
+                    lines.append(f"  {key:8} {run_id}")
+    return "\n".join(lines)

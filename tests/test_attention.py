@@ -1,0 +1,32 @@
+"""Attention maps (Figures 3-5): weights recomputed from each module's inputs."""
+
+import torch
+
+from reproduce.attention import attention_weights
+from reproduce.config import ModelConfig
+from reproduce.model import Transformer
+from reproduce.plots import plot_attention
+
+
+def test_weights_are_distributions_that_respect_masks_and_reproduce_the_output(tmp_path):
+    torch.manual_seed(0)
+    c = ModelConfig(N=2, d_model=32, d_ff=64, h=4, d_k=8, d_v=8, vocab_size=50, p_drop=0.0)
+    model = Transformer(c).eval()
+    src = torch.tensor([[5, 6, 7, 8, 2, 0, 0]])  # two pads at the end
+    tgt = torch.tensor([[1, 9, 10, 11]])
+    w = attention_weights(model, src, tgt)
+    assert [len(w[k]) for k in ("encoder self", "decoder self", "decoder cross")] == [2, 2, 2]
+    enc, dec, cross = w["encoder self"][0], w["decoder self"][1], w["decoder cross"][0]
+    assert enc.shape == (4, 7, 7) and dec.shape == (4, 4, 4) and cross.shape == (4, 4, 7)
+    for t in (enc, dec, cross):
+        torch.testing.assert_close(t.sum(-1), torch.ones(t.shape[:-1]))
+    assert enc[..., 5:].abs().max() == 0 and cross[..., 5:].abs().max() == 0  # no weight on pads
+    assert torch.triu(dec, diagonal=1).abs().max() == 0  # no weight on the future
+    # The recomputed weights give the fused kernel's output: encoder layer 0's attention.
+    layer = model.encoder[0].self_attn
+    x = model._embed(src, model.src_pos)
+    _, v = layer.project_kv(x)
+    by_hand = layer.w_o((enc @ v[0]).transpose(0, 1).reshape(1, 7, -1))
+    torch.testing.assert_close(by_hand, layer(x, x, model.src_mask(src)), atol=1e-5, rtol=1e-5)
+    path = plot_attention([("enc", enc, list("abcdefg"), list("abcdefg"))], tmp_path / "a.png")
+    assert path.read_bytes()[:4] == b"\x89PNG"

@@ -1,0 +1,115 @@
+"""The benchmark's contenders are our model (same size, same function) and its quick mode runs end
+to end; MarianMT parts skip without ``transformers`` (the ``bench`` extra)."""
+
+import json
+
+import pytest
+import torch
+
+from reproduce import bench, peers
+from reproduce.__main__ import main
+from reproduce.config import ModelConfig
+from reproduce.decoding import beam_search, greedy_search
+from reproduce.model import Transformer
+from reproduce.optim import smoothed_loss
+
+BOS, EOS = 2, 3
+CONFIG = ModelConfig(vocab_size=50, N=2, d_model=32, d_ff=64, h=4, d_k=8, d_v=8)
+
+
+@pytest.fixture(scope="module")
+def ours():
+    torch.manual_seed(0)
+    model = Transformer(CONFIG).eval()
+    with torch.no_grad():  # make EOS likely, so that hypotheses end at different lengths
+        model.embed.weight[EOS] *= 3
+    return model
+
+
+@pytest.fixture(scope="module")
+def batch():
+    g = torch.Generator().manual_seed(1)
+    src, tgt = torch.randint(4, 50, (4, 9), generator=g), torch.randint(4, 50, (4, 8), generator=g)
+    src[1, 5:], tgt[2, 6:] = 0, 0
+    tgt[:, 0] = BOS
+    return src, tgt
+
+
+def test_torch_nn_build_is_our_model(ours, batch):
+    theirs = peers.TorchTransformer(CONFIG).eval()
+    assert peers.trainable_parameters(theirs) == peers.trainable_parameters(ours)
+    peers.copy_into_torch(ours, theirs)
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(*batch), ours(*batch), atol=1e-5, rtol=1e-5)
+
+
+def test_marian_build_is_our_model(ours, batch):
+    pytest.importorskip("transformers")
+    theirs = peers.marian(CONFIG, BOS, EOS).eval()
+    assert peers.trainable_parameters(theirs) == peers.trainable_parameters(ours)
+    peers.copy_into_marian(ours, theirs)
+    with torch.no_grad():
+        torch.testing.assert_close(peers.marian_logits(theirs, *batch, pad_id=0), ours(*batch),
+                                   atol=1e-5, rtol=1e-5)
+
+
+def test_marian_generate_matches_our_search(ours):
+    pytest.importorskip("transformers")
+    theirs = peers.marian(CONFIG, BOS, EOS).eval()
+    peers.copy_into_marian(ours, theirs)
+    src = torch.randint(4, 50, (6, 7), generator=torch.Generator().manual_seed(2))
+    assert peers.marian_generate(theirs, src, 1, 0.6, 10, 0, BOS, EOS) == \
+        greedy_search(ours, src, BOS, EOS, 10)
+    # Length penalties differ for alpha > 0 (|Y|^alpha against GNMT's); at alpha 0 both rank alike.
+    assert peers.marian_generate(theirs, src, 4, 0.0, 10, 0, BOS, EOS) == \
+        beam_search(ours, src, BOS, EOS, beam=4, alpha=0.0, max_len_offset=10)
+
+
+def test_peer_loss_is_our_loss(batch):
+    logits = torch.randn(4, 8, 50, dtype=torch.double)
+    tgt = batch[1]
+    torch.testing.assert_close(peers.smoothed_cross_entropy(logits, tgt, 0.1, 0),
+                               smoothed_loss(logits, tgt, 0.1, 0)[0].float())
+
+
+def test_synthetic_batches_fit_the_token_budget():
+    batches = bench.synthetic_batches(100, 512, 3, 64, seed=0)
+    assert len(batches) == 3
+    for b in batches:
+        (B, S), T = b["src"].shape, b["tgt_in"].shape[1]
+        assert B * max(S, T) <= 512
+        assert (b["tgt_in"][:, 0] == BOS).all()
+        assert torch.equal(b["tgt_in"][:, 1:], b["tgt_out"][:, :-1])
+        assert ((b["src"] == EOS).sum(1) == 1).all() and ((b["tgt_out"] == EOS).sum(1) == 1).all()
+
+
+def test_interleaved_rotates_the_order():
+    calls = []
+    bench.interleaved({k: (lambda k=k: calls.append(k)) for k in "abc"}, rounds=3, warmup=0)
+    assert "".join(calls) == "abcbcacab"
+
+
+def test_decoding_without_transformers(monkeypatch, ours):
+    def missing(*args, **kwargs):
+        raise ImportError("no transformers")
+
+    monkeypatch.setattr(bench, "marian", missing)
+    src = torch.randint(4, 50, (3, 5), generator=torch.Generator().manual_seed(3))
+    results, checks = bench.bench_decoding(ours, [src], rounds=1, beam=4, alpha=0.6, offset=5)
+    assert [r.name for r in results] == ["greedy | ours, cached", "greedy | ours, uncached",
+                                         "beam 4 | ours, cached", "beam 4 | ours, uncached"]
+    assert checks["greedy: cached == uncached"] and checks["beam 4: cached == uncached"]
+
+
+def test_quick_bench_writes_the_report(tmp_path):
+    out = tmp_path / "performance.md"
+    code = main(["bench", "--quick", "--scales", "smoke", "--data", "synthetic", "--threads", "1",
+                 "--set", "N=1", "--no-lightning", "--out", str(out)])
+    assert code == 0
+    report = out.read_text()
+    assert "python -m reproduce bench --quick --scales smoke" in report
+    for needle in ("| ours |", "| torch.nn.Transformer |", "float32", "cached == uncached: True",
+                   "| beam 4 | ours, uncached |", "against the fastest peer"):
+        assert needle in report
+    raw = json.loads(out.with_suffix(".json").read_text())
+    assert [r["name"] for r in raw["sections"][0]["train"]][0] == "ours"

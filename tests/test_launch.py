@@ -1,0 +1,53 @@
+"""Cluster runs: the SLURM submission plan and job definitions, run through submitit's local
+executor (there is no SLURM here)."""
+
+import json
+
+import pytest
+
+from reproduce import launch
+from reproduce.__main__ import main
+from reproduce.sweep import load_spec
+
+
+def test_slurm_dry_run_prints_the_plan_and_the_sbatch_header(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("REPRODUCE_RESULTS", str(tmp_path / "results"))
+    monkeypatch.setenv("REPRODUCE_RUNS", str(tmp_path / "runs"))
+    assert main(["table3", "--row", "A", "--scale", "paper", "--launcher", "slurm", "--dry-run",
+                 "--partition", "gpu"]) == 0
+    out = capsys.readouterr().out
+    assert "submission plan: 5 of 5 run(s) have no record" in out
+    assert out.count("8 task(s) x 8 CPUs, 8 GPU(s)") == 5
+    for line in ("#SBATCH --array=0-4%5", "#SBATCH --gpus-per-node=8", "#SBATCH --ntasks-per-node=8",
+                 "#SBATCH --partition=gpu", "#SBATCH --time=4320"):
+        assert line in out
+    assert not (tmp_path / "runs").exists()  # a dry run submits and writes nothing
+
+
+def test_big_gets_three_times_the_time_and_gpus_can_be_changed():
+    spec = load_spec("table3")
+    base, big = spec.plan(["base", "big"], "paper", [0])
+    assert launch.slurm_parameters("paper", [big], None, None)["time"] == \
+        3 * launch.slurm_parameters("paper", [base], None, None)["time"]
+    one = launch.slurm_parameters("paper", [base], 1, None)
+    assert (one["gpus_per_node"], one["ntasks_per_node"]) == (1, 1)
+    cpu = launch.slurm_parameters("cpu", spec.plan(["base"], "cpu", [0]), None, None)
+    assert "gpus_per_node" not in cpu and cpu["cpus_per_task"] == 2
+
+
+@pytest.mark.slow
+def test_local_executor_runs_the_job_and_a_second_submission_skips_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("REPRODUCE_RESULTS", str(tmp_path / "results"))
+    monkeypatch.setenv("REPRODUCE_RUNS", str(tmp_path / "runs"))
+    monkeypatch.setenv("REPRODUCE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    spec = load_spec("table3")
+    runs = spec.plan(["A3"], "smoke", [0])
+    executor = launch.executor_for(tmp_path / "jobs", "smoke", runs, None, None, cluster="local")
+    (job,) = launch.submit(executor, str(spec.path), runs, spec.split, "python -m reproduce test")
+    assert job.result(), job.stderr()
+    assert job.result().startswith("table3-A3-smoke-seed0: recorded, dev PPL")
+    record = json.loads((tmp_path / "results" / "table3" / "table3-A3-smoke-seed0.json").read_text())
+    assert record["command"] == "python -m reproduce test"
+    (again,) = launch.submit(executor, str(spec.path), runs, spec.split, "python -m reproduce test")
+    assert again.result() == "table3-A3-smoke-seed0: finished earlier"

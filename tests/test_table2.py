@@ -1,0 +1,78 @@
+"""Table 2: the spec's figures, batch accumulation arithmetic, the rendered table and the plan."""
+
+import socket
+
+import pytest
+
+from reproduce import cost
+from reproduce.__main__ import main
+from reproduce.optim import accumulation
+from reproduce.results import render_table2
+from reproduce.sweep import load_spec
+
+
+def test_spec_reads_scientific_figures_as_numbers():
+    spec = load_spec("table2")  # YAML 1.1 would read 3.3e18 as a string
+    assert spec.variants["base-en-de"].paper["flops"] == pytest.approx(3.3e18)
+    assert all(isinstance(v, float) for row in spec.cited for k, v in row.items()
+               if k.startswith("flops"))
+    big_fr = spec.resolve("big-en-fr", "paper")
+    assert big_fr.model.p_drop == 0.1 and big_fr.train.average_last == 20
+    assert spec.resolve("big-en-de", "paper").model.p_drop == 0.3
+
+
+@pytest.mark.parametrize("batch, limit, devices, expected", [
+    (25000, 12500, 1, (2, 12500)),   # one GPU: two micro-batches per step
+    (25000, 12500, 8, (1, 3125)),    # the paper's 8 GPUs: no accumulation
+    (25000, 0, 2, (1, 12500)),       # no per-device limit: the whole share at once
+    (25000, 4000, 1, (7, 3572)),     # the share is split into equal micro-batches
+    (4096, 4096, 3, (1, 1366)),
+])
+def test_accumulation_reaches_the_papers_batch(batch, limit, devices, expected):
+    accumulate, micro = accumulation(batch, limit, devices)
+    assert (accumulate, micro) == expected
+    assert devices * accumulate * micro >= batch           # never smaller than asked
+    assert devices * accumulate * (micro - 1) < batch      # and not a micro-batch more
+    assert not limit or micro <= limit
+
+
+def _record(variant, tokenized, sacre, flops, counted):
+    sig = {"sacrebleu": {"signature": "nrefs:1|tok:13a"},
+           "tokenized": {"signature": "tok:moses|compound:##AT##-##AT##"}}
+    return {"run_id": f"table2-{variant}-smoke-seed0", "table": "table2", "variant": variant,
+            "scale": "smoke", "seed": 0, "data": {"corpus": "bible-en-de"},
+            "metrics": {"test_bleu": sacre, "test_bleu_tokenized": tokenized, "train_seconds": 36.0},
+            "bleu": {"test": sig},
+            "cost": {"paper_method_flops": flops, "analytic_flops": counted, "devices": 1,
+                     "tflops_per_device": 0.18, "tflops_source": "measured"},
+            "batch": {"effective_tokens_per_step": 1024, "accumulate": 2},
+            "averaged_checkpoints": ["a", "b", "c"], "hardware": {"cpu": "test CPU", "gpus": []}}
+
+
+def test_table2_shows_both_bleus_and_both_costs_labelled():
+    spec = load_spec("table2")
+    table = render_table2(spec, [_record("base-en-de", 4.25, 3.75, 6.5e12, 1.25e12),
+                                 _record("big-en-fr", 2.5, 2.0, 7.5e13, 3.5e12)])
+    ours = [line for line in table.splitlines() if ", ours," in line]
+    assert ours == ["| Transformer (base), ours, scale `smoke` | 4.25 |  | 6.5e+12 |  |",
+                    "| Transformer (big), ours, scale `smoke` |  | 2.50 |  | 7.5e+13 |"]
+    assert "| ConvS2S | 25.16 | 40.46 | 9.6e+18 | 1.5e+20 |" in table
+    assert "| base-en-de (seed 0) | 4.25 | 3.75 | 6.5e+12 | 1.2e+12 | 0.01 h |" in table
+    assert "2048" not in table and "1024 (2 accumulated)" in table
+    assert "`nrefs:1|tok:13a`" in table and "compound" in table
+
+
+def test_paper_dry_run_prints_the_plan_without_network_or_training(monkeypatch, capsys):
+    def no_network(*args, **kwargs):
+        raise AssertionError("the dry run touched the network")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    monkeypatch.setattr(cost, "measure_step_seconds", lambda config, tokens, **kw: 0.01 * tokens / 512)
+    assert main(["table2", "--scale", "paper", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    plan = [line for line in out.splitlines() if "tokens/step" in line]
+    assert len(plan) == 4
+    assert sum("100000 steps x 25000 tokens/step" in line for line in plan) == 2
+    assert sum("300000 steps x 25000 tokens/step" in line for line in plan) == 2
+    assert "corpus=wmt14-en-de" in out and "corpus=wmt14-en-fr" in out
+    assert "p_drop" in out and "P_drop=0.1" in out
