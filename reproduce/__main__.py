@@ -73,7 +73,17 @@ def _run_table(args: argparse.Namespace, argv: list[str]) -> None:
     out = results_dir() / f"{spec.table}.md"
     try:
         for run in runs:
-            record = execute(run, spec.split, command)
+            extra = None
+            if args.tune:
+                from .tuning import tune
+
+                run, summary = tune(run, spec.search_space(scale), args.trials, args.storage,
+                                    run.seed)
+                extra = {"tuning": summary}
+                print(f"{summary['study']}: best of {summary['n_trials']} trial(s): "
+                      f"{summary['metric']} {summary['best_value']:.3f} with "
+                      f"{summary['best_params']}")
+            record = execute(run, spec.split, command, extra)
             if record is None:
                 print(f"{run.run_id}: another worker is training it")
                 continue
@@ -237,12 +247,15 @@ def build_parser() -> argparse.ArgumentParser:
                     "default: NLTK's WSJ sample, found through NLTK_DATA")
     t4.add_argument("--silver", help="bracketed trees (a file or folder) added to training for "
                     "the semi-supervised row; without them that row is not run")
-    t4.add_argument("--tune", action="store_true", help="tune dropout, learning rate and beam on "
-                    "the dev split with optuna first (the spec's `tune:`), then run the best")
-    t4.add_argument("--trials", type=int, default=10, help="with --tune: trials to add to the "
-                    "study (default 10); running again resumes the same study")
-    t4.add_argument("--storage", help="with --tune: an optuna storage URL shared by workers "
-                    "(default: sqlite:///runs/optuna.db)")
+    for table in TABLES:
+        t = sub.choices[table]
+        t.add_argument("--tune", action="store_true", help="tune the spec's nuisance settings "
+                       "(`tune:`; never what a row varies) on the dev split with optuna first, "
+                       "then run the best")
+        t.add_argument("--trials", type=int, default=10, help="with --tune: trials to add to the "
+                       "study (default 10); running again resumes the same study")
+        t.add_argument("--storage", help="with --tune: an optuna storage URL shared by workers "
+                       "(default: sqlite:///runs/optuna.db)")
     _bench_parser(sub)
     st = sub.add_parser("status", help="per table and scale: runs done, running, stopped and "
                         "missing, and the cost so far")
