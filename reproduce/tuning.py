@@ -15,6 +15,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import warnings
 from dataclasses import replace
 from typing import Any
@@ -82,6 +83,8 @@ class PruneOnDevLoss(pl.Callback):
 
 def train_and_score(run: PlannedRun, callbacks=()) -> dict[str, Any]:
     """Train ``run`` (resuming its checkpoint if any) and return its dev metrics, no test split."""
+    import optuna
+
     from . import runner
 
     c = run.config
@@ -91,7 +94,11 @@ def train_and_score(run: PlannedRun, callbacks=()) -> dict[str, Any]:
     work = runner.runs_dir() / run.table / run.run_id
     logger = runner._wandb_logger(run, work, precision)
     try:
-        trainer, module, *_ = runner._train(run, work, data, logger, precision, callbacks)
+        try:
+            trainer, module, *_ = runner._train(run, work, data, logger, precision, callbacks)
+        except optuna.TrialPruned:
+            shutil.rmtree(work / "checkpoints", ignore_errors=True)  # never resumed nor reused
+            raise
         trainer.limit_val_batches = 1.0
         dev = trainer.validate(module, datamodule=data, verbose=False)[0]
         _, headline = runner.task_scores(module.model, tokenizer, data, c, splits=("dev",))
