@@ -192,9 +192,9 @@ def _run_table4(args: argparse.Namespace, argv: list[str]) -> None:
 def _submit(args: argparse.Namespace, argv: list[str], spec, runs, scale: str) -> None:
     """--launcher slurm: one array task per run without a record (reproduce/launch.py)."""
     from . import launch
-    from .runner import record_path, runs_dir
+    from .runner import finished, runs_dir
 
-    todo = [run for run in runs if not record_path(run).exists()]
+    todo = [run for run in runs if finished(run) is None]
     print(f"submission plan: {len(todo)} of {len(runs)} run(s) have no record; one SLURM array "
           "task each:")
     for line in launch.plan_lines(todo, args.gpus, args.partition):

@@ -40,11 +40,11 @@ def resources(scale: str, gpus: int | None = None, train_steps: int | None = Non
 def run_one(spec_path: str, variant: str, scale: str, seed: int, split: str, command: str) -> str:
     """The body of one array task: plan the run afresh from the spec and execute it."""
     from .__main__ import _quiet_libraries
-    from .runner import execute, record_path
+    from .runner import execute, finished
 
     _quiet_libraries()
     run = load_spec(spec_path).plan([variant], scale, [seed])[-1]
-    if record_path(run).exists():
+    if finished(run) is not None:
         return f"{run.run_id}: finished earlier"
     record = execute(run, split, command)
     if record is None:

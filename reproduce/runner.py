@@ -111,6 +111,46 @@ def load_record(path: Path) -> dict[str, Any] | None:
         return None
 
 
+def plain_config(config: Config) -> dict[str, Any]:
+    """A config as its record stores it (JSON types), for comparisons."""
+    return json.loads(json.dumps(config.to_dict()))
+
+
+def finished(run: PlannedRun) -> dict[str, Any] | None:
+    """The record of ``run`` if it finished with exactly ``run``'s resolved config, else None.
+
+    A record made under other settings (a scale or spec edited since) is not this run: it is
+    retired by ``execute`` when the run is redone, never shown as this run's result."""
+    record = load_record(record_path(run))
+    if record is None or record.get("config") != plain_config(run.config):
+        return None
+    return record
+
+
+def retire_stale(run: PlannedRun, work: Path) -> None:
+    """Move aside what an earlier config of ``run`` left: its record (to
+    ``results/<table>/superseded/``) and its checkpoints (to ``<work>/superseded-<time>/``), so a
+    changed config neither reuses nor resumes them, and nothing is deleted."""
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    path = record_path(run)
+    record = load_record(path)
+    if record is not None and record.get("config") != plain_config(run.config):
+        moved = path.parent / "superseded" / f"{run.run_id}.{stamp}.json"
+        moved.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(path, moved)
+        log.warning("%s: its record was made with another config; moved to %s", run.run_id, moved)
+    last = work / "checkpoints" / "last.ckpt"
+    if last.exists():
+        saved = torch.load(last, map_location="cpu", weights_only=True)
+        config = saved.get("hyper_parameters", {}).get("config")
+        if config is not None and json.loads(json.dumps(config)) != plain_config(run.config):
+            moved = work / f"superseded-{stamp}"
+            moved.mkdir(parents=True, exist_ok=True)
+            os.replace(work / "checkpoints", moved / "checkpoints")
+            log.warning("%s: its checkpoints were made with another config; moved to %s",
+                        run.run_id, moved)
+
+
 def execute(run: PlannedRun, split: str, command: str,
             extra: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """Train, evaluate and record one run; return its record if it already finished, or None if
@@ -120,7 +160,7 @@ def execute(run: PlannedRun, split: str, command: str,
     from .claims import claim
 
     path = record_path(run)
-    record = load_record(path)
+    record = finished(run)
     if record is not None:
         log.info("%s: finished earlier (%s), skipped", run.run_id, path)
         return record
@@ -129,10 +169,11 @@ def execute(run: PlannedRun, split: str, command: str,
         if not mine:
             log.info("%s: another worker is training it, skipped", run.run_id)
             return None
-        record = load_record(path)  # finished by another worker since we looked
+        record = finished(run)  # finished by another worker since we looked
         if record is not None:
             log.info("%s: finished by another worker (%s), skipped", run.run_id, path)
             return record
+        retire_stale(run, work)
         return _execute(run, split, command, work, extra)
 
 

@@ -1,7 +1,9 @@
 """``python -m reproduce status``: per table and scale, what is done, running, stopped and missing,
 and what the finished runs cost. Reads records, claims and run folders; changes nothing.
 
-*running*: a live worker holds the run's claim. *stopped*: the run has a folder (and perhaps
+*stale*: a record made with another config than the spec resolves to now (a scale or spec edited
+since); the next sweep command moves it to ``superseded/`` and redoes the run. *running*: a live
+worker holds the run's claim. *stopped*: the run has a folder (and perhaps
 checkpoints) but no record and no live worker: crashed or interrupted; the next sweep command
 resumes it. *missing*: planned by the spec (at a scale and seed this table has been run at) but
 never started.
@@ -15,6 +17,7 @@ from typing import Any
 
 from .claims import holder
 from .results import load_records
+from .runner import plain_config
 from .sweep import load_spec, shipped_specs
 
 
@@ -32,11 +35,15 @@ def table_status(table: str, results: Path, runs: Path) -> list[dict[str, Any]]:
     for scale in sorted(seen):
         if scale not in spec.scales:
             continue
-        planned = [run.run_id for run in spec.plan(list(spec.variants), scale, sorted(seen[scale]))]
-        state: dict[str, list[str]] = {"done": [], "running": [], "stopped": [], "missing": []}
-        for run_id in planned:
-            if run_id in records:
+        planned = spec.plan(list(spec.variants), scale, sorted(seen[scale]))
+        state: dict[str, list[str]] = {"done": [], "stale": [], "running": [], "stopped": [],
+                                       "missing": []}
+        for run in planned:
+            run_id = run.run_id
+            if run_id in records and records[run_id].get("config") == plain_config(run.config):
                 state["done"].append(run_id)
+            elif run_id in records:  # made under settings since changed: to be redone
+                state["stale"].append(run_id)
             elif run_id in folders and holder(folders[run_id]) is not None:
                 state["running"].append(run_id)
             elif run_id in folders:
@@ -61,12 +68,13 @@ def report(results: Path, runs: Path, verbose: bool = False) -> str:
             lines.append(f"{path.stem}: nothing run yet")
             continue
         for row in rows:
-            counts = ", ".join(f"{len(row[k])} {k}" for k in ("done", "running", "stopped", "missing"))
+            counts = ", ".join(f"{len(row[k])} {k}" for k in ("done", "stale", "running", "stopped",
+                                                              "missing"))
             lines.append(f"{row['table']} at `{row['scale']}` (seeds {row['seeds']}): {counts}; "
                          f"spent {row['train_hours']:.2f} h training ({row['device_hours']:.2f} "
                          f"device-hours, {row['paper_method_flops']:.2g} FLOPs by the paper's "
                          "method)")
-            for key in ("running", "stopped") + (("missing",) if verbose else ()):
+            for key in ("stale", "running", "stopped") + (("missing",) if verbose else ()):
                 for run_id in row[key]:
                     lines.append(f"  {key:8} {run_id}")
     return "\n".join(lines)

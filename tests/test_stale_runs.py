@@ -1,0 +1,66 @@
+"""A record or checkpoint made under other settings (a scale or spec edited since) is not the run:
+it is never skipped as finished nor resumed, and it is moved aside, not deleted."""
+
+import json
+
+import pytest
+import torch
+
+from reproduce import runner, status
+from reproduce.sweep import load_spec
+
+
+@pytest.fixture
+def dirs(tmp_path, monkeypatch):
+    monkeypatch.setenv("REPRODUCE_RESULTS", str(tmp_path / "results"))
+    monkeypatch.setenv("REPRODUCE_RUNS", str(tmp_path / "runs"))
+    return tmp_path / "results", tmp_path / "runs"
+
+
+def _run():
+    return load_spec("table3").plan(["base"], "smoke", [0])[0]
+
+
+def _record(run, config):
+    path = runner.record_path(run)
+    runner.write_atomic(path, {"run_id": run.run_id, "config": config.to_dict(),
+                               "metrics": {"train_seconds": 1.0}})
+    return path
+
+
+def test_a_record_of_the_same_config_is_finished(dirs):
+    run = _run()
+    _record(run, run.config)
+    assert runner.finished(run)["run_id"] == run.run_id
+
+
+def test_a_record_of_another_config_is_stale_and_retired_not_deleted(dirs):
+    results, runs = dirs
+    run = _run()
+    old = run.config.overrides(lr_scale=run.config.train.lr_scale * 2)
+    path = _record(run, old)
+    work = runs / "table3" / run.run_id
+    (work / "checkpoints").mkdir(parents=True)
+    torch.save({"hyper_parameters": {"config": old.to_dict()}}, work / "checkpoints" / "last.ckpt")
+
+    assert runner.finished(run) is None
+    rows = status.table_status("table3", results, runs)
+    assert rows[0]["stale"] == [run.run_id] and rows[0]["done"] == []
+
+    runner.retire_stale(run, work)
+    assert not path.exists() and not (work / "checkpoints").exists()
+    [moved] = (results / "table3" / "superseded").glob(f"{run.run_id}.*.json")
+    assert json.loads(moved.read_text())["config"] == old.to_dict()
+    [kept] = work.glob("superseded-*/checkpoints/last.ckpt")
+    assert kept.stat().st_size > 0
+
+
+def test_checkpoints_of_the_same_config_stay_to_be_resumed(dirs):
+    _, runs = dirs
+    run = _run()
+    work = runs / "table3" / run.run_id
+    (work / "checkpoints").mkdir(parents=True)
+    torch.save({"hyper_parameters": {"config": run.config.to_dict()}},
+               work / "checkpoints" / "last.ckpt")
+    runner.retire_stale(run, work)
+    assert (work / "checkpoints" / "last.ckpt").exists()
