@@ -101,7 +101,7 @@ def _scale_table(spec: Spec, scale: str, records: list[dict[str, Any]]) -> list[
             "Corpus: " + " ".join(CORPUS_NOTES.get(c, c) for c in corpora),
             f"BLEU: sacreBLEU on detokenized output, beam search as the paper; signature "
             f"`{'`, `'.join(signatures)}`. PPL: per word-piece on the dev split, our BPE "
-            "vocabulary. Hardware: " + _hardware(records) + ".", ""]
+            "vocabulary. Hardware: " + _hardware(records) + ".", *_reference_line(records), ""]
     header = [""] + [h for h, _, _ in SHAPE_COLUMNS] + [
         "PPL (dev) paper", "PPL (dev) ours", "BLEU (dev) paper", "BLEU (dev) ours",
         "BLEU (test) ours", "params ×10⁶ paper", "params ×10⁶ ours",
@@ -139,6 +139,20 @@ def _scale_table(spec: Spec, scale: str, records: list[dict[str, Any]]) -> list[
             "means, from the seeds of the variant and of base); `no effect` when it is within "
             "that noise; `n/a` with fewer than 2 seeds of either.", ""]
     return out
+
+
+def _reference_line(records: list[dict[str, Any]]) -> list[str]:
+    """What count models score on the same dev pieces: a run near them has not learned to
+    translate yet (records from before these were kept have none)."""
+    refs = {json.dumps(r["data"]["reference_ppl"], sort_keys=True) for r in records
+            if r["data"].get("reference_ppl")}
+    if len(refs) != 1:  # none recorded, or vocabularies differ between runs
+        return []
+    ref = json.loads(refs.pop())
+    return [f"Reference points for PPL, on the same dev pieces: a unigram model of the training "
+            f"targets scores {ref['unigram']:.1f}, an interpolated bigram model {ref['bigram']:.1f} "
+            "(`data.ngram_perplexities`); a run near these has learned target-side statistics, "
+            "not yet to translate."]
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -384,3 +385,26 @@ def test_source_batches_cover_sources_grouped_by_length(module, small_tokenizer)
         ]
         seen += indices
     assert sorted(seen) == list(range(len(sources)))
+
+
+def test_reference_perplexities_are_the_hand_counted_ngram_models():
+    from reproduce.data import _Packed, ngram_perplexities
+
+    def packed(sentences):
+        lengths = torch.tensor([len(s) for s in sentences])
+        return _Packed(torch.tensor([t for s in sentences for t in s], dtype=torch.int32),
+                       torch.cumsum(lengths, 0) - lengths, lengths)
+
+    # Train targets 5 6 | 5 7 with BOS 2, EOS 3: events (2,5) (5,6) (6,3) (2,5) (5,7) (7,3).
+    ref = ngram_perplexities(packed([[5, 6], [5, 7]]), packed([[5, 6]]), vocab_size=8, bos=2, eos=3)
+    # Unigram, add-1/2 over 8 pieces and 6 events: p(5) = p(3) = 2.5/10, p(6) = 1.5/10.
+    unigram = [0.25, 0.15, 0.25]
+    assert ref["unigram"] == pytest.approx(math.exp(-sum(map(math.log, unigram)) / 3), abs=0.01)
+    # Bigram: p(5|2) = 1, p(6|5) = 1/2, p(3|6) = 1; mixed 0.7 / 0.3 with the unigram.
+    mixed = [0.7 * b + 0.3 * u for b, u in zip([1.0, 0.5, 1.0], unigram, strict=True)]
+    assert ref["bigram"] == pytest.approx(math.exp(-sum(map(math.log, mixed)) / 3), abs=0.01)
+    # Dev 7 6: (2,7) is an unseen pair after a seen context, 7 an unseen context (the unigram
+    # alone), (6,3) a seen pair. Unigram of train 5 6: p(5) = p(6) = p(3) = 1.5/7, p(7) = 0.5/7.
+    unseen = ngram_perplexities(packed([[5, 6]]), packed([[7, 6]]), vocab_size=8, bos=2, eos=3)
+    probs = [0.3 * 0.5 / 7, 1.5 / 7, 0.7 + 0.3 * 1.5 / 7]
+    assert unseen["bigram"] == pytest.approx(math.exp(-sum(map(math.log, probs)) / 3), abs=0.01)

@@ -102,3 +102,17 @@ def test_the_table_and_its_figure_go_to_wandb_offline(tmp_path):
     assert where["mode"] == "offline"
     run_dir = Path(where["dir"]).parent
     assert list(run_dir.glob("*.wandb")), "the offline run holds no data to sync"
+
+
+def test_reference_perplexities_are_stated_when_the_records_agree_on_them():
+    spec = load_spec("table3")
+    ref = {"unigram": 799.51, "bigram": 150.19}
+    with_ref = record("base")
+    with_ref["data"] = {**with_ref["data"], "reference_ppl": ref}
+    table = render_table3(spec, [with_ref, record("A1")])  # A1 predates them: ignored
+    assert "unigram model of the training targets scores 799.5" in table
+    assert "bigram model 150.2" in table
+    other = record("A2")
+    other["data"] = {**other["data"], "reference_ppl": {"unigram": 50.0, "bigram": 9.0}}
+    assert "unigram model" not in render_table3(spec, [with_ref, other])  # two vocabularies
+    assert "unigram model" not in render_table3(spec, [record("base")])
