@@ -58,10 +58,12 @@ def _run_table(args: argparse.Namespace, argv: list[str]) -> None:
           f"{'' if args.scale else ' (default for this machine; --scale to change)'}: {sc.about}")
     for run in runs:
         print("  " + planned_summary(run, spec.variants[run.variant].overrides))
-    if args.launcher == "slurm":
+    if args.render:
+        runs = []
+    elif args.launcher == "slurm":
         _submit(args, argv, spec, runs, scale)
         return
-    if args.dry_run:
+    elif args.dry_run:
         from .cost import estimate
 
         print("estimates from a measured training step on this machine (no data, no network):")
@@ -151,10 +153,12 @@ def _run_table4(args: argparse.Namespace, argv: list[str]) -> None:
             print(f"    {knob.name}: " + (f"one of {list(knob.choices)}" if knob.choices else
                                            f"{knob.low:g} .. {knob.high:g}"
                                            + (" (log scale)" if knob.log else "")))
-    if args.launcher == "slurm":
+    if args.render:
+        todo = []
+    elif args.launcher == "slurm":
         _submit(args, argv, spec, runs, scale)
         return
-    if args.dry_run:
+    elif args.dry_run:
         from .cost import estimate
 
         print("estimates from a measured training step on this machine (no data, no network):")
@@ -228,6 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
         t.add_argument("--scale", help="paper, cpu or smoke (default: fits this machine)")
         t.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds (default 0)")
         t.add_argument("--dry-run", action="store_true", help="print the plan and exit")
+        t.add_argument("--render", action="store_true", help="train nothing: render "
+                       f"results/{table}.md (and its figures) from the records there and exit")
         t.add_argument("--spec", help=f"a sweep spec file instead of sweeps/{table}.yaml")
         t.add_argument("--launcher", choices=["local", "slurm"], default="local",
                        help="local: train here, one run after another (default); slurm: submit "

@@ -63,6 +63,16 @@ def test_running_again_skips_finished_runs(row_a):
     assert {p: p.read_bytes() for p in (results / "table3").glob("*.json")} == before
 
 
+def test_render_trains_nothing_and_rewrites_the_table_from_records(row_a):
+    env, results, _ = row_a
+    (results / "table3.md").unlink()
+    before = sorted((results / "table3").glob("*.json"))
+    out = cli(env, "table3", "--row", "B", "--scale", "smoke", "--render")
+    assert "finished earlier" not in out.stdout and "recorded" not in out.stdout
+    assert sorted((results / "table3").glob("*.json")) == before  # row B was not trained
+    assert "## Scale `smoke`" in (results / "table3.md").read_text()
+
+
 def test_a_run_whose_record_is_lost_resumes_from_its_checkpoint(row_a):
     env, results, _ = row_a
     path = results / "table3" / "table3-A2-smoke-seed0.json"
