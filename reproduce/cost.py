@@ -58,14 +58,23 @@ def measure_step_seconds(config: Config, tokens: int, sentence_length: int = 25,
     return statistics.median(times[1:])
 
 
-def estimate(run_id: str, config: Config, probe_tokens: int = 512) -> str:
+def estimate(run_id: str, config: Config, probe_tokens: int = 256) -> str:
     """A plan line: steps, tokens per step and the time and device-hours the run should take here,
-    from a measured step on a `probe_tokens` micro-batch scaled linearly to the real one."""
+    from steps measured on micro-batches of `probe_tokens` and twice that, extrapolated along the
+    line through them to the real micro-batch (a fixed cost per step, such as kernel launches on
+    a GPU or the optimizer, is not multiplied by the batch size as a one-point ratio would)."""
     devices = torch.cuda.device_count() if torch.cuda.is_available() else 1
     t = config.train
     accumulate, micro = accumulation(t.batch_tokens, t.device_batch_tokens, devices)
     probe = min(probe_tokens, micro)
-    step = measure_step_seconds(config, probe) * (micro / probe) * accumulate
+    small = measure_step_seconds(config, probe)
+    if probe < micro:
+        large = measure_step_seconds(config, min(2 * probe, micro))
+        slope = max(large - small, 0.0) / (min(2 * probe, micro) - probe)
+        per_micro = small + slope * (micro - probe)
+    else:
+        per_micro = small
+    step = per_micro * accumulate
     hours = step * t.train_steps / 3600
     where = torch.cuda.get_device_name(0) if devices and torch.cuda.is_available() else "this CPU"
     return (f"{run_id}: {t.train_steps} steps x {micro * devices * accumulate} tokens/step "
