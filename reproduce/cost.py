@@ -68,12 +68,11 @@ def estimate(run_id: str, config: Config, probe_tokens: int = 256) -> str:
     accumulate, micro = accumulation(t.batch_tokens, t.device_batch_tokens, devices)
     probe = min(probe_tokens, micro)
     small = measure_step_seconds(config, probe)
+    per_micro = small
     if probe < micro:
-        large = measure_step_seconds(config, min(2 * probe, micro))
-        slope = max(large - small, 0.0) / (min(2 * probe, micro) - probe)
+        second = min(2 * probe, micro)
+        slope = max(measure_step_seconds(config, second) - small, 0.0) / (second - probe)
         per_micro = small + slope * (micro - probe)
-    else:
-        per_micro = small
     step = per_micro * accumulate
     hours = step * t.train_steps / 3600
     where = torch.cuda.get_device_name(0) if devices and torch.cuda.is_available() else "this CPU"

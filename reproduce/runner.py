@@ -111,9 +111,10 @@ def load_record(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def plain_config(config: Config) -> dict[str, Any]:
-    """A config as its record stores it (JSON types), for comparisons."""
-    return json.loads(json.dumps(config.to_dict()))
+def same_config(stored: dict[str, Any] | None, config: Config) -> bool:
+    """Whether a config stored in a record or checkpoint is ``config`` (compared as JSON types)."""
+    return stored is not None and json.loads(json.dumps(stored)) == json.loads(
+        json.dumps(config.to_dict()))
 
 
 def finished(run: PlannedRun) -> dict[str, Any] | None:
@@ -122,9 +123,7 @@ def finished(run: PlannedRun) -> dict[str, Any] | None:
     A record made under other settings (a scale or spec edited since) is not this run: it is
     retired by ``execute`` when the run is redone, never shown as this run's result."""
     record = load_record(record_path(run))
-    if record is None or record.get("config") != plain_config(run.config):
-        return None
-    return record
+    return record if record is not None and same_config(record.get("config"), run.config) else None
 
 
 def retire_stale(run: PlannedRun, work: Path) -> None:
@@ -134,7 +133,7 @@ def retire_stale(run: PlannedRun, work: Path) -> None:
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
     path = record_path(run)
     record = load_record(path)
-    if record is not None and record.get("config") != plain_config(run.config):
+    if record is not None and not same_config(record.get("config"), run.config):
         moved = path.parent / "superseded" / f"{run.run_id}.{stamp}.json"
         moved.parent.mkdir(parents=True, exist_ok=True)
         os.replace(path, moved)
@@ -143,7 +142,7 @@ def retire_stale(run: PlannedRun, work: Path) -> None:
     if last.exists():
         saved = torch.load(last, map_location="cpu", weights_only=True)
         config = saved.get("hyper_parameters", {}).get("config")
-        if config is not None and json.loads(json.dumps(config)) != plain_config(run.config):
+        if config is not None and not same_config(config, run.config):
             moved = work / f"superseded-{stamp}"
             moved.mkdir(parents=True, exist_ok=True)
             os.replace(work / "checkpoints", moved / "checkpoints")

@@ -17,7 +17,7 @@ from typing import Any
 
 from .claims import holder
 from .results import load_records
-from .runner import plain_config
+from .runner import same_config
 from .sweep import load_spec, shipped_specs
 
 
@@ -40,7 +40,7 @@ def table_status(table: str, results: Path, runs: Path) -> list[dict[str, Any]]:
                                        "missing": []}
         for run in planned:
             run_id = run.run_id
-            if run_id in records and records[run_id].get("config") == plain_config(run.config):
+            if run_id in records and same_config(records[run_id].get("config"), run.config):
                 state["done"].append(run_id)
             elif run_id in records:  # made under settings since changed: to be redone
                 state["stale"].append(run_id)
