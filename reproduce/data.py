@@ -448,7 +448,12 @@ class _Encoded:
 
 
 class _BatchStream(IterableDataset):
-    """Ready-made batches. Iterable so Lightning leaves batching and sharding to us."""
+    """Ready-made batches. Iterable so Lightning leaves batching and sharding to us.
+
+    An epoch's batches are a function of the epoch number alone (``plan``), so a run resumed in the
+    middle of an epoch replays that epoch's plan and skips the batches it has already trained on:
+    the resumed run sees exactly the batches an uninterrupted one would have seen.
+    """
 
     def __init__(
         self,
@@ -462,16 +467,41 @@ class _BatchStream(IterableDataset):
         self._epoch_of = epoch_of
         self._count = count
         self._iterations = 0  # stands in for the epoch when no trainer is attached
+        self._skip: tuple[int, int] | None = None  # (epoch, batches already trained in it)
+
+    def resume(self, epoch: int, done: int) -> None:
+        """The next pass over ``epoch`` starts after its first ``done`` batches."""
+        self._skip = (epoch, done)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         epoch = self._epoch_of()
         epoch = self._iterations if epoch is None else epoch
         self._iterations += 1
-        for indices in self._plan(epoch):
+        skip, self._skip = self._skip, None
+        done = skip[1] if skip is not None and skip[0] == epoch else 0
+        for indices in itertools.islice(self._plan(epoch), done, None):
             yield self._collate(indices)
 
     def __len__(self) -> int:
         return self._count()
+
+
+class _ResumableLoader(DataLoader):
+    """A DataLoader Lightning can resume mid-epoch: its checkpointed state is the epoch and how many
+    of its batches were trained on (Lightning calls ``state_dict`` when it saves a checkpoint and
+    ``load_state_dict`` before it iterates again on resume)."""
+
+    def __init__(self, stream: _BatchStream, done: Callable[[], tuple[int, int]]):
+        super().__init__(stream, batch_size=None, num_workers=0,
+                         pin_memory=torch.cuda.is_available())
+        self._done = done
+
+    def state_dict(self) -> dict[str, int]:
+        epoch, batches = self._done()
+        return {"epoch": epoch, "batches": batches}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.dataset.resume(int(state["epoch"]), int(state["batches"]))
 
 
 class TranslationData(pl.LightningDataModule):
@@ -602,9 +632,27 @@ class TranslationData(pl.LightningDataModule):
             count=lambda: self._count(data, shuffle),
         )
         # Batches are built in the main process: collation is a few tensor ops per batch.
-        return DataLoader(
-            stream, batch_size=None, num_workers=0, pin_memory=torch.cuda.is_available()
-        )
+        if not shuffle:  # evaluation passes always run whole
+            return DataLoader(stream, batch_size=None, num_workers=0,
+                              pin_memory=torch.cuda.is_available())
+        return _ResumableLoader(stream, done=self._trained_in_epoch)
+
+    def _trained_in_epoch(self) -> tuple[int, int]:
+        """(current epoch, training batches of it already trained on), from the trainer's counters.
+
+        Checkpoints are written after an optimizer step, so this epoch's optimizer steps times the
+        micro-batches per step is the count (every epoch has the same number of batches; the last
+        step of an epoch may take fewer).
+        """
+        trainer = self.trainer
+        if trainer is None:
+            return 0, 0
+        accumulate = trainer.accumulate_grad_batches
+        batches = self._count(self._ready(self._train), shuffle=True)
+        steps_per_epoch = -(-batches // accumulate)
+        epoch = trainer.current_epoch
+        steps = trainer.global_step - epoch * steps_per_epoch
+        return epoch, min(batches, max(0, steps * accumulate))
 
     def _plan(self, data: _Encoded, shuffle: bool, epoch: int) -> list[list[int]]:
         rank, world_size = self._rank()

@@ -408,3 +408,55 @@ def test_reference_perplexities_are_the_hand_counted_ngram_models():
     unseen = ngram_perplexities(packed([[5, 6]]), packed([[7, 6]]), vocab_size=8, bos=2, eos=3)
     probs = [0.3 * 0.5 / 7, 1.5 / 7, 0.7 + 0.3 * 1.5 / 7]
     assert unseen["bigram"] == pytest.approx(math.exp(-sum(map(math.log, probs)) / 3), abs=0.01)
+
+
+class _Interrupt(Exception):
+    pass
+
+
+def _fit_recording_batches(dm: TranslationData, work: Path, max_steps: int, stop_at: int | None,
+                           resume: bool, accumulate: int = 1) -> list[tuple[int, ...]]:
+    """Train a tiny model with Lightning; return a fingerprint of every training batch it saw."""
+    import pytorch_lightning as pl
+
+    from reproduce.config import BASE
+    from reproduce.lit import TranslationModule
+
+    seen: list[tuple[int, ...]] = []
+
+    class Record(pl.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if trainer.global_step == stop_at:  # the checkpoint of step `stop_at` is written
+                raise _Interrupt
+            seen.append(tuple(batch["src"][:, 0].tolist()) + tuple(batch["src"].shape))
+
+    config = BASE.overrides(vocab_size=dm.tokenizer.vocab_size, N=1, d_model=16, d_ff=32, h=2,
+                            d_k=8, d_v=8, warmup_steps=2)
+    ckpt = pl.callbacks.ModelCheckpoint(dirpath=work, save_last=True, every_n_train_steps=1)
+    trainer = pl.Trainer(max_steps=max_steps, max_epochs=-1, accumulate_grad_batches=accumulate,
+                         callbacks=[ckpt, Record()], logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, limit_val_batches=0, accelerator="cpu",
+                         devices=1)
+    try:
+        trainer.fit(TranslationModule(config.to_dict()), datamodule=dm,
+                    ckpt_path=work / "last.ckpt" if resume else None)
+    except _Interrupt:
+        pass
+    return seen
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_a_run_resumed_mid_epoch_sees_the_batches_an_uninterrupted_run_sees(
+        small_tokenizer, tmp_path, accumulate):
+    dm = TranslationData("bible-en-de", small_tokenizer, batch_tokens=1200, max_train_pairs=300)
+    dm.setup()
+    per_epoch = len(dm.train_dataloader())
+    steps_per_epoch = -(-per_epoch // accumulate)
+    # Stop inside the second epoch, resume, and run into the third.
+    stop = steps_per_epoch + 2
+    total = 2 * steps_per_epoch + 2
+    whole = _fit_recording_batches(dm, tmp_path / "whole", total, None, False, accumulate)
+    first = _fit_recording_batches(dm, tmp_path / "cut", total, stop, False, accumulate)
+    rest = _fit_recording_batches(dm, tmp_path / "cut", total, None, True, accumulate)
+    assert len(first) == stop * accumulate < len(whole)
+    assert first + rest == whole

@@ -51,3 +51,25 @@ def test_label_smoothing_prefers_a_less_confident_model():
     assert smoothed_loss(confident, target, 0.0, 0)[0] < smoothed_loss(hedged, target, 0.0, 0)[0]
     assert smoothed_loss(confident, target, BASE.train.eps_ls, 0)[0] > \
         smoothed_loss(hedged, target, BASE.train.eps_ls, 0)[0]
+
+
+def test_fused_adam_makes_the_same_updates_as_the_reference_loop():
+    torch.manual_seed(0)
+    fused, plain = torch.nn.Linear(8, 4), torch.nn.Linear(8, 4)
+    plain.load_state_dict(fused.state_dict())
+    train = TrainConfig(warmup_steps=3)
+    optimizer, schedule = adam_with_schedule(fused.parameters(), train, d_model=64)
+    assert optimizer.defaults["fused"]
+    reference = torch.optim.Adam(plain.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9,
+                                 foreach=False)
+    for step in range(1, 8):
+        x = torch.randn(5, 8)
+        for model in (fused, plain):
+            model.zero_grad()
+            model(x).square().sum().backward()
+        reference.param_groups[0]["lr"] = lrate(step, 64, 3)
+        optimizer.step()
+        schedule.step()
+        reference.step()
+    for a, b in zip(fused.parameters(), plain.parameters(), strict=True):
+        torch.testing.assert_close(a, b)
