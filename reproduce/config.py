@@ -21,6 +21,10 @@ class ConfigError(ValueError):
 
 
 POSITIONS = ("sinusoidal", "learned")
+# Initialization (the paper states none): "xavier" is Xavier-uniform for every matrix (tensor2tensor's
+# uniform unit scaling); "depth-scaled" also shrinks the last projection of every residual branch
+# by 1/sqrt(residual sublayers in its stack), see Transformer.reset_parameters.
+INITS = ("xavier", "depth-scaled")
 # "auto": bf16-mixed where the hardware runs it fast (CUDA with bf16, CPUs with AMX), else 32-true.
 PRECISIONS = ("auto", "32-true", "bf16-mixed", "16-mixed", "bf16-true")
 
@@ -48,6 +52,7 @@ class ModelConfig:
     positions: str = "sinusoidal"  # "learned" is Table 3 row E
     max_positions: int = 1024  # size of the learned position table / sinusoid cache
     pad_id: int = 0
+    init: str = "xavier"  # a nuisance setting: scales may choose "depth-scaled" (INITS)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "N", "d_model", "d_ff", "h", "d_k", "d_v", "max_positions"):
@@ -59,6 +64,10 @@ class ModelConfig:
         _check(
             self.positions in POSITIONS,
             f"model.positions = {self.positions!r}: allowed values are {', '.join(POSITIONS)}",
+        )
+        _check(
+            self.init in INITS,
+            f"model.init = {self.init!r}: allowed values are {', '.join(INITS)}",
         )
         _check(
             self.positions != "sinusoidal" or self.d_model % 2 == 0,

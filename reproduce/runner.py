@@ -21,7 +21,7 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 
-from .config import Config
+from .config import Config, ConfigError
 from .sweep import PlannedRun
 
 REPO = Path(__file__).resolve().parent.parent
@@ -112,9 +112,19 @@ def load_record(path: Path) -> dict[str, Any] | None:
 
 
 def same_config(stored: dict[str, Any] | None, config: Config) -> bool:
-    """Whether a config stored in a record or checkpoint is ``config`` (compared as JSON types)."""
-    return stored is not None and json.loads(json.dumps(stored)) == json.loads(
-        json.dumps(config.to_dict()))
+    """Whether a config stored in a record or checkpoint is ``config`` (compared as JSON types).
+
+    A field added to the config since the record was written counts at its default, which is
+    what that run did (new fields default to the old behaviour); a field since removed, or any
+    stored value that no longer validates, makes the stored config a different one.
+    """
+    if stored is None:
+        return False
+    try:
+        stored = Config.from_dict(json.loads(json.dumps(stored))).to_dict()
+    except (ConfigError, TypeError, AttributeError):
+        return False
+    return json.loads(json.dumps(stored)) == json.loads(json.dumps(config.to_dict()))
 
 
 def finished(run: PlannedRun) -> dict[str, Any] | None:

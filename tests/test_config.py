@@ -17,6 +17,7 @@ from .test_model import independent_count
     ({"h": -1}, "model.h = -1"),
     ({"p_drop": 1.0}, r"model.p_drop = 1.0: must be in \[0, 1\)"),
     ({"positions": "rotary"}, "allowed values are sinusoidal, learned"),
+    ({"init": "orthogonal"}, "model.init = 'orthogonal': allowed values are xavier, depth-scaled"),
     ({"d_model": 511, "positions": "sinusoidal"}, "even d_model"),
     ({"eps_ls": -0.1}, "train.eps_ls"),
     ({"precision": "fp8"}, "allowed values are auto, 32-true"),

@@ -169,3 +169,21 @@ def test_parameter_count_matches_independent_count(overrides):
 def test_meta_build_allocates_nothing():
     m = build_on_meta(ModelConfig(d_model=1024, d_ff=4096, h=16))
     assert all(p.is_meta for p in m.parameters())
+
+
+def test_depth_scaled_init_shrinks_only_the_residual_branch_outputs():
+    c = ModelConfig(vocab_size=50, N=3, d_model=16, d_ff=32, h=2, d_k=8, d_v=8)
+    torch.manual_seed(0)
+    plain = dict(Transformer(c).named_parameters())
+    torch.manual_seed(0)
+    scaled = dict(Transformer(ModelConfig(**{**c.__dict__, "init": "depth-scaled"}))
+                  .named_parameters())
+    gains = {"encoder": (2 * 3) ** -0.5, "decoder": (3 * 3) ** -0.5}
+    shrunk = 0
+    for name, p in plain.items():
+        if name.endswith(("w_o.weight", "w_2.weight")):
+            torch.testing.assert_close(scaled[name], p * gains[name.split(".")[0]])
+            shrunk += 1
+        else:
+            assert torch.equal(scaled[name], p), name
+    assert shrunk == 3 * 2 + 3 * 3  # encoder: self-attn, FFN; decoder: self, cross, FFN

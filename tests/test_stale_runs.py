@@ -34,6 +34,16 @@ def test_a_record_of_the_same_config_is_finished(dirs):
     assert runner.finished(run)["run_id"] == run.run_id
 
 
+def test_a_record_written_before_a_field_existed_counts_it_at_its_default(dirs):
+    run = _run()
+    stored = run.config.to_dict()
+    del stored["model"]["init"]  # as records made before model.init was added
+    assert runner.same_config(stored, run.config)
+    assert not runner.same_config(stored, run.config.overrides(init="depth-scaled"))
+    stored["model"]["removed_field"] = 1  # a field this version no longer has: another config
+    assert not runner.same_config(stored, run.config)
+
+
 def test_a_record_of_another_config_is_stale_and_retired_not_deleted(dirs):
     results, runs = dirs
     run = _run()
