@@ -204,8 +204,9 @@ class Transformer(nn.Module):
         residual sublayers of its stack (2N in the encoder, 3N in the decoder), as GPT-2's scaled
         init: every LayerNorm(x + Sublayer(x)) then starts close to LayerNorm(x), and a deep
         post-norm stack passes its input and gradients through from the first step. Measured at
-        the `cpu` scale (N=6, d_model 128): a copy task was learned in ~300 steps instead of not
-        in 1000, and Bible EN-DE dev PPL after 300 steps was 415 instead of 613.
+        the `cpu` scale (N=6, d_model 128): a copy task was learned in ~300 steps (with Xavier
+        init still not after 300, nor after 550 with 8000 pieces), and Bible EN-DE dev PPL after
+        300 steps was 415 instead of 613.
         """
         branch_gain = {"encoder": (2 * self.config.N) ** -0.5, "decoder": (3 * self.config.N) ** -0.5}
         for name, p in self.named_parameters():

@@ -121,10 +121,9 @@ def same_config(stored: dict[str, Any] | None, config: Config) -> bool:
     if stored is None:
         return False
     try:
-        stored = Config.from_dict(json.loads(json.dumps(stored))).to_dict()
+        return Config.from_dict(json.loads(json.dumps(stored))) == config
     except (ConfigError, TypeError, AttributeError):
         return False
-    return json.loads(json.dumps(stored)) == json.loads(json.dumps(config.to_dict()))
 
 
 def finished(run: PlannedRun) -> dict[str, Any] | None:

@@ -1,5 +1,6 @@
 """The model against the paper's definitions and torch's reference layers."""
 
+import dataclasses
 import math
 
 import pytest
@@ -176,8 +177,7 @@ def test_depth_scaled_init_shrinks_only_the_residual_branch_outputs():
     torch.manual_seed(0)
     plain = dict(Transformer(c).named_parameters())
     torch.manual_seed(0)
-    scaled = dict(Transformer(ModelConfig(**{**c.__dict__, "init": "depth-scaled"}))
-                  .named_parameters())
+    scaled = dict(Transformer(dataclasses.replace(c, init="depth-scaled")).named_parameters())
     gains = {"encoder": (2 * 3) ** -0.5, "decoder": (3 * 3) ** -0.5}
     shrunk = 0
     for name, p in plain.items():
