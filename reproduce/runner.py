@@ -112,7 +112,8 @@ def load_record(path: Path) -> dict[str, Any] | None:
 
 
 def same_config(stored: dict[str, Any] | None, config: Config) -> bool:
-    """Whether a config stored in a record or checkpoint is ``config`` (compared as JSON types).
+    """Whether a config stored in a record or checkpoint is ``config``: the stored dict (through
+    JSON, as a record holds it) is rebuilt with ``Config.from_dict`` and compared as a Config.
 
     A field added to the config since the record was written counts at its default, which is
     what that run did (new fields default to the old behaviour); a field since removed, or any
