@@ -74,3 +74,61 @@ def test_four_workers_one_killed_and_restarted_record_each_run_once(tmp_path):
     redone = json.loads((tmp_path / "results" / "table3" / f"{taken}.json").read_text())
     assert not redone["worker"].split(" ")[0].endswith(f":{victim.pid}")
     assert "table3.md" in os.listdir(tmp_path / "results")
+
+
+# --- --workers N: one command, N processes ----------------------------------------------------
+
+
+def test_balance_finds_the_best_split_that_longest_first_misses():
+    from reproduce.workers import balance
+
+    # Row A's measured minutes at `cpu` scale: longest-first greedy ends at 157, the best at 142.
+    costs = {"A4": 72, "A3": 64, "base": 49, "A2": 49, "A1": 44}
+    groups = balance(costs, 2)
+    loads = sorted(sum(costs[i] for i in g) for g in groups)
+    assert loads == [136, 142]
+    assert sorted(i for g in groups for i in g) == sorted(costs)
+    for group in groups:  # costliest first within a group
+        assert [costs[i] for i in group] == sorted((costs[i] for i in group), reverse=True)
+    many = {f"r{i}": float(i % 7 + 1) for i in range(30)}  # too many to search: greedy
+    assert sorted(i for g in balance(many, 3) for i in g) == sorted(many)
+
+
+def test_worker_argv_and_order(monkeypatch):
+    from reproduce.sweep import load_spec
+    from reproduce.workers import ORDER_ENV, reorder, worker_argv
+
+    assert worker_argv(["table3", "--workers", "2", "--row", "A"]) == ["table3", "--row", "A"]
+    assert worker_argv(["table3", "--workers=3", "--scale", "cpu"]) == ["table3", "--scale", "cpu"]
+    runs = load_spec("table3").plan(["base", "A1", "A4"], "smoke", [0])
+    monkeypatch.setenv(ORDER_ENV, "table3-A4-smoke-seed0,table3-base-smoke-seed0")
+    assert [r.variant for r in reorder(runs)] == ["A4", "base", "A1"]
+    monkeypatch.delenv(ORDER_ENV)
+    assert [r.variant for r in reorder(runs)] == ["base", "A1", "A4"]
+
+
+def test_workers_flag_trains_runs_in_parallel_and_renders_once(tmp_path):
+    env = {**os.environ, "REPRODUCE_RESULTS": str(tmp_path / "results"),
+           "REPRODUCE_RUNS": str(tmp_path / "runs"), "REPRODUCE_CACHE": str(tmp_path / "cache")}
+    env.pop("OMP_NUM_THREADS", None)
+    args = ["table3", "--variant", "A1", "--variant", "A4", "--scale", "smoke", "--workers", "2"]
+    out = subprocess.run([sys.executable, "-m", "reproduce", *args], env=env, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:]
+    lines = out.stdout.splitlines()
+    assert any(line.startswith("[w1] ") for line in lines)
+    assert any(line.startswith("[w2] ") for line in lines)
+    recorded = [line for line in lines if ": recorded " in line]
+    assert len(recorded) == 2 and {line[:4] for line in recorded} == {"[w1]", "[w2]"}, recorded
+    assert sum("rendered " in line for line in lines) == 1  # by the parent, after both
+    assert not any(line.startswith("[w") and "rendered " in line for line in lines)
+    for variant in ("A1", "A4"):
+        record = json.loads((tmp_path / "results" / "table3" / f"table3-{variant}-smoke-seed0.json")
+                            .read_text())
+        assert record["command"] == "python -m reproduce " + " ".join(args)
+        assert record["hardware"]["torch_threads"] == max(1, len(os.sched_getaffinity(0)) // 2)
+    table = (tmp_path / "results" / "table3.md").read_text()
+    assert "## Scale `smoke`" in table  # rendered from the two workers' records
+    again = subprocess.run([sys.executable, "-m", "reproduce", *args], env=env, text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
+    assert again.returncode == 0 and "nothing to train" in again.stdout

@@ -1,0 +1,153 @@
+"""``--workers N``: one sweep trained by N local processes that split the machine between them.
+
+On a small CPU, N single-threaded workers train more runs per hour than one process using every
+core: small matrix products scale poorly across threads (on the 2-core development machine two
+1-thread workers did ~1.3x the steps per second of one 2-thread process). The workers are the same
+command started N times, so the claims (``reproduce/claims.py``) keep each run to one worker, and
+an interrupted sweep resumes as always. What ``--workers`` adds:
+
+* threads: each worker gets ``cores // N`` (``OMP_NUM_THREADS``), or one GPU of N;
+* order: the runs without a record are split into N groups of about equal measured cost
+  (``cost.step_seconds`` x steps) and each worker starts on its own group, costliest first, then
+  helps with the others' (claimed runs are skipped), so no long run is left to start last;
+* one table: workers only train and record; this process renders the table when all have ended.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+
+import torch
+
+from .config import ConfigError
+
+ORDER_ENV = "REPRODUCE_RUN_ORDER"  # comma-separated run ids a worker tries first, in order
+WORKER_ENV = "REPRODUCE_WORKER"  # set in workers: train and record, leave the table to the parent
+COMMAND_ENV = "REPRODUCE_COMMAND"  # the user's command, stored in each record
+
+
+def is_worker() -> bool:
+    return bool(os.environ.get(WORKER_ENV))
+
+
+def command(argv: Sequence[str]) -> str:
+    """The command a record stores: the user's, also when a worker of ``--workers`` made it."""
+    return os.environ.get(COMMAND_ENV) or "python -m reproduce " + " ".join(argv)
+
+
+def reorder(runs: list) -> list:
+    """``runs`` with those named in ``$REPRODUCE_RUN_ORDER`` first, in that order."""
+    wanted = [r for r in os.environ.get(ORDER_ENV, "").split(",") if r]
+    rank = {run_id: i for i, run_id in enumerate(wanted)}
+    return sorted(runs, key=lambda run: rank.get(run.run_id, len(rank)))
+
+
+def balance(costs: dict[str, float], n: int) -> list[list[str]]:
+    """Split run ids into ``n`` groups with the largest group total as small as we can find
+    (exact search while small, else longest-first greedy); each group costliest first."""
+    ids = sorted(costs, key=lambda i: -costs[i])
+    best: list[list[str]] | None = None
+    if n > 1 and n ** len(ids) <= 100_000:
+        best_load = float("inf")
+        for assignment in itertools.product(range(n), repeat=len(ids)):
+            if assignment and assignment[0] != 0:  # groups are interchangeable
+                continue
+            loads = [0.0] * n
+            for i, g in zip(ids, assignment, strict=True):
+                loads[g] += costs[i]
+            if max(loads) < best_load - 1e-9:
+                best_load = max(loads)
+                best = [[i for i, g in zip(ids, assignment, strict=True) if g == k]
+                        for k in range(n)]
+    if best is None:
+        best = [[] for _ in range(n)]
+        loads = [0.0] * n
+        for i in ids:
+            k = loads.index(min(loads))
+            best[k].append(i)
+            loads[k] += costs[i]
+    return best
+
+
+def worker_argv(argv: Sequence[str]) -> list[str]:
+    """``argv`` without ``--workers N`` / ``--workers=N``."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--workers":
+            skip = True
+        elif not arg.startswith("--workers="):
+            out.append(arg)
+    return out
+
+
+def launch(argv: Sequence[str], runs: list, n: int) -> int:
+    """Train ``runs`` (those without a record) with ``n`` worker processes; returns the worst exit
+    status. Each worker's output lines are prefixed ``[wK]``."""
+    from .cost import step_seconds
+    from .runner import finished
+
+    if n < 1:
+        raise ConfigError(f"--workers {n}: must be at least 1")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus and n > gpus:
+        raise ConfigError(f"--workers {n}: this machine has {gpus} GPU(s), one per worker at most")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    threads = max(1, (cores or 1) // n)
+    todo = [run for run in runs if finished(run) is None]
+    if not todo:
+        print("--workers: every run has a record; nothing to train")
+        return 0
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)  # measure each run as a worker will train it
+    try:
+        costs = {run.run_id: step_seconds(run.config) * run.config.train.train_steps
+                 for run in todo}
+    finally:
+        torch.set_num_threads(previous)
+    groups = balance(costs, min(n, len(todo)))
+    order = [run_id for group in groups for run_id in group]
+    print(f"--workers {n}: {len(todo)} run(s) to train, {threads} thread(s) per worker"
+          + (", one GPU each" if gpus else ""))
+    procs = []
+    for k, group in enumerate(groups):
+        hours = sum(costs[i] for i in group) / 3600
+        print(f"  w{k + 1}: {', '.join(group)} (about {hours:.1f} h of training measured here), "
+              "then the others' if any are left")
+        env = dict(os.environ, **{ORDER_ENV: ",".join(group + [i for i in order if i not in group]),
+                                  WORKER_ENV: str(k + 1), COMMAND_ENV: command(argv),
+                                  "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)})
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = str(k)
+        proc = subprocess.Popen([sys.executable, "-m", "reproduce", *worker_argv(argv)], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                bufsize=1)
+        procs.append((k + 1, proc))
+    pumps = [threading.Thread(target=_pump, args=(k, proc), daemon=True) for k, proc in procs]
+    for pump in pumps:
+        pump.start()
+    try:
+        codes = [proc.wait() for _, proc in procs]
+    except KeyboardInterrupt:  # the workers got the same SIGINT; let them stop cleanly
+        codes = [proc.wait() for _, proc in procs]
+        raise
+    finally:
+        for pump in pumps:
+            pump.join(timeout=5)
+    for (k, _), code in zip(procs, codes, strict=True):
+        if code:
+            print(f"--workers: w{k} exited with status {code}; run the command again to resume")
+    return max(codes)
+
+
+def _pump(k: int, proc: subprocess.Popen) -> None:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        sys.stdout.write(f"[w{k}] {line}")
+        sys.stdout.flush()
