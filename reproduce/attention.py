@@ -81,7 +81,9 @@ def draw(run_id: str, sentence: str | None, layer: int | None, results: Path, ru
         raise DataError(f"{ckpt}: no checkpoint for run {run_id!r} (runs are under {runs})")
     module = TranslationModule.load_from_checkpoint(ckpt, map_location="cpu")
     c = module.config
-    tokenizer = load_tokenizer(model_path(tokenizer_name(c.data.corpus, c.data.data_dir or None),
+    tokenizer = load_tokenizer(model_path(tokenizer_name(c.data.corpus, c.data.data_dir or None,
+                                                         c.data.extra_trees or None,
+                                                         c.data.linearization),
                                           c.model.vocab_size, cache_dir()))
     model = module.model.eval()
     ids = tokenizer.encode([sentence or DEFAULT_SENTENCE])[0] + [tokenizer.eos_id]

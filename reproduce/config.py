@@ -150,6 +150,9 @@ class DataConfig:
     # Treebank corpora (Table 4): a file or folder of bracketed trees added to the training split,
     # e.g. the semi-supervised row's ~17M silver trees ("" = none).
     extra_trees: str = ""
+    # Treebank corpora: each word's POS tag in the target ("tags", what the paper trained on) or
+    # every tag normalized to XX ("xx", Vinyals & Kaiser et al.); see reproduce/parsing.py.
+    linearization: str = "tags"
     max_train_pairs: int = 0
     max_eval_pairs: int = 0
 
@@ -158,6 +161,8 @@ class DataConfig:
             value = getattr(self, name)
             _check(value >= 0, f"data.{name} = {value}: must be >= 0 (0 = all)")
         _check(bool(self.corpus), "data.corpus is empty: name a corpus")
+        _check(self.linearization in ("tags", "xx"),
+               f"data.linearization = {self.linearization!r}: one of tags, xx")
 
 
 @dataclass(frozen=True)

@@ -155,18 +155,19 @@ def bible_db_path() -> Path:
 
 
 def load_pairs(corpus: str, split: str, data_dir: str | None = None,
-               extra_trees: str | None = None) -> list[tuple[str, str]]:
+               extra_trees: str | None = None, linearization: str = "tags") -> list[tuple[str, str]]:
     """(source, target) sentence pairs of ``split`` ("train", "dev" or "test") of ``corpus``.
 
     With ``data_dir`` the corpus is read from ``<data_dir>/{train,validation,test}.jsonl`` whose
     rows look like ``{"translation": {"en": ..., "de": ...}}``. Pairs with an empty side are
     dropped. Treebank corpora give (words, linearized tree) pairs, one per tree, in treebank
-    order (``treebank_trees``); ``extra_trees`` are added to their training split.
+    order (``treebank_trees``); ``extra_trees`` are added to their training split; trees are
+    written with their POS tags (``linearization="tags"``) or with ``XX`` (``"xx"``).
     """
     spec = _corpus(corpus)
     _check_split(split)
     if spec.treebank:
-        return _treebank_pairs(corpus, split, data_dir, extra_trees)
+        return _treebank_pairs(corpus, split, data_dir, extra_trees, linearization)
     if spec.bible is not None and data_dir is None:
         return [(verse.source, verse.target) for verse in load_bible_verses(corpus, split)]
     dataset, origin = _translation_dataset(corpus, split, data_dir)
@@ -212,17 +213,18 @@ def treebank_trees(split: str, data_dir: str | None = None) -> tuple:
 
 
 def _treebank_pairs(corpus: str, split: str, data_dir: str | None,
-                    extra_trees: str | None) -> list[tuple[str, str]]:
+                    extra_trees: str | None, linearization: str) -> list[tuple[str, str]]:
     from .parsing import ParsingDataError, linearize, read_trees, words
 
     why = missing_input(corpus, extra_trees)
     if why:
         raise DataError(why)
     trees = list(treebank_trees(split, data_dir))
-    pairs = [(" ".join(words(tree)), " ".join(linearize(tree))) for tree in trees]
+    pairs = [(" ".join(words(tree)), " ".join(linearize(tree, linearization))) for tree in trees]
     if split == "train" and extra_trees:
         try:
-            pairs += [(" ".join(words(t)), " ".join(linearize(t))) for t in read_trees(extra_trees)]
+            pairs += [(" ".join(words(t)), " ".join(linearize(t, linearization)))
+                      for t in read_trees(extra_trees)]
         except ParsingDataError as exc:
             raise DataError(str(exc)) from None
     _report(corpus, split, len(pairs), 0)
@@ -236,12 +238,17 @@ def tree_symbols(pairs: Sequence[tuple[str, str]]) -> list[str]:
     return sorted("\u2581" + token for token in tokens)
 
 
-def tokenizer_name(corpus: str, data_dir: str | None = None, extra_trees: str | None = None) -> str:
-    """The tokenizer cache key of a corpus: local data gets its own model, named by its path."""
-    if not data_dir and not extra_trees:
-        return corpus
-    where = "|".join(os.path.realpath(p) if p else "" for p in (data_dir, extra_trees))
-    return f"{corpus}-{hashlib.sha1(where.encode()).hexdigest()[:10]}"
+def tokenizer_name(corpus: str, data_dir: str | None = None, extra_trees: str | None = None,
+                   linearization: str = "") -> str:
+    """The tokenizer cache key of a corpus: local data gets its own model, named by its path, and
+    a treebank's trees written another way (``linearization``) their own."""
+    name = corpus
+    if data_dir or extra_trees:
+        where = "|".join(os.path.realpath(p) if p else "" for p in (data_dir, extra_trees))
+        name = f"{corpus}-{hashlib.sha1(where.encode()).hexdigest()[:10]}"
+    if linearization and is_treebank(corpus):
+        name += f"-{linearization}"
+    return name
 
 
 def load_bible_verses(corpus: str, split: str) -> list[BibleVerse]:
@@ -524,6 +531,7 @@ class TranslationData(pl.LightningDataModule):
         data_dir: str | None = None,
         seed: int = 0,
         extra_trees: str | None = None,
+        linearization: str = "tags",
     ):
         super().__init__()
         _corpus(corpus)
@@ -550,6 +558,7 @@ class TranslationData(pl.LightningDataModule):
         self.max_eval_pairs = max_eval_pairs
         self.data_dir = data_dir
         self.extra_trees = extra_trees
+        self.linearization = linearization
         self.seed = seed
         self.dropped = 0
         self.dev_pairs: list[tuple[str, str]] = []
@@ -573,8 +582,8 @@ class TranslationData(pl.LightningDataModule):
         """Load and encode the splits; later calls (one per Lightning stage) do nothing."""
         if self._train is not None:
             return
-        pairs = {split: load_pairs(self.corpus, split, self.data_dir, self.extra_trees)
-                 for split in SPLITS}
+        pairs = {split: load_pairs(self.corpus, split, self.data_dir, self.extra_trees,
+                                   self.linearization) for split in SPLITS}
         train = _first(pairs["train"], self.max_train_pairs)
         self.dev_pairs = _first(pairs["dev"], self.max_eval_pairs)
         self.test_pairs = _first(pairs["test"], self.max_eval_pairs)

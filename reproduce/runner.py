@@ -249,17 +249,18 @@ def _data(c: Config):
     from .tokenizer import cache_dir, train_tokenizer
 
     d = c.data
-    train_pairs = load_pairs(d.corpus, "train", d.data_dir or None, d.extra_trees or None)
+    train_pairs = load_pairs(d.corpus, "train", d.data_dir or None, d.extra_trees or None,
+                             d.linearization)
     # Treebank corpora: tree tokens stay whole pieces; a small sample may not fill vocab_size.
     trees = is_treebank(d.corpus)
-    tokenizer = train_tokenizer(tokenizer_name(d.corpus, d.data_dir, d.extra_trees),
+    tokenizer = train_tokenizer(tokenizer_name(d.corpus, d.data_dir, d.extra_trees, d.linearization),
                                 c.model.vocab_size, (s for pair in train_pairs for s in pair),
                                 cache_dir(), symbols=tree_symbols(train_pairs) if trees else (),
                                 hard_vocab_limit=not trees)
     data = TranslationData(d.corpus, tokenizer, c.train.batch_tokens,
                            c.train.max_tokens_per_sentence, d.max_train_pairs or None,
                            d.max_eval_pairs or None, d.data_dir or None, c.train.seed,
-                           extra_trees=d.extra_trees or None)
+                           extra_trees=d.extra_trees or None, linearization=d.linearization)
     return tokenizer, data
 
 

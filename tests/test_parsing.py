@@ -10,6 +10,7 @@ import pytest
 from nltk.tree import Tree
 
 from reproduce.parsing import (
+    PTB_TAGS,
     SAMPLE_FILES,
     SAMPLE_SENTENCES,
     SPLITS,
@@ -120,6 +121,21 @@ def test_linearize_token_forms():
     assert linearize(tree) == "(S (NP XX )NP (VP XX (NP XX XX )NP )VP XX )S".split()
     assert words(tree) == ["John", "has", "a", "dog", "."]
     assert linearize(T(PTB_TREES[2])) == "(TOP (S (NP XX )NP (VP XX (VP XX )VP )VP XX )S )TOP".split()
+    assert linearize(tree, "tags") == "(S (NP NNP )NP (VP VBZ (NP DT NN )NP )VP . )S".split()
+    with pytest.raises(ValueError, match="one of tags, xx"):
+        linearize(tree, "words")
+
+
+@pytest.mark.parametrize("text", PTB_TREES)
+def test_tag_linearization_round_trips_and_is_scored_like_xx(text):
+    tree = T(text)
+    tokens, sentence = linearize(tree, "tags"), words(tree)
+    assert well_formed(tokens, len(sentence))
+    assert delinearize(tokens, sentence, tag_pos(tree)) == normalize_tree(tree, keep_tags=True)
+    # A tag is a word slot whatever tag it is: wrong tags cost no brackets.
+    wrong = ["NN" if t in PTB_TAGS else t for t in tokens]
+    assert delinearize(wrong, sentence, tag_pos(tree)) == normalize_tree(tree, keep_tags=True)
+    assert [t for t in tokens if t in PTB_TAGS] == [t for t in tag_pos(tree) if t in PTB_TAGS]
 
 
 @pytest.mark.parametrize("text", PTB_TREES)
@@ -153,7 +169,7 @@ SENTENCE = ["John", "has", "a", "dog", "."]
     ("(S (NP XX )NP (VP XX", "(TOP (S (NP (XX John)) (VP (XX has))) (XX a) (XX dog) (XX .))"),
     ("(S (NP XX )VP (VP XX (NP XX XX )S )VP XX )S",
      "(S (NP (XX John)) (VP (XX has) (NP (XX a) (XX dog))) (XX .))"),
-    (")S )NP (S (NP XX )NP <unk> ( NN (VP XX XX XX XX )VP )S )S",
+    (")S )NP (S (NP XX )NP <unk> ( dog (VP XX XX XX XX )VP )S )S",
      "(S (NP (XX John)) (VP (XX has) (XX a) (XX dog) (XX .)))"),
     ("(S (NP )NP (ADJP (X )X )ADJP XX XX XX XX XX )S", "(S (XX John) (XX has) (XX a) (XX dog) (XX .))"),
     ("(NP XX XX )NP (VP XX XX XX )VP", "(TOP (NP (XX John) (XX has)) (VP (XX a) (XX dog) (XX .)))"),

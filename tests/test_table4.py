@@ -114,23 +114,27 @@ def test_bad_tuning_sections_fail_with_one_line(tmp_path, tune, message):
 def test_treebank_pairs_round_trip_through_linearization(wsj):
     gold = {"train": TRAIN, "dev": DEV, "test": TEST}
     for split, texts in gold.items():
-        pairs = load_pairs("wsj-parse", split, str(wsj))
-        assert len(pairs) == len(texts)
-        for (sentence, target), text in zip(pairs, texts, strict=True):
-            tree = Tree.fromstring(text)
-            assert sentence.split() == words(tree) and "-NONE-" not in sentence
-            assert target.split() == linearize(tree)
-            repaired = delinearize(target.split(), sentence.split(), tag_pos(tree))
-            assert " ".join(linearize(repaired)) == target
-            assert bracket_f1([tree], [repaired]) == 100.0
-    assert load_pairs("wsj-parse", "train", str(wsj))[2] == (
+        for linearization in ("tags", "xx"):
+            pairs = load_pairs("wsj-parse", split, str(wsj), linearization=linearization)
+            assert len(pairs) == len(texts)
+            for (sentence, target), text in zip(pairs, texts, strict=True):
+                tree = Tree.fromstring(text)
+                assert sentence.split() == words(tree) and "-NONE-" not in sentence
+                assert target.split() == linearize(tree, linearization)
+                repaired = delinearize(target.split(), sentence.split(), tag_pos(tree))
+                assert " ".join(linearize(repaired, linearization)) == target
+                assert bracket_f1([tree], [repaired]) == 100.0
+    assert load_pairs("wsj-parse", "train", str(wsj))[2] == (  # tags: the default
+        "It was sold .", "(S (NP PRP )NP (VP VBD (VP VBN )VP )VP . )S")
+    assert load_pairs("wsj-parse", "train", str(wsj), linearization="xx")[2] == (
         "It was sold .", "(S (NP XX )NP (VP XX (VP XX )VP )VP XX )S")
 
 
 def test_tree_tokens_are_whole_pieces(wsj, tmp_path):
     pairs = load_pairs("wsj-parse", "train", str(wsj))
     symbols = tree_symbols(pairs)
-    assert "\u2581XX" in symbols and "\u2581(NP" in symbols and "\u2581)PRT" in symbols
+    assert "\u2581NN" in symbols and "\u2581(NP" in symbols and "\u2581)PRT" in symbols
+    assert "\u2581XX" in tree_symbols(load_pairs("wsj-parse", "train", str(wsj), linearization="xx"))
     tokenizer = train_tokenizer(tokenizer_name("wsj-parse", str(wsj)), 300,
                                 (s for p in pairs for s in p), tmp_path / "cache",
                                 symbols=symbols, hard_vocab_limit=False)
@@ -140,6 +144,8 @@ def test_tree_tokens_are_whole_pieces(wsj, tmp_path):
     assert [len(i) for i in ids] == [len(t.split()) for t in targets]  # one piece per token
     assert tokenizer.decode(ids) == targets
     assert tokenizer_name("wsj-parse") == "wsj-parse" != tokenizer_name("wsj-parse", str(wsj))
+    assert tokenizer_name("wsj-parse", None, None, "tags") != tokenizer_name("wsj-parse", None, None, "xx")
+    assert tokenizer_name("bible-en-de", None, None, "tags") == "bible-en-de"
 
 
 def test_missing_treebank_is_one_clear_line(tmp_path, monkeypatch):
@@ -167,7 +173,7 @@ def test_semi_supervised_corpus_needs_silver_trees(wsj, tmp_path):
     silver.write_text("(S (NP (NNS Cats)) (VP (VBP sleep)) (. .))\n"
                       "(S (NP (PRP We)) (VP (VBD left)))\n")
     train = load_pairs("wsj-parse-semi", "train", str(wsj), str(silver))
-    assert len(train) == len(TRAIN) + 2 and train[-1] == ("We left", "(S (NP XX )NP (VP XX )VP )S")
+    assert len(train) == len(TRAIN) + 2 and train[-1] == ("We left", "(S (NP PRP )NP (VP VBD )VP )S")
     assert len(load_pairs("wsj-parse-semi", "dev", str(wsj), str(silver))) == len(DEV)
 
 
