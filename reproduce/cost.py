@@ -66,11 +66,11 @@ def step_seconds(config: Config, probe_tokens: int = 256) -> float:
     t = config.train
     accumulate, micro = accumulation(t.batch_tokens, t.device_batch_tokens, devices)
     probe = min(probe_tokens, micro)
-    small = measure_step_seconds(config, probe)
+    small = measure_step_seconds(config, probe, repeats=3)
     per_micro = small
     if probe < micro:
         second = min(2 * probe, micro)
-        slope = max(measure_step_seconds(config, second) - small, 0.0) / (second - probe)
+        slope = max(measure_step_seconds(config, second, repeats=3) - small, 0.0) / (second - probe)
         per_micro = small + slope * (micro - probe)
     return per_micro * accumulate
 
