@@ -155,7 +155,7 @@ def bible_db_path() -> Path:
 
 
 def load_pairs(corpus: str, split: str, data_dir: str | None = None,
-               extra_trees: str | None = None, linearization: str = "tags") -> list[tuple[str, str]]:
+               extra_trees: str | None = None, linearization: str = "xx") -> list[tuple[str, str]]:
     """(source, target) sentence pairs of ``split`` ("train", "dev" or "test") of ``corpus``.
 
     With ``data_dir`` the corpus is read from ``<data_dir>/{train,validation,test}.jsonl`` whose
@@ -241,13 +241,13 @@ def tree_symbols(pairs: Sequence[tuple[str, str]]) -> list[str]:
 def tokenizer_name(corpus: str, data_dir: str | None = None, extra_trees: str | None = None,
                    linearization: str = "") -> str:
     """The tokenizer cache key of a corpus: local data gets its own model, named by its path, and
-    a treebank's trees written another way (``linearization``) their own."""
+    a treebank's trees with POS tags (``linearization="tags"``) their own."""
     name = corpus
     if data_dir or extra_trees:
         where = "|".join(os.path.realpath(p) if p else "" for p in (data_dir, extra_trees))
         name = f"{corpus}-{hashlib.sha1(where.encode()).hexdigest()[:10]}"
-    if linearization and is_treebank(corpus):
-        name += f"-{linearization}"
+    if linearization == "tags" and is_treebank(corpus):
+        name += "-tags"
     return name
 
 
@@ -531,7 +531,7 @@ class TranslationData(pl.LightningDataModule):
         data_dir: str | None = None,
         seed: int = 0,
         extra_trees: str | None = None,
-        linearization: str = "tags",
+        linearization: str = "xx",
     ):
         super().__init__()
         _corpus(corpus)

@@ -8,15 +8,15 @@ A sentence is translated into its linearized parse tree, as in Vinyals & Kaiser 
 
   - ``(LABEL`` opens a constituent and ``)LABEL`` closes it (the label is repeated on the closing
     bracket, as in the paper);
-  - one token stands for each word: its part-of-speech tag (``NN``, ``DT``, ...; ``tags``, the
-    default) or ``XX`` (``xx``: every tag normalized, as Vinyals & Kaiser et al. wrote it);
+  - one token stands for each word: its part-of-speech tag (``NN``, ``DT``, ...; ``tags``, what
+    sweeps/table4.yaml uses) or ``XX`` (``xx``: every tag normalized, as Vinyals & Kaiser et al.);
   - labels lose their function tags and indices (``NP-SBJ-1`` -> ``NP``); the unlabelled root of
     PTB files, ``( (S ...))``, is written ``(TOP``.
 
   ``John has a dog .`` -> ``(S (NP NNP )NP (VP VBZ (NP DT NN )NP )VP . )S`` (``tags``) or
   ``(S (NP XX )NP (VP XX (NP XX XX )NP )VP XX )S`` (``xx``).
 
-Why tags by default: they are what the paper trained on. Its code (tensor2tensor's WSJ parsing
+Why Table 4 uses tags: they are what the paper trained on. Its code (tensor2tensor's WSJ parsing
 data generator, ``words_and_tags_from_wsj_tree``) keeps each word's POS tag in the target and drops
 only the tag's closing bracket. And they are what a small treebank needs: measured on NLTK's
 sample at ``cpu`` scale (d_model 256, 1 thread), ``xx`` targets still gave one input-independent

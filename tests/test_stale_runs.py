@@ -74,3 +74,14 @@ def test_checkpoints_of_the_same_config_stay_to_be_resumed(dirs):
                work / "checkpoints" / "last.ckpt")
     runner.retire_stale(run, work)
     assert (work / "checkpoints" / "last.ckpt").exists()
+
+
+def test_table4_spec_asks_for_tags_and_an_old_xx_run_is_not_resumed_as_one():
+    """Runs recorded before ``data.linearization`` existed used XX targets: their stored config
+    (no such key) must read as ``xx``, so a Table 4 run now (tags) never takes them as its own."""
+    config = load_spec("table4").resolve("wsj_only", "smoke")
+    assert config.data.linearization == "tags"
+    old = config.to_dict()
+    del old["data"]["linearization"]
+    assert not runner.same_config(old, config)
+    assert runner.same_config(old, config.overrides(linearization="xx"))

@@ -124,14 +124,14 @@ def test_treebank_pairs_round_trip_through_linearization(wsj):
                 repaired = delinearize(target.split(), sentence.split(), tag_pos(tree))
                 assert " ".join(linearize(repaired, linearization)) == target
                 assert bracket_f1([tree], [repaired]) == 100.0
-    assert load_pairs("wsj-parse", "train", str(wsj))[2] == (  # tags: the default
+    assert load_pairs("wsj-parse", "train", str(wsj), linearization="tags")[2] == (
         "It was sold .", "(S (NP PRP )NP (VP VBD (VP VBN )VP )VP . )S")
-    assert load_pairs("wsj-parse", "train", str(wsj), linearization="xx")[2] == (
+    assert load_pairs("wsj-parse", "train", str(wsj))[2] == (  # xx: the default
         "It was sold .", "(S (NP XX )NP (VP XX (VP XX )VP )VP XX )S")
 
 
 def test_tree_tokens_are_whole_pieces(wsj, tmp_path):
-    pairs = load_pairs("wsj-parse", "train", str(wsj))
+    pairs = load_pairs("wsj-parse", "train", str(wsj), linearization="tags")
     symbols = tree_symbols(pairs)
     assert "\u2581NN" in symbols and "\u2581(NP" in symbols and "\u2581)PRT" in symbols
     assert "\u2581XX" in tree_symbols(load_pairs("wsj-parse", "train", str(wsj), linearization="xx"))
@@ -144,7 +144,8 @@ def test_tree_tokens_are_whole_pieces(wsj, tmp_path):
     assert [len(i) for i in ids] == [len(t.split()) for t in targets]  # one piece per token
     assert tokenizer.decode(ids) == targets
     assert tokenizer_name("wsj-parse") == "wsj-parse" != tokenizer_name("wsj-parse", str(wsj))
-    assert tokenizer_name("wsj-parse", None, None, "tags") != tokenizer_name("wsj-parse", None, None, "xx")
+    assert tokenizer_name("wsj-parse", None, None, "tags") == "wsj-parse-tags"
+    assert tokenizer_name("wsj-parse", None, None, "xx") == "wsj-parse"  # as before tags existed
     assert tokenizer_name("bible-en-de", None, None, "tags") == "bible-en-de"
 
 
@@ -172,7 +173,7 @@ def test_semi_supervised_corpus_needs_silver_trees(wsj, tmp_path):
     silver = tmp_path / "silver.txt"
     silver.write_text("(S (NP (NNS Cats)) (VP (VBP sleep)) (. .))\n"
                       "(S (NP (PRP We)) (VP (VBD left)))\n")
-    train = load_pairs("wsj-parse-semi", "train", str(wsj), str(silver))
+    train = load_pairs("wsj-parse-semi", "train", str(wsj), str(silver), "tags")
     assert len(train) == len(TRAIN) + 2 and train[-1] == ("We left", "(S (NP PRP )NP (VP VBD )VP )S")
     assert len(load_pairs("wsj-parse-semi", "dev", str(wsj), str(silver))) == len(DEV)
 
