@@ -133,6 +133,9 @@ class DecodeConfig:
     beam: int = 4
     alpha: float = 0.6
     max_len_offset: int = 50
+    # Parse trees (Table 4): only outputs that are well-formed trees with one word slot per input
+    # word (decoding.TreeConstraint). Not in the paper, which repairs what the model writes.
+    constrained: bool = False
 
     def __post_init__(self) -> None:
         _check(self.beam > 0, f"decode.beam = {self.beam}: must be a positive integer")

@@ -42,7 +42,7 @@ def _next_logp(model: Transformer, state, tokens: Tensor, bos: int) -> Tensor:
 
 @torch.no_grad()
 def greedy_search(model: Transformer, src: Tensor, bos: int, eos: int, max_len_offset: int = 50,
-                  use_cache: bool = True) -> list[list[int]]:
+                  use_cache: bool = True, constraint: TreeConstraint | None = None) -> list[list[int]]:
     """Arg-max decoding of a batch of sources (B, S); returns token ids without BOS/EOS."""
     B, device = src.shape[0], src.device
     max_len = _max_lengths(src, model.config.pad_id, max_len_offset)
@@ -51,10 +51,16 @@ def greedy_search(model: Transformer, src: Tensor, bos: int, eos: int, max_len_o
     tokens = torch.full((B,), bos, dtype=torch.long, device=device)
     out = torch.full((B, steps), eos, dtype=torch.long, device=device)
     done = torch.zeros(B, dtype=torch.bool, device=device)
+    if constraint is not None:
+        constraint.begin(1, max_len)
     for t in range(steps):
         logp = _next_logp(model, state, tokens, bos)
+        if constraint is not None:
+            logp = logp.masked_fill(~constraint.allowed(t), NEG_INF)
         nxt = logp.argmax(dim=-1)
         nxt = torch.where((t >= max_len) | done, torch.full_like(nxt, eos), nxt)
+        if constraint is not None:
+            constraint.update(torch.arange(B, device=device), nxt)
         out[:, t] = nxt
         done |= nxt == eos
         if bool(done.all()):
@@ -65,9 +71,10 @@ def greedy_search(model: Transformer, src: Tensor, bos: int, eos: int, max_len_o
 
 @torch.no_grad()
 def beam_search(model: Transformer, src: Tensor, bos: int, eos: int, beam: int = 4,
-                alpha: float = 0.6, max_len_offset: int = 50,
-                use_cache: bool = True) -> list[list[int]]:
-    """Beam search over a batch of sources (B, S); returns the best hypothesis per sentence."""
+                alpha: float = 0.6, max_len_offset: int = 50, use_cache: bool = True,
+                constraint: TreeConstraint | None = None) -> list[list[int]]:
+    """Beam search over a batch of sources (B, S); returns the best hypothesis per sentence.
+    ``constraint`` (started on this batch) restricts every step to the tokens it allows."""
     B, K, device = src.shape[0], beam, src.device
     max_len = _max_lengths(src, model.config.pad_id, max_len_offset).repeat_interleave(K)
     steps = int(max_len.max()) + 1
@@ -82,13 +89,18 @@ def beam_search(model: Transformer, src: Tensor, bos: int, eos: int, beam: int =
     fin_count = torch.zeros(B, dtype=torch.long, device=device)
     done = torch.zeros(B, dtype=torch.bool, device=device)
     base = torch.arange(B, device=device)[:, None] * K  # (B, 1) first row of each sentence
+    if constraint is not None:
+        constraint.begin(K, max_len)
 
     for t in range(steps):
         logp = _next_logp(model, state, hist[:, t], bos)  # (B*K, V)
         V = logp.shape[1]
-        at_limit = t >= max_len  # only EOS may follow
+        eos_raw = logp[:, eos].clone()
+        if constraint is not None:
+            logp = logp.masked_fill(~constraint.allowed(t), NEG_INF)
+        at_limit = t >= max_len  # only EOS may follow (constrained or not)
         if bool(at_limit.any()):
-            eos_col = logp[:, eos].clone()
+            eos_col = torch.where(at_limit, eos_raw, logp[:, eos])
             logp[at_limit] = NEG_INF
             logp[:, eos] = eos_col
         cand = (scores.view(B * K, 1) + logp).view(B, K * V)
@@ -117,6 +129,106 @@ def beam_search(model: Transformer, src: Tensor, bos: int, eos: int, beam: int =
         hist = hist[rows]
         hist[:, t + 1] = top_tok.gather(1, pick).view(-1)
         state.reorder(rows)
+        if constraint is not None:
+            constraint.update(rows, hist[:, t + 1])
 
     best = fin_scores.argmax(dim=1)
     return _strip(fin_hist[torch.arange(B, device=device), best, 1:], eos)
+
+
+class TreeConstraint:
+    """Constrained decoding for parse trees (Table 4; ``decode.constrained``, off in the paper's
+    protocol): at every step only tokens that keep the output a well-formed tree over exactly the
+    input's words are allowed. ``(LABEL`` opens a constituent (one root; none after it closes, none
+    when no word is left to fill it), a word slot (``parsing.is_word_slot``) needs an open
+    constituent and a word left, ``)LABEL`` must match the innermost open label and close a
+    constituent holding a word (the root only once every word has a slot), EOS only follows the
+    closed root. Hypotheses are scored by the model as usual; the constraint removes the rest.
+
+    Vectorized over rows (sentences x beams): per row the slots used, the open labels as a stack
+    and whether each open constituent holds a word yet.
+    """
+
+    def __init__(self, pieces: list[str], model_vocab: int, eos: int, max_depth: int = 64):
+        from .parsing import is_word_slot
+
+        labels: dict[str, int] = {}
+        self.open_label = torch.full((model_vocab,), -1, dtype=torch.long)
+        self.close_label = torch.full((model_vocab,), -1, dtype=torch.long)
+        self.is_slot = torch.zeros(model_vocab, dtype=torch.bool)
+        for i, piece in enumerate(pieces):
+            token = piece[1:] if piece.startswith("\u2581") else None
+            if not token:
+                continue
+            if is_word_slot(token):
+                self.is_slot[i] = True
+            elif token[0] in "()" and len(token) > 1:
+                index = labels.setdefault(token[1:], len(labels))
+                (self.open_label if token[0] == "(" else self.close_label)[i] = index
+        self.is_open, self.is_close = self.open_label >= 0, self.close_label >= 0
+        self.eos, self.max_depth = eos, max_depth
+
+    @classmethod
+    def for_tokenizer(cls, tokenizer, model_vocab: int) -> TreeConstraint:
+        sp = tokenizer._sp
+        return cls([sp.id_to_piece(i) for i in range(tokenizer.vocab_size)], model_vocab,
+                   tokenizer.eos_id)
+
+    def start(self, words: Tensor) -> TreeConstraint:
+        """A batch to decode: ``words`` (B,) input words per sentence."""
+        self.batch_words = words.long()
+        return self
+
+    def begin(self, beam: int, max_len: Tensor) -> None:
+        """Fresh state for every row (sentence x beam), each allowed ``max_len`` (R,) tokens before
+        EOS; the search calls this."""
+        n = self.batch_words.repeat_interleave(beam)
+        self.max_len = max_len
+        device, R = n.device, n.shape[0]
+        for name in ("open_label", "close_label", "is_slot", "is_open", "is_close"):
+            setattr(self, name, getattr(self, name).to(device))
+        self.words, self.slots, self.depth = n, torch.zeros_like(n), torch.zeros_like(n)
+        self.stack = torch.full((R, self.max_depth), -1, dtype=torch.long, device=device)
+        self.filled = torch.zeros(R, self.max_depth, dtype=torch.bool, device=device)
+        self.rooted = torch.zeros(R, dtype=torch.bool, device=device)  # the root has been opened
+
+    def allowed(self, t: int) -> Tensor:
+        """(R, V) tokens each row may emit as its token ``t`` (0-based)."""
+        rows = torch.arange(self.words.shape[0], device=self.words.device)
+        left = self.slots < self.words
+        inside = self.depth > 0
+        top = (self.depth - 1).clamp(min=0)
+        top_label = torch.where(inside, self.stack[rows, top], -2)
+        top_filled = self.filled[rows, top] & inside
+        # An opening bracket must leave room for the words left and every closing bracket.
+        room = t + (self.words - self.slots) + self.depth + 2 <= self.max_len
+        may_open = left & (inside | ~self.rooted) & (self.depth < self.max_depth) & room
+        may_close = top_filled & ((self.depth > 1) | ~left)
+        ok = self.is_open[None, :] & may_open[:, None]
+        ok |= self.is_slot[None, :] & (left & inside)[:, None]
+        ok |= (self.is_close[None, :] & may_close[:, None]
+               & (self.close_label[None, :] == top_label[:, None]))
+        finished = self.rooted & ~inside & ~left
+        ok[:, self.eos] = finished
+        stuck = ~ok.any(dim=1)
+        ok[stuck, self.eos] = True  # cannot happen for a model with every label; never a dead end
+        return ok
+
+    def update(self, rows: Tensor, tokens: Tensor) -> None:
+        """Rows ``rows`` (of the previous step) carry on with ``tokens``."""
+        for name in ("words", "slots", "depth", "stack", "filled", "rooted", "max_len"):
+            setattr(self, name, getattr(self, name)[rows])
+        R = torch.arange(tokens.shape[0], device=tokens.device)
+        opens, closes, slots = self.is_open[tokens], self.is_close[tokens], self.is_slot[tokens]
+        d = self.depth
+        o = opens.nonzero().squeeze(1)
+        self.stack[o, d[o]] = self.open_label[tokens[o]]
+        self.filled[o, d[o]] = False
+        self.rooted |= opens
+        s = slots & (d > 0)
+        self.filled[R[s], (d[s] - 1)] = True
+        self.slots = self.slots + s.long()
+        c = closes & (d > 0)
+        self.depth = d + opens.long() - c.long()
+        parent = c & (self.depth > 0)
+        self.filled[R[parent], self.depth[parent] - 1] = True

@@ -9,21 +9,27 @@ import sacrebleu
 import torch
 
 from .config import DecodeConfig
-from .decoding import beam_search
+from .decoding import TreeConstraint, beam_search
 from .model import Transformer
 
 
 @torch.no_grad()
 def translate(model: Transformer, tokenizer, batches: Iterable[tuple[list[int], torch.Tensor]],
-              count: int, decode: DecodeConfig) -> list[str]:
-    """Beam-search every (indices, src) batch; returns detokenized outputs in original order."""
+              count: int, decode: DecodeConfig, words: list[int] | None = None) -> list[str]:
+    """Beam-search every (indices, src) batch; returns detokenized outputs in original order.
+    With ``decode.constrained`` and ``words`` (input words per sentence), outputs are parse trees
+    over exactly those words (``decoding.TreeConstraint``)."""
     model.eval()
     device = next(model.parameters()).device
     out: list[str] = [""] * count
+    tree = (TreeConstraint.for_tokenizer(tokenizer, model.config.vocab_size)
+            if decode.constrained and words is not None else None)
     for indices, src in batches:
+        constraint = (tree.start(torch.tensor([words[i] for i in indices], device=device))
+                      if tree is not None else None)
         hyps = beam_search(model, src.to(device), tokenizer.bos_id, tokenizer.eos_id,
                            beam=decode.beam, alpha=decode.alpha,
-                           max_len_offset=decode.max_len_offset)
+                           max_len_offset=decode.max_len_offset, constraint=constraint)
         # A model may be larger than a soft-limited vocabulary (treebank corpora); ids beyond the
         # tokenizer's are never trained targets and decode to nothing.
         hyps = [[i for i in hyp if i < tokenizer.vocab_size] for hyp in hyps]
@@ -47,7 +53,8 @@ def parse_scores(model: Transformer, tokenizer, batches: Iterable[tuple[list[int
     the trees against ``gold`` as EVALB with COLLINS.prm does: labelled bracket P, R, F1 (%)."""
     from .parsing import delinearize, evalb, tag_pos, well_formed, words
 
-    outputs = translate(model, tokenizer, batches, len(pairs), decode)
+    outputs = translate(model, tokenizer, batches, len(pairs), decode,
+                        words=[len(source.split()) for source, _ in pairs])
     trees, whole = [], 0
     for (source, _), output, tree in zip(pairs, outputs, gold, strict=True):
         sentence = words(tree)

@@ -111,20 +111,24 @@ def load_record(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def same_config(stored: dict[str, Any] | None, config: Config) -> bool:
+def same_config(stored: dict[str, Any] | None, config: Config, training_only: bool = False) -> bool:
     """Whether a config stored in a record or checkpoint is ``config``: the stored dict (through
     JSON, as a record holds it) is rebuilt with ``Config.from_dict`` and compared as a Config.
 
     A field added to the config since the record was written counts at its default, which is
     what that run did (new fields default to the old behaviour); a field since removed, or any
     stored value that no longer validates, makes the stored config a different one.
+    ``training_only``: decoding settings do not count (a checkpoint's weights do not depend on them).
     """
     if stored is None:
         return False
     try:
-        return Config.from_dict(json.loads(json.dumps(stored))) == config
+        rebuilt = Config.from_dict(json.loads(json.dumps(stored)))
     except (ConfigError, TypeError, AttributeError):
         return False
+    if training_only:
+        rebuilt = replace(rebuilt, decode=config.decode)
+    return rebuilt == config
 
 
 def finished(run: PlannedRun) -> dict[str, Any] | None:
@@ -152,7 +156,9 @@ def retire_stale(run: PlannedRun, work: Path) -> None:
     if last.exists():
         saved = torch.load(last, map_location="cpu", weights_only=True)
         config = saved.get("hyper_parameters", {}).get("config")
-        if config is not None and not same_config(config, run.config):
+        # Only what shaped the weights counts: a run whose decoding changed (beam, alpha, ...)
+        # keeps its checkpoints and is evaluated again without retraining.
+        if config is not None and not same_config(config, run.config, training_only=True):
             moved = work / f"superseded-{stamp}"
             moved.mkdir(parents=True, exist_ok=True)
             os.replace(work / "checkpoints", moved / "checkpoints")

@@ -81,3 +81,29 @@ def test_length_penalty_formula():
     assert length_penalty(1, 0.6) == pytest.approx(1.0)
     assert length_penalty(7, 0.6) == pytest.approx(2.0 ** 0.6)
     assert length_penalty(10, 0.0) == 1.0
+
+
+# --- constrained decoding of parse trees (Table 4, decode.constrained) ---------------------------
+
+PIECES = ["<pad>", "<unk>", "<s>", "</s>", "\u2581(S", "\u2581)S", "\u2581(NP", "\u2581)NP",
+          "\u2581(VP", "\u2581)VP", "\u2581NN", "\u2581DT", "\u2581XX", "\u2581word", "\u2581."]
+PIECES += [f"\u2581w{i}" for i in range(40 - len(PIECES) - 3)]  # the model has 3 ids beyond
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_constrained_search_writes_a_well_formed_tree_over_exactly_the_words(model, src, beam):
+    from reproduce.decoding import TreeConstraint
+    from reproduce.parsing import well_formed
+
+    words = torch.tensor([1, 2, 5, 7, 3, 9])
+    constraint = TreeConstraint(PIECES, CONFIG.vocab_size, EOS).start(words)
+    if beam == 1:
+        out = greedy_search(model, src, BOS, EOS, 60, constraint=constraint)
+    else:
+        out = beam_search(model, src, BOS, EOS, beam=beam, max_len_offset=60, constraint=constraint)
+    for ids, n in zip(out, words.tolist(), strict=True):
+        tokens = [PIECES[i][1:] for i in ids]
+        assert well_formed(tokens, n), (n, tokens)
+    free = beam_search(model, src, BOS, EOS, beam=max(beam, 2), max_len_offset=60)
+    assert not all(well_formed([PIECES[i][1:] for i in ids if i < len(PIECES)], n)
+                   for ids, n in zip(free, words.tolist(), strict=True))  # the random model alone

@@ -85,3 +85,18 @@ def test_table4_spec_asks_for_tags_and_an_old_xx_run_is_not_resumed_as_one():
     del old["data"]["linearization"]
     assert not runner.same_config(old, config)
     assert runner.same_config(old, config.overrides(linearization="xx"))
+
+
+def test_a_decoding_change_redoes_the_record_but_keeps_the_checkpoints(dirs):
+    results, runs = dirs
+    run = _run()
+    old = run.config.overrides(beam=run.config.decode.beam + 2)
+    path = _record(run, old)
+    work = runs / "table3" / run.run_id
+    (work / "checkpoints").mkdir(parents=True)
+    torch.save({"hyper_parameters": {"config": old.to_dict()}}, work / "checkpoints" / "last.ckpt")
+    assert runner.finished(run) is None  # the metrics depend on decoding: evaluate again
+    assert runner.same_config(old.to_dict(), run.config, training_only=True)
+    runner.retire_stale(run, work)
+    assert not path.exists()
+    assert (work / "checkpoints" / "last.ckpt").exists()  # the weights do not: no retraining
