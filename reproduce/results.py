@@ -364,7 +364,7 @@ def _table4_details(spec: Spec, scale: str, kind: str, records: list[dict[str, A
             f"{ev['test']['well_formed']} of {ev['test']['sentences']} | {m['dev_ppl']:.2f} | "
             f"{r['data']['vocab_size']} | {m['params'] / 1e6:.2f} | {m['train_steps']} | "
             f"{m['train_seconds'] / 60:.1f} min | {d['beam']}, {d['alpha']}, input + "
-            f"{d['max_len_offset']} |")
+            f"{d['max_len_offset']}{', constrained' if d.get('constrained') else ''} |")
     for r in records:
         t = r.get("tuning")
         if t:
@@ -374,7 +374,12 @@ def _table4_details(spec: Spec, scale: str, kind: str, records: list[dict[str, A
                        f"{t['split']}).")
     out += ["", "*untuned*: the settings of `sweeps/table4.yaml` at this scale; *tuned*: the best "
             "trial of `--tune` (dropout, learning rate and beam size chosen on the dev split, as "
-            "the paper). Each record holds its full config.", ""]
+            "the paper). Each record holds its full config."]
+    if any(r["config"]["decode"].get("constrained") for r in records):
+        out.append("*constrained*: beam search could only write well-formed trees with one word "
+                   "slot per input word (`decode.constrained`, `decoding.TreeConstraint`); the "
+                   "paper decodes freely, so its outputs may need the repair ours never do.")
+    out.append("")
     return out
 
 
