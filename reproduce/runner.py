@@ -118,7 +118,10 @@ def same_config(stored: dict[str, Any] | None, config: Config, training_only: bo
     A field added to the config since the record was written counts at its default, which is
     what that run did (new fields default to the old behaviour); a field since removed, or any
     stored value that no longer validates, makes the stored config a different one.
-    ``training_only``: decoding settings do not count (a checkpoint's weights do not depend on them).
+    ``training_only``: what a checkpoint of ``config`` may differ in and still be resumed as one:
+    decoding settings (weights do not depend on them) and ``train_steps`` (the learning-rate
+    schedule does not depend on it either, so a run given more steps continues exactly where it
+    stopped; the caller checks that the checkpoint is not past the new step count).
     """
     if stored is None:
         return False
@@ -127,7 +130,8 @@ def same_config(stored: dict[str, Any] | None, config: Config, training_only: bo
     except (ConfigError, TypeError, AttributeError):
         return False
     if training_only:
-        rebuilt = replace(rebuilt, decode=config.decode)
+        rebuilt = replace(rebuilt, decode=config.decode,
+                          train=replace(rebuilt.train, train_steps=config.train.train_steps))
     return rebuilt == config
 
 
@@ -157,8 +161,11 @@ def retire_stale(run: PlannedRun, work: Path) -> None:
         saved = torch.load(last, map_location="cpu", weights_only=True)
         config = saved.get("hyper_parameters", {}).get("config")
         # Only what shaped the weights counts: a run whose decoding changed (beam, alpha, ...)
-        # keeps its checkpoints and is evaluated again without retraining.
-        if config is not None and not same_config(config, run.config, training_only=True):
+        # keeps its checkpoints and is evaluated again without retraining; one given more steps
+        # trains on from its last checkpoint.
+        behind = int(saved.get("global_step", 0)) <= run.config.train.train_steps
+        if config is not None and not (behind and same_config(config, run.config,
+                                                              training_only=True)):
             moved = work / f"superseded-{stamp}"
             moved.mkdir(parents=True, exist_ok=True)
             os.replace(work / "checkpoints", moved / "checkpoints")

@@ -1,7 +1,9 @@
 """A record or checkpoint made under other settings (a scale or spec edited since) is not the run:
 it is never skipped as finished nor resumed, and it is moved aside, not deleted."""
 
+import dataclasses
 import json
+import shutil
 
 import pytest
 import torch
@@ -100,3 +102,22 @@ def test_a_decoding_change_redoes_the_record_but_keeps_the_checkpoints(dirs):
     runner.retire_stale(run, work)
     assert not path.exists()
     assert (work / "checkpoints" / "last.ckpt").exists()  # the weights do not: no retraining
+
+
+def test_more_steps_train_on_from_the_checkpoint_fewer_start_over(dirs):
+    _, runs = dirs
+    run = _run()
+    work = runs / "table3" / run.run_id
+    steps = run.config.train.train_steps
+    for new_steps, kept in ((steps * 3, True), (steps - 1, False)):
+        (work / "checkpoints").mkdir(parents=True)
+        torch.save({"hyper_parameters": {"config": run.config.to_dict()}, "global_step": steps},
+                   work / "checkpoints" / "last.ckpt")
+        longer = dataclasses.replace(run, config=run.config.overrides(train_steps=new_steps))
+        runner.retire_stale(longer, work)
+        assert (work / "checkpoints" / "last.ckpt").exists() == kept
+        if kept:  # other training settings still count
+            other = dataclasses.replace(run, config=longer.config.overrides(warmup_steps=7))
+            runner.retire_stale(other, work)
+            assert not (work / "checkpoints").exists()
+        shutil.rmtree(work)
