@@ -319,3 +319,27 @@ def _sample_present() -> bool:
 def test_sample_pairs_have_the_documented_sizes():
     sizes = {split: len(load_pairs("wsj-parse", split)) for split in ("train", "dev", "test")}
     assert sizes == {"train": 3098, "dev": 420, "test": 396}
+
+
+def test_constrained_decoding_re_evaluates_without_retraining_and_keeps_the_free_f1(cli, caplog):
+    root, run = cli
+    text = (Path(__file__).parent.parent / "sweeps" / "table4.yaml").read_text()
+    smoke = "          val_every_steps: 10, ckpt_every_steps: 10, beam: 2, max_len_offset: 100}"
+    assert smoke in text
+    spec = root / "constrained.yaml"
+    spec.write_text(text.replace(smoke, smoke[:-1] + ", constrained: true}"))
+    path = root / "results" / "table4" / "table4-wsj_only-smoke-seed0-ptb.json"
+    if not path.exists():
+        assert run("--variant", "wsj_only") == 0
+    before = json.loads(path.read_text())
+    with caplog.at_level(logging.INFO, logger="reproduce"):
+        assert run("--variant", "wsj_only", "--spec", str(spec)) == 0
+    assert "checkpoints were made with another config" not in caplog.text  # resumed, not retrained
+    r = json.loads(path.read_text())
+    assert r["config"]["decode"]["constrained"] and r["resumed"]
+    assert r["metrics"]["train_steps"] == before["metrics"]["train_steps"]
+    assert r["evalb"]["test"]["well_formed"] == r["evalb"]["test"]["sentences"]
+    assert 0.0 <= r["metrics"]["test_f1_free"] <= 100.0
+    assert r["evalb"]["test"]["free"]["sentences"] == r["evalb"]["test"]["sentences"]
+    assert list((root / "results" / "table4" / "superseded").glob(path.stem + ".*.json"))
+    assert "(free: " in (root / "results" / "table4.md").read_text()
