@@ -123,8 +123,10 @@ def launch(argv: Sequence[str], runs: list, n: int) -> int:
         env = dict(os.environ, **{ORDER_ENV: ",".join(group + [i for i in order if i not in group]),
                                   WORKER_ENV: str(k + 1), COMMAND_ENV: command(argv),
                                   "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)})
-        if gpus:
-            env["CUDA_VISIBLE_DEVICES"] = str(k)
+        if gpus:  # the k-th of the GPUs this process may use
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            env["CUDA_VISIBLE_DEVICES"] = (visible.split(",") if visible else
+                                           [str(i) for i in range(gpus)])[k]
         proc = subprocess.Popen([sys.executable, "-m", "reproduce", *worker_argv(argv)], env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 bufsize=1)
