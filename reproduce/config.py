@@ -27,6 +27,8 @@ POSITIONS = ("sinusoidal", "learned")
 INITS = ("xavier", "depth-scaled")
 # "auto": bf16-mixed where the hardware runs it fast (CUDA with bf16, CPUs with AMX), else 32-true.
 PRECISIONS = ("auto", "32-true", "bf16-mixed", "16-mixed", "bf16-true")
+# Parse-tree targets (Table 4): POS tags kept, or every tag normalized to XX (reproduce/parsing.py).
+LINEARIZATIONS = ("tags", "xx")
 
 
 def _check(ok: bool, message: str) -> None:
@@ -165,8 +167,8 @@ class DataConfig:
             value = getattr(self, name)
             _check(value >= 0, f"data.{name} = {value}: must be >= 0 (0 = all)")
         _check(bool(self.corpus), "data.corpus is empty: name a corpus")
-        _check(self.linearization in ("tags", "xx"),
-               f"data.linearization = {self.linearization!r}: one of tags, xx")
+        _check(self.linearization in LINEARIZATIONS,
+               f"data.linearization = {self.linearization!r}: one of {', '.join(LINEARIZATIONS)}")
 
 
 @dataclass(frozen=True)

@@ -95,7 +95,7 @@ def beam_search(model: Transformer, src: Tensor, bos: int, eos: int, beam: int =
     for t in range(steps):
         logp = _next_logp(model, state, hist[:, t], bos)  # (B*K, V)
         V = logp.shape[1]
-        eos_raw = logp[:, eos].clone()
+        eos_raw = logp[:, eos]  # the model's, before any constraint: at the limit EOS must stay
         if constraint is not None:
             logp = logp.masked_fill(~constraint.allowed(t), NEG_INF)
         at_limit = t >= max_len  # only EOS may follow (constrained or not)

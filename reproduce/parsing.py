@@ -44,6 +44,8 @@ import nltk
 from nltk.corpus.reader import BracketParseCorpusReader
 from nltk.tree import Tree
 
+from .config import LINEARIZATIONS
+
 SPLITS = ("train", "dev", "test")
 
 # Standard WSJ split for parsing (Collins 1997 onwards; the paper tunes on 22, reports on 23).
@@ -56,7 +58,6 @@ SAMPLE_FILES = {"train": (1, 141), "dev": (142, 171), "test": (172, 199)}
 SAMPLE_SENTENCES = {"train": 3098, "dev": 420, "test": 396}
 
 POS_TOKEN = "XX"
-LINEARIZATIONS = ("tags", "xx")
 # The Penn Treebank's 45 part-of-speech tags (-NONE- marks empty elements, which are removed).
 PTB_TAGS = frozenset({
     "#", "$", "''", ",", "-LRB-", "-RRB-", ".", ":", "CC", "CD", "DT", "EX", "FW", "IN", "JJ", "JJR",

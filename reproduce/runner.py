@@ -357,19 +357,18 @@ def task_scores(model, tokenizer, data, c: Config,
 
     # Beam x (input + max_len_offset) cached positions per sentence: fewer sentences per batch.
     batch_tokens = max(64, c.train.batch_tokens // c.decode.beam)
-    evalb = {name: parse_scores(model, tokenizer,
-                                data.source_batches([s for s, _ in pairs[name]], batch_tokens),
-                                pairs[name], treebank_trees(name, c.data.data_dir or None)
-                                [:len(pairs[name])], c.decode)
-             for name in splits}
+
+    def score(name: str, decode) -> dict[str, Any]:
+        gold = treebank_trees(name, c.data.data_dir or None)[:len(pairs[name])]
+        return parse_scores(model, tokenizer,
+                            data.source_batches([s for s, _ in pairs[name]], batch_tokens),
+                            pairs[name], gold, decode)
+
+    evalb = {name: score(name, c.decode) for name in splits}
     headline = {f"{n}_{k}": evalb[n][k] for n in splits for k in ("f1", "precision", "recall")}
     if c.decode.constrained:  # the paper's protocol too: free decoding, repaired
-        free = replace(c.decode, constrained=False)
         for name in splits:
-            scores = parse_scores(model, tokenizer,
-                                  data.source_batches([s for s, _ in pairs[name]], batch_tokens),
-                                  pairs[name], treebank_trees(name, c.data.data_dir or None)
-                                  [:len(pairs[name])], free)
+            scores = score(name, replace(c.decode, constrained=False))
             evalb[name]["free"] = {k: scores[k] for k in scores if k != "examples"}
             headline[f"{name}_f1_free"] = scores["f1"]
     return {"evalb": evalb, "treebank": treebank_description(c.data.data_dir or None,
