@@ -47,7 +47,7 @@ def _quiet_libraries() -> None:
 
 
 def _run_table(args: argparse.Namespace, argv: list[str]) -> None:
-    from .runner import default_scale, execute, planned_summary, results_dir
+    from .runner import default_scale, planned_summary
 
     spec = load_spec(args.spec or args.table)
     scale = args.scale or default_scale()
@@ -58,6 +58,28 @@ def _run_table(args: argparse.Namespace, argv: list[str]) -> None:
           f"{'' if args.scale else ' (default for this machine; --scale to change)'}: {sc.about}")
     for run in runs:
         print("  " + planned_summary(run, spec.variants[run.variant].overrides))
+    tuning = spec.search_space(scale) if args.tune else None
+    _train_and_render(args, argv, spec, runs, scale, tuning, _bleu_line, log=not args.dry_run)
+
+
+def _bleu_line(m: dict) -> str:
+    return (f"dev PPL {m['dev_ppl']}, dev BLEU {m['dev_bleu']}, test BLEU {m['test_bleu']}, "
+            f"{m['params'] / 1e6:.2f}M params, {m['train_seconds']:.0f} s training")
+
+
+def _f1_line(m: dict) -> str:
+    return (f"dev F1 {m['dev_f1']}, test F1 {m['test_f1']} (P {m['test_precision']}, R "
+            f"{m['test_recall']}), dev PPL {m['dev_ppl']}, {m['params'] / 1e6:.2f}M params, "
+            f"{m['train_seconds']:.0f} s training")
+
+
+def _train_and_render(args: argparse.Namespace, argv: list[str], spec, runs, scale: str, tuning,
+                      report, log: bool) -> None:
+    """Train ``runs`` (tuned first with ``tuning``), here or in ``--workers`` processes, then render
+    the table from the records; ``--render`` only renders, ``--dry-run`` only estimates and
+    ``--launcher slurm`` submits instead."""
+    from .runner import execute, results_dir
+
     if args.render:
         runs = []
     elif args.launcher == "slurm":
@@ -72,7 +94,6 @@ def _run_table(args: argparse.Namespace, argv: list[str]) -> None:
         return
     _quiet_libraries()
     command = workers.command(argv)
-    out = results_dir() / f"{spec.table}.md"
     try:
         if args.workers > 1 and runs:
             if workers.launch(argv, runs, args.workers):
@@ -80,11 +101,10 @@ def _run_table(args: argparse.Namespace, argv: list[str]) -> None:
             runs = []
         for run in workers.reorder(runs):
             extra = None
-            if args.tune:
+            if tuning:
                 from .tuning import tune
 
-                run, summary = tune(run, spec.search_space(scale), args.trials, args.storage,
-                                    run.seed)
+                run, summary = tune(run, tuning, args.trials, args.storage, run.seed)
                 extra = {"tuning": summary}
                 print(f"{summary['study']}: best of {summary['n_trials']} trial(s): "
                       f"{summary['metric']} {summary['best_value']:.3f} with "
@@ -93,13 +113,10 @@ def _run_table(args: argparse.Namespace, argv: list[str]) -> None:
             if record is None:
                 print(f"{run.run_id}: another worker is training it")
                 continue
-            m = record["metrics"]
-            print(f"{run.run_id}: dev PPL {m['dev_ppl']}, dev BLEU {m['dev_bleu']}, "
-                  f"test BLEU {m['test_bleu']}, {m['params'] / 1e6:.2f}M params, "
-                  f"{m['train_seconds']:.0f} s training")
+            print(f"{run.run_id}: {report(record['metrics'])}")
     finally:
         if not workers.is_worker():  # workers leave the table to the process that started them
-            _render(spec, out, log=not args.dry_run)
+            _render(spec, results_dir() / f"{spec.table}.md", log=log)
 
 
 def _render(spec, out, log: bool) -> None:
@@ -129,7 +146,7 @@ def _render(spec, out, log: bool) -> None:
 def _run_table4(args: argparse.Namespace, argv: list[str]) -> None:
     """Table 4: the parser's rows, on the user's treebank or NLTK's sample, tuned or not."""
     from .data import missing_input
-    from .runner import default_scale, execute, planned_summary, results_dir, with_data
+    from .runner import default_scale, planned_summary, with_data
 
     spec = load_spec(args.spec or args.table)
     scale = args.scale or default_scale()
@@ -165,47 +182,7 @@ def _run_table4(args: argparse.Namespace, argv: list[str]) -> None:
             print(f"    {knob.name}: " + (f"one of {list(knob.choices)}" if knob.choices else
                                            f"{knob.low:g} .. {knob.high:g}"
                                            + (" (log scale)" if knob.log else "")))
-    if args.render:
-        todo = []
-    elif args.launcher == "slurm":
-        _submit(args, argv, spec, runs, scale)
-        return
-    elif args.dry_run:
-        from .cost import estimate
-
-        print("estimates from a measured training step on this machine (no data, no network):")
-        for run in todo:
-            print("  " + estimate(run.run_id, run.config))
-        return
-    _quiet_libraries()
-    command = workers.command(argv)
-    out = results_dir() / f"{spec.table}.md"
-    try:
-        if args.workers > 1 and todo:
-            if workers.launch(argv, todo, args.workers):
-                raise SystemExit(1)
-            todo = []
-        for run in workers.reorder(todo):
-            extra = None
-            if tuning:
-                from .tuning import tune
-
-                run, summary = tune(run, tuning, args.trials, args.storage, run.seed)
-                extra = {"tuning": summary}
-                print(f"{summary['study']}: best of {summary['n_trials']} trial(s): "
-                      f"{summary['metric']} {summary['best_value']:.2f} with "
-                      f"{summary['best_params']}")
-            record = execute(run, spec.split, command, extra)
-            if record is None:
-                print(f"{run.run_id}: another worker is training it")
-                continue
-            m = record["metrics"]
-            print(f"{run.run_id}: dev F1 {m['dev_f1']}, test F1 {m['test_f1']} (P {m['test_precision']}"
-                  f", R {m['test_recall']}), dev PPL {m['dev_ppl']}, {m['params'] / 1e6:.2f}M params, "
-                  f"{m['train_seconds']:.0f} s training")
-    finally:
-        if not workers.is_worker():
-            _render(spec, out, log=False)
+    _train_and_render(args, argv, spec, todo, scale, tuning, _f1_line, log=False)
 
 
 def _submit(args: argparse.Namespace, argv: list[str], spec, runs, scale: str) -> None:

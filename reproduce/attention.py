@@ -93,9 +93,8 @@ def draw(run_id: str, sentence: str | None, layer: int | None, results: Path, ru
                           c.decode.alpha, c.decode.max_len_offset)[0]
     tgt_in = torch.tensor([[tokenizer.bos_id] + out])
     weights = attention_weights(model, src, tgt_in)
-    pieces = tokenizer._sp.id_to_piece
-    source = [pieces(i) for i in ids[:-1]] + ["</s>"]
-    target = ["<s>"] + [pieces(i) for i in out]
+    source = [tokenizer.piece(i) for i in ids[:-1]] + ["</s>"]
+    target = ["<s>"] + [tokenizer.piece(i) for i in out]
     n = len(weights["encoder self"])
     layer = min(layer or max(n - 1, 1), n)  # 1-based; Figure 3 shows layer 5 of 6
     panels = [(f"encoder self L{layer}", weights["encoder self"][layer - 1], source, source),

@@ -231,23 +231,28 @@ def _treebank_pairs(corpus: str, split: str, data_dir: str | None,
     return pairs
 
 
-def tree_symbols(pairs: Sequence[tuple[str, str]]) -> list[str]:
+def tree_symbols(pairs: Sequence[tuple[str, str]], linearization: str = "xx") -> list[str]:
     """The tokens of linearized trees, each as one sentencepiece piece with its word boundary:
-    ``▁(NP``, ``▁)NP``, ``▁XX``. Whole symbols keep an output tree one piece per token."""
+    ``▁(NP``, ``▁)NP``, ``▁XX``. Whole symbols keep an output tree one piece per token. With
+    ``linearization="words"`` only the brackets: words are split into pieces as in the source."""
+    from .parsing import is_bracket
+
     tokens = {token for _, tree in pairs for token in tree.split()}
+    if linearization == "words":
+        tokens = {token for token in tokens if is_bracket(token)}
     return sorted("\u2581" + token for token in tokens)
 
 
 def tokenizer_name(corpus: str, data_dir: str | None = None, extra_trees: str | None = None,
                    linearization: str = "") -> str:
     """The tokenizer cache key of a corpus: local data gets its own model, named by its path, and
-    a treebank's trees with POS tags (``linearization="tags"``) their own."""
+    a treebank's trees with POS tags or words (``linearization="tags"``, ``"words"``) their own."""
     name = corpus
     if data_dir or extra_trees:
         where = "|".join(os.path.realpath(p) if p else "" for p in (data_dir, extra_trees))
         name = f"{corpus}-{hashlib.sha1(where.encode()).hexdigest()[:10]}"
-    if linearization == "tags" and is_treebank(corpus):
-        name += "-tags"
+    if linearization in ("tags", "words") and is_treebank(corpus):
+        name += f"-{linearization}"
     return name
 
 

@@ -145,8 +145,12 @@ class TreeConstraint:
     constituent holding a word (the root only once every word has a slot), EOS only follows the
     closed root. Hypotheses are scored by the model as usual; the constraint removes the rest.
 
-    Vectorized over rows (sentences x beams): per row the slots used, the open labels as a stack
-    and whether each open constituent holds a word yet.
+    With ``copy`` (the ``words`` linearization, ``start(words, src)``) a word is written as the
+    source's own pieces: at a word boundary the only word token allowed is the source's next piece,
+    inside a word only its next piece, and brackets only between words.
+
+    Vectorized over rows (sentences x beams): per row the slots used (words, or pieces with
+    ``copy``), the open labels as a stack and whether each open constituent holds a word yet.
     """
 
     def __init__(self, pieces: list[str], model_vocab: int, eos: int, max_depth: int = 64):
@@ -156,7 +160,10 @@ class TreeConstraint:
         self.open_label = torch.full((model_vocab,), -1, dtype=torch.long)
         self.close_label = torch.full((model_vocab,), -1, dtype=torch.long)
         self.is_slot = torch.zeros(model_vocab, dtype=torch.bool)
+        # With copy: pieces that begin a word (all but the first piece of a word, and brackets).
+        self.word_start = torch.zeros(model_vocab, dtype=torch.bool)
         for i, piece in enumerate(pieces):
+            self.word_start[i] = piece.startswith("\u2581")
             token = piece[1:] if piece.startswith("\u2581") else None
             if not token:
                 continue
@@ -170,13 +177,12 @@ class TreeConstraint:
 
     @classmethod
     def for_tokenizer(cls, tokenizer, model_vocab: int) -> TreeConstraint:
-        sp = tokenizer._sp
-        return cls([sp.id_to_piece(i) for i in range(tokenizer.vocab_size)], model_vocab,
-                   tokenizer.eos_id)
+        return cls(tokenizer.pieces(), model_vocab, tokenizer.eos_id)
 
-    def start(self, words: Tensor) -> TreeConstraint:
-        """A batch to decode: ``words`` (B,) input words per sentence."""
-        self.batch_words = words.long()
+    def start(self, words: Tensor, src: Tensor | None = None) -> TreeConstraint:
+        """A batch to decode: ``words`` (B,) input words per sentence; ``src`` (B, S), the source
+        ids (EOS and padding after the pieces), to copy the words from (``words`` linearization)."""
+        self.batch_words, self.batch_src = words.long(), src
         return self
 
     def begin(self, beam: int, max_len: Tensor) -> None:
@@ -185,8 +191,14 @@ class TreeConstraint:
         n = self.batch_words.repeat_interleave(beam)
         self.max_len = max_len
         device, R = n.device, n.shape[0]
-        for name in ("open_label", "close_label", "is_slot", "is_open", "is_close"):
+        for name in ("open_label", "close_label", "is_slot", "is_open", "is_close", "word_start"):
             setattr(self, name, getattr(self, name).to(device))
+        self.copy = self.batch_src is not None
+        if self.copy:  # the pieces to write, -1 after them; slots then count pieces
+            src = self.batch_src.long().repeat_interleave(beam, dim=0)
+            real = (src != self.eos) & (src != 0)  # 0: padding
+            n = real.sum(dim=1)
+            self.src = torch.cat([torch.where(real, src, -1), src.new_full((R, 1), -1)], dim=1)
         self.words, self.slots, self.depth = n, torch.zeros_like(n), torch.zeros_like(n)
         self.stack = torch.full((R, self.max_depth), -1, dtype=torch.long, device=device)
         self.filled = torch.zeros(R, self.max_depth, dtype=torch.bool, device=device)
@@ -202,10 +214,17 @@ class TreeConstraint:
         top_filled = self.filled[rows, top] & inside
         # An opening bracket must leave room for the words left and every closing bracket.
         room = t + (self.words - self.slots) + self.depth + 2 <= self.max_len
-        may_open = left & (inside | ~self.rooted) & (self.depth < self.max_depth) & room
-        may_close = top_filled & ((self.depth > 1) | ~left)
+        between = torch.ones_like(left)  # brackets may go here (with copy: not inside a word)
+        if self.copy:
+            following = self.src[rows, self.slots]
+            between = ~left | self.word_start[following.clamp(min=0)]
+        may_open = left & (inside | ~self.rooted) & (self.depth < self.max_depth) & room & between
+        may_close = top_filled & ((self.depth > 1) | ~left) & between
         ok = self.is_open[None, :] & may_open[:, None]
-        ok |= self.is_slot[None, :] & (left & inside)[:, None]
+        if self.copy:
+            ok[rows[left & inside], following[left & inside]] = True
+        else:
+            ok |= self.is_slot[None, :] & (left & inside)[:, None]
         ok |= (self.is_close[None, :] & may_close[:, None]
                & (self.close_label[None, :] == top_label[:, None]))
         finished = self.rooted & ~inside & ~left
@@ -216,10 +235,15 @@ class TreeConstraint:
 
     def update(self, rows: Tensor, tokens: Tensor) -> None:
         """Rows ``rows`` (of the previous step) carry on with ``tokens``."""
-        for name in ("words", "slots", "depth", "stack", "filled", "rooted", "max_len"):
+        for name in ("words", "slots", "depth", "stack", "filled", "rooted", "max_len") + (
+                ("src",) if self.copy else ()):
             setattr(self, name, getattr(self, name)[rows])
         R = torch.arange(tokens.shape[0], device=tokens.device)
-        opens, closes, slots = self.is_open[tokens], self.is_close[tokens], self.is_slot[tokens]
+        opens, closes = self.is_open[tokens], self.is_close[tokens]
+        if self.copy:  # the source's next piece (anything else was not allowed)
+            slots = (self.slots < self.words) & (tokens == self.src[R, self.slots])
+        else:
+            slots = self.is_slot[tokens]
         d = self.depth
         o = opens.nonzero().squeeze(1)
         self.stack[o, d[o]] = self.open_label[tokens[o]]

@@ -15,17 +15,20 @@ from .model import Transformer
 
 @torch.no_grad()
 def translate(model: Transformer, tokenizer, batches: Iterable[tuple[list[int], torch.Tensor]],
-              count: int, decode: DecodeConfig, words: list[int] | None = None) -> list[str]:
+              count: int, decode: DecodeConfig, words: list[int] | None = None,
+              copy_words: bool = False) -> list[str]:
     """Beam-search every (indices, src) batch; returns detokenized outputs in original order.
     With ``decode.constrained`` and ``words`` (input words per sentence), outputs are parse trees
-    over exactly those words (``decoding.TreeConstraint``)."""
+    over exactly those words (``decoding.TreeConstraint``); with ``copy_words`` (the ``words``
+    linearization) the trees write the input's own pieces."""
     model.eval()
     device = next(model.parameters()).device
     out: list[str] = [""] * count
     tree = (TreeConstraint.for_tokenizer(tokenizer, model.config.vocab_size)
             if decode.constrained and words is not None else None)
     for indices, src in batches:
-        constraint = (tree.start(torch.tensor([words[i] for i in indices], device=device))
+        constraint = (tree.start(torch.tensor([words[i] for i in indices], device=device),
+                                 src.to(device) if copy_words else None)
                       if tree is not None else None)
         hyps = beam_search(model, src.to(device), tokenizer.bos_id, tokenizer.eos_id,
                            beam=decode.beam, alpha=decode.alpha,
@@ -47,21 +50,23 @@ def sacre_bleu(hypotheses: list[str], references: list[str]) -> dict:
 
 
 def parse_scores(model: Transformer, tokenizer, batches: Iterable[tuple[list[int], torch.Tensor]],
-                 pairs: list[tuple[str, str]], gold: list, decode: DecodeConfig) -> dict:
+                 pairs: list[tuple[str, str]], gold: list, decode: DecodeConfig,
+                 linearization: str = "xx") -> dict:
     """Parse each sentence of ``pairs`` (its words, its linearized gold tree) by beam search, repair
     every output into a tree over the gold words with the gold POS tags (``delinearize``) and score
     the trees against ``gold`` as EVALB with COLLINS.prm does: labelled bracket P, R, F1 (%)."""
     from .parsing import delinearize, evalb, tag_pos, well_formed, words
 
     outputs = translate(model, tokenizer, batches, len(pairs), decode,
-                        words=[len(source.split()) for source, _ in pairs])
+                        words=[len(source.split()) for source, _ in pairs],
+                        copy_words=linearization == "words")
     trees, whole = [], 0
     for (source, _), output, tree in zip(pairs, outputs, gold, strict=True):
         sentence = words(tree)
         if source.split() != sentence:
             raise ValueError(f"gold tree and sentence differ: {source!r}")
-        whole += well_formed(output.split(), len(sentence))
-        trees.append(delinearize(output.split(), sentence, tag_pos(tree)))
+        whole += well_formed(output.split(), len(sentence), linearization)
+        trees.append(delinearize(output.split(), sentence, tag_pos(tree), linearization))
     score = evalb(list(gold), trees)
     return {"kind": "evalb-collins", **{k: round(score[k], 2) for k in ("precision", "recall", "f1")},
             **{k: score[k] for k in ("matched", "gold_brackets", "test_brackets", "sentences")},

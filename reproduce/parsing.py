@@ -9,12 +9,14 @@ A sentence is translated into its linearized parse tree, as in Vinyals & Kaiser 
   - ``(LABEL`` opens a constituent and ``)LABEL`` closes it (the label is repeated on the closing
     bracket, as in the paper);
   - one token stands for each word: its part-of-speech tag (``NN``, ``DT``, ...; ``tags``, what
-    sweeps/table4.yaml uses) or ``XX`` (``xx``: every tag normalized, as Vinyals & Kaiser et al.);
+    sweeps/table4.yaml uses), ``XX`` (``xx``: every tag normalized, as Vinyals & Kaiser et al.)
+    or the word itself (``words``: not the paper's, see below);
   - labels lose their function tags and indices (``NP-SBJ-1`` -> ``NP``); the unlabelled root of
     PTB files, ``( (S ...))``, is written ``(TOP``.
 
-  ``John has a dog .`` -> ``(S (NP NNP )NP (VP VBZ (NP DT NN )NP )VP . )S`` (``tags``) or
-  ``(S (NP XX )NP (VP XX (NP XX XX )NP )VP XX )S`` (``xx``).
+  ``John has a dog .`` -> ``(S (NP NNP )NP (VP VBZ (NP DT NN )NP )VP . )S`` (``tags``),
+  ``(S (NP XX )NP (VP XX (NP XX XX )NP )VP XX )S`` (``xx``) or
+  ``(S (NP John )NP (VP has (NP a dog )NP )VP . )S`` (``words``).
 
 Why Table 4 uses tags: they are what the paper trained on. Its code (tensor2tensor's WSJ parsing
 data generator, ``words_and_tags_from_wsj_tree``) keeps each word's POS tag in the target and drops
@@ -25,6 +27,15 @@ tree for most sentences after 800 steps (10 distinct outputs for 40 dev sentence
 a per-word signal that teaches the decoder where it is in the sentence. Scoring is the same for
 both: predicted tags are not scored (EVALB does not count preterminals) and the repaired tree
 carries the gold tags.
+
+Why ``words`` exists: with tags or XX, nothing the decoder has written says which word comes next;
+it must count its own word slots and find that word by position. A small model trained on a
+small treebank learns this badly (at ``cpu`` scale on the sample the ``tags`` model had a third of
+its tags right). With the words in the target, the word it just wrote is in its input, and the
+next one is the source token after it. Each word is written as its word pieces, the same pieces
+as in the source; constrained decoding (``decoding.TreeConstraint``) then copies them exactly and
+the model only decides where brackets open and close. It is not the paper's target format: a
+record says which one it used.
 
 ``delinearize`` turns any model output back into a tree over exactly the input words, and ``evalb``
 scores trees the way EVALB does with COLLINS.prm, the metric of Table 4.
@@ -228,32 +239,48 @@ def phrase_label(label: str) -> str:
 
 def linearize(tree: Tree, linearization: str = "xx") -> list[str]:
     """Bracket sequence of ``tree``: ``(LABEL`` ... ``)LABEL`` with one token per word, its POS
-    tag (``linearization="tags"``) or ``XX`` (``"xx"``)."""
+    tag (``linearization="tags"``), ``XX`` (``"xx"``) or the word itself (``"words"``)."""
     if linearization not in LINEARIZATIONS:
         raise ValueError(f"linearization {linearization!r}: one of {', '.join(LINEARIZATIONS)}")
     stripped = strip_empty(tree)
     tokens: list[str] = []
     if stripped is not None:
-        _linearize(stripped, tokens, linearization == "tags")
+        _linearize(stripped, tokens, linearization)
     return tokens
 
 
-def _linearize(node: Tree | str, tokens: list[str], tags: bool) -> None:
+def _linearize(node: Tree | str, tokens: list[str], linearization: str) -> None:
     # A bare word directly under a phrase (not PTB style) is treated as if it had a POS tag.
     if isinstance(node, str) or _is_preterminal(node):
         tag = node if isinstance(node, str) else node.label()
-        tokens.append(tag if tags and tag in PTB_TAGS else POS_TOKEN)
+        if linearization == "words":
+            tokens.append(node if isinstance(node, str) else node[0])
+        else:
+            tokens.append(tag if linearization == "tags" and tag in PTB_TAGS else POS_TOKEN)
         return
     label = phrase_label(node.label())
     tokens.append("(" + label)
     for child in node:
-        _linearize(child, tokens, tags)
+        _linearize(child, tokens, linearization)
     tokens.append(")" + label)
 
 
 def is_word_slot(token: str) -> bool:
     """Whether an output token stands for the next word: ``XX`` or a Penn Treebank POS tag."""
     return token == POS_TOKEN or token in PTB_TAGS
+
+
+def is_bracket(token: str) -> bool:
+    """``(LABEL`` or ``)LABEL``."""
+    return len(token) > 1 and token[0] in "()"
+
+
+def slot_test(linearization: str):
+    """The word-slot predicate of a linearization: with ``words`` every token that is not a bracket
+    is a word (whatever word the model wrote, it stands for the next input word)."""
+    if linearization not in LINEARIZATIONS:
+        raise ValueError(f"linearization {linearization!r}: one of {', '.join(LINEARIZATIONS)}")
+    return (lambda token: not is_bracket(token)) if linearization == "words" else is_word_slot
 
 
 def normalize_tree(tree: Tree, keep_tags: bool = False) -> Tree:
@@ -278,10 +305,12 @@ def _normalize(node: Tree | str, keep_tags: bool) -> Tree:
     return Tree(phrase_label(node.label()), [_normalize(child, keep_tags) for child in node])
 
 
-def delinearize(tokens: list[str], words: list[str], tags: list[str] | None = None) -> Tree:
+def delinearize(tokens: list[str], words: list[str], tags: list[str] | None = None,
+                linearization: str = "xx") -> Tree:
     """The tree a (possibly malformed) bracket sequence describes, over exactly ``words`` in order.
 
-    Each word slot (``XX`` or a POS tag, ``is_word_slot``) takes the next word, as a preterminal
+    Each word slot (``XX`` or a POS tag, ``is_word_slot``; with ``linearization="words"`` any token
+    but a bracket, whatever word it is) takes the next word, as a preterminal
     tagged ``tags[i]`` (or ``XX``: a predicted tag is not kept, EVALB does not score it). Well-formed
     output gives back the tree it came from. Anything else is repaired, token by token:
 
@@ -296,12 +325,13 @@ def delinearize(tokens: list[str], words: list[str], tags: list[str] | None = No
     """
     if tags is not None and len(tags) != len(words):
         raise ValueError(f"{len(tags)} tags for {len(words)} words")
+    is_slot = slot_test(linearization)
     roots: list[Tree] = []
     open_labels: list[str] = []
     open_children: list[list[Tree]] = [roots]
     position = 0
     for token in tokens:
-        if is_word_slot(token):
+        if is_slot(token):
             if position < len(words):
                 tag = tags[position] if tags is not None else POS_TOKEN
                 open_children[-1].append(Tree(tag, [words[position]]))
@@ -321,14 +351,15 @@ def delinearize(tokens: list[str], words: list[str], tags: list[str] | None = No
     return Tree(ROOT_LABEL, roots)
 
 
-def well_formed(tokens: list[str], n_words: int) -> bool:
+def well_formed(tokens: list[str], n_words: int, linearization: str = "xx") -> bool:
     """Whether model output needs no repair: one root constituent, brackets balanced with matching
-    labels, none empty, exactly one word slot (``is_word_slot``) per word and no other tokens."""
+    labels, none empty, exactly one word slot (``slot_test``) per word and no other tokens."""
+    is_slot = slot_test(linearization)
     open_labels: list[str] = []
     filled: list[bool] = []  # whether each open constituent holds a word yet
     roots = xx = 0
     for token in tokens:
-        if is_word_slot(token) and open_labels:
+        if is_slot(token) and open_labels:
             xx += 1
             filled[-1] = True
         elif token.startswith("(") and len(token) > 1:

@@ -268,7 +268,7 @@ def _data(c: Config):
     trees = is_treebank(d.corpus)
     tokenizer = train_tokenizer(tokenizer_name(d.corpus, d.data_dir, d.extra_trees, d.linearization),
                                 c.model.vocab_size, (s for pair in train_pairs for s in pair),
-                                cache_dir(), symbols=tree_symbols(train_pairs) if trees else (),
+                                cache_dir(), symbols=tree_symbols(train_pairs, d.linearization) if trees else (),
                                 hard_vocab_limit=not trees)
     data = TranslationData(d.corpus, tokenizer, c.train.batch_tokens,
                            c.train.max_tokens_per_sentence, d.max_train_pairs or None,
@@ -362,7 +362,7 @@ def task_scores(model, tokenizer, data, c: Config,
         gold = treebank_trees(name, c.data.data_dir or None)[:len(pairs[name])]
         return parse_scores(model, tokenizer,
                             data.source_batches([s for s, _ in pairs[name]], batch_tokens),
-                            pairs[name], gold, decode)
+                            pairs[name], gold, decode, c.data.linearization)
 
     evalb = {name: score(name, c.decode) for name in splits}
     headline = {f"{n}_{k}": evalb[n][k] for n in splits for k in ("f1", "precision", "recall")}

@@ -84,6 +84,14 @@ class Tokenizer:
         """Detokenized text for each id sequence; pad, BOS and EOS decode to nothing."""
         return self._sp.decode([list(map(int, seq)) for seq in ids])
 
+    def piece(self, i: int) -> str:
+        """The piece with id ``i`` as sentencepiece writes it (``▁`` marks a word start)."""
+        return self._sp.id_to_piece(int(i))
+
+    def pieces(self) -> list[str]:
+        """Every piece, indexed by id."""
+        return [self._sp.id_to_piece(i) for i in range(self.vocab_size)]
+
     def __repr__(self) -> str:
         return f"Tokenizer(path={str(self.path)!r}, vocab_size={self.vocab_size})"
 

@@ -107,3 +107,34 @@ def test_constrained_search_writes_a_well_formed_tree_over_exactly_the_words(mod
     free = beam_search(model, src, BOS, EOS, beam=max(beam, 2), max_len_offset=60)
     assert not all(well_formed([PIECES[i][1:] for i in ids if i < len(PIECES)], n)
                    for ids, n in zip(free, words.tolist(), strict=True))  # the random model alone
+
+
+# Word pieces for the `words` linearization: a word starts with ▁, its other pieces do not.
+COPY_PIECES = PIECES[:15] + ["\u2581wo", "rd", "s", "\u2581a", "\u2581b", "c"]
+COPY_PIECES += [f"x{i}" for i in range(40 - len(COPY_PIECES) - 3)]
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_copy_constraint_writes_the_source_pieces_with_brackets_only_between_words(model, beam):
+    """With the `words` linearization the search copies the source's pieces in order, opens and
+    closes brackets only between words, and the detokenized output is a well-formed tree."""
+    from reproduce.decoding import TreeConstraint
+    from reproduce.parsing import well_formed
+
+    # Sentences as piece ids (EOS, then padding): "words a", "bc wo", "a words wo b".
+    ids = {p: i for i, p in enumerate(COPY_PIECES)}
+    sentences = [["\u2581wo", "rd", "s", "\u2581a"], ["\u2581b", "c", "\u2581wo"],
+                 ["\u2581a", "\u2581wo", "rd", "s", "\u2581wo", "\u2581b"]]
+    width = max(map(len, sentences)) + 1
+    src = torch.tensor([[ids[p] for p in s] + [EOS] + [0] * (width - len(s) - 1) for s in sentences])
+    n_words = torch.tensor([sum(p.startswith("\u2581") for p in s) for s in sentences])
+    constraint = TreeConstraint(COPY_PIECES, CONFIG.vocab_size, EOS).start(n_words, src)
+    if beam == 1:
+        out = greedy_search(model, src, BOS, EOS, 60, constraint=constraint)
+    else:
+        out = beam_search(model, src, BOS, EOS, beam=beam, max_len_offset=60, constraint=constraint)
+    for hyp, pieces in zip(out, sentences, strict=True):
+        written = [COPY_PIECES[i] for i in hyp]
+        assert [p for p in written if p[1:2] not in ("(", ")")] == pieces  # the words, copied
+        text = "".join(written).replace("\u2581", " ").split()
+        assert well_formed(text, sum(p.startswith("\u2581") for p in pieces), "words"), text

@@ -122,8 +122,23 @@ def test_linearize_token_forms():
     assert words(tree) == ["John", "has", "a", "dog", "."]
     assert linearize(T(PTB_TREES[2])) == "(TOP (S (NP XX )NP (VP XX (VP XX )VP )VP XX )S )TOP".split()
     assert linearize(tree, "tags") == "(S (NP NNP )NP (VP VBZ (NP DT NN )NP )VP . )S".split()
-    with pytest.raises(ValueError, match="one of tags, xx"):
-        linearize(tree, "words")
+    assert linearize(tree, "words") == "(S (NP John )NP (VP has (NP a dog )NP )VP . )S".split()
+    with pytest.raises(ValueError, match="one of tags, xx, words"):
+        linearize(tree, "word")
+
+
+@pytest.mark.parametrize("text", PTB_TREES)
+def test_word_linearization_round_trips_and_any_word_fills_a_slot(text):
+    tree = T(text)
+    tokens, sentence = linearize(tree, "words"), words(tree)
+    assert well_formed(tokens, len(sentence), "words")
+    assert not well_formed(tokens, len(sentence))  # words are not slots of the tags/xx targets
+    expected = normalize_tree(tree, keep_tags=True)
+    assert delinearize(tokens, sentence, tag_pos(tree), "words") == expected
+    # A wrong word still stands for the next input word; brackets are never words.
+    wrong = ["dog" if not t[0] in "()" else t for t in tokens]
+    assert delinearize(wrong, sentence, tag_pos(tree), "words") == expected
+    assert not well_formed(tokens[:-1], len(sentence), "words")
 
 
 @pytest.mark.parametrize("text", PTB_TREES)
