@@ -293,9 +293,14 @@ def _table2_details(spec: Spec, scale: str, records: list[dict[str, Any]]) -> li
 TREEBANKS = {"nltk-sample": "NLTK WSJ sample", "wsj": "WSJ"}
 
 
+# Table 4's target formats (data.linearization; records from before the field used XX).
+TARGETS = {"tags": "POS-tag targets", "xx": "XX targets", "words": "word targets (not the paper's)"}
+
+
 def _settings(record: dict[str, Any]) -> str:
     tuning = record.get("tuning")
-    return f"tuned on dev ({tuning['n_trials']} trials)" if tuning else "untuned"
+    targets = TARGETS[record["config"]["data"].get("linearization", "xx")]
+    return (f"tuned on dev ({tuning['n_trials']} trials)" if tuning else "untuned") + f", {targets}"
 
 
 def render_table4(spec: Spec, records: list[dict[str, Any]]) -> str:
@@ -377,7 +382,10 @@ def _table4_details(spec: Spec, scale: str, kind: str, records: list[dict[str, A
                        f"{t['split']}).")
     out += ["", "*untuned*: the settings of `sweeps/table4.yaml` at this scale; *tuned*: the best "
             "trial of `--tune` (dropout, learning rate and beam size chosen on the dev split, as "
-            "the paper). Each record holds its full config."]
+            "the paper). Each record holds its full config. *Targets*: what the model writes for "
+            "each word: its POS tag (as the paper's tensor2tensor data), XX (Vinyals & Kaiser et "
+            "al.) or the word itself, as its source pieces (`data.linearization`, "
+            "reproduce/parsing.py)."]
     if any(r["config"]["decode"].get("constrained") for r in records):
         out.append("*constrained*: beam search could only write well-formed trees with one word "
                    "slot per input word (`decode.constrained`, `decoding.TreeConstraint`); the "

@@ -266,10 +266,10 @@ def _data(c: Config):
                              d.linearization)
     # Treebank corpora: tree tokens stay whole pieces; a small sample may not fill vocab_size.
     trees = is_treebank(d.corpus)
+    symbols = tree_symbols(train_pairs, d.linearization) if trees else ()
     tokenizer = train_tokenizer(tokenizer_name(d.corpus, d.data_dir, d.extra_trees, d.linearization),
                                 c.model.vocab_size, (s for pair in train_pairs for s in pair),
-                                cache_dir(), symbols=tree_symbols(train_pairs, d.linearization) if trees else (),
-                                hard_vocab_limit=not trees)
+                                cache_dir(), symbols=symbols, hard_vocab_limit=not trees)
     data = TranslationData(d.corpus, tokenizer, c.train.batch_tokens,
                            c.train.max_tokens_per_sentence, d.max_train_pairs or None,
                            d.max_eval_pairs or None, d.data_dir or None, c.train.seed,

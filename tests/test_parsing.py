@@ -136,7 +136,7 @@ def test_word_linearization_round_trips_and_any_word_fills_a_slot(text):
     expected = normalize_tree(tree, keep_tags=True)
     assert delinearize(tokens, sentence, tag_pos(tree), "words") == expected
     # A wrong word still stands for the next input word; brackets are never words.
-    wrong = ["dog" if not t[0] in "()" else t for t in tokens]
+    wrong = ["dog" if t[0] not in "()" else t for t in tokens]
     assert delinearize(wrong, sentence, tag_pos(tree), "words") == expected
     assert not well_formed(tokens[:-1], len(sentence), "words")
 

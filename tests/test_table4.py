@@ -114,14 +114,15 @@ def test_bad_tuning_sections_fail_with_one_line(tmp_path, tune, message):
 def test_treebank_pairs_round_trip_through_linearization(wsj):
     gold = {"train": TRAIN, "dev": DEV, "test": TEST}
     for split, texts in gold.items():
-        for linearization in ("tags", "xx"):
+        for linearization in ("tags", "xx", "words"):
             pairs = load_pairs("wsj-parse", split, str(wsj), linearization=linearization)
             assert len(pairs) == len(texts)
             for (sentence, target), text in zip(pairs, texts, strict=True):
                 tree = Tree.fromstring(text)
                 assert sentence.split() == words(tree) and "-NONE-" not in sentence
                 assert target.split() == linearize(tree, linearization)
-                repaired = delinearize(target.split(), sentence.split(), tag_pos(tree))
+                repaired = delinearize(target.split(), sentence.split(), tag_pos(tree),
+                                       linearization)
                 assert " ".join(linearize(repaired, linearization)) == target
                 assert bracket_f1([tree], [repaired]) == 100.0
     assert load_pairs("wsj-parse", "train", str(wsj), linearization="tags")[2] == (
@@ -143,6 +144,20 @@ def test_tree_tokens_are_whole_pieces(wsj, tmp_path):
     ids = tokenizer.encode(targets)
     assert [len(i) for i in ids] == [len(t.split()) for t in targets]  # one piece per token
     assert tokenizer.decode(ids) == targets
+
+
+def test_word_targets_reuse_the_source_pieces(wsj, tmp_path):
+    """With word targets only brackets are whole pieces; each word is split as in the source, so
+    constrained decoding can copy the source's pieces (decoding.TreeConstraint)."""
+    pairs = load_pairs("wsj-parse", "train", str(wsj), linearization="words")
+    symbols = tree_symbols(pairs, "words")
+    assert "\u2581(NP" in symbols and not {"\u2581sold", "\u2581It"} & set(symbols)
+    assert tokenizer_name("wsj-parse", linearization="words") == "wsj-parse-words"
+    tokenizer = train_tokenizer("wsj-parse-words", 300, (s for p in pairs for s in p),
+                                tmp_path / "cache", symbols=symbols, hard_vocab_limit=False)
+    for sentence, target in pairs:
+        src, tgt = tokenizer.encode([sentence, target])
+        assert [i for i in tgt if tokenizer.piece(i) not in symbols] == src
     assert tokenizer_name("wsj-parse") == "wsj-parse" != tokenizer_name("wsj-parse", str(wsj))
     assert tokenizer_name("wsj-parse", None, None, "tags") == "wsj-parse-tags"
     assert tokenizer_name("wsj-parse", None, None, "xx") == "wsj-parse"  # as before tags existed
@@ -210,8 +225,8 @@ def test_smoke_run_writes_a_record_with_f1_and_renders_the_table(cli):
     assert r["command"].startswith("python -m reproduce table4 --scale smoke --treebank")
     table = (root / "results" / "table4.md").read_text()
     assert "| Dyer et al. (2016) | generative | 93.3 |" in table
-    assert f"| Transformer (4 layers), ours, scale `smoke`, WSJ, untuned | WSJ only, discriminative " \
-           f"| {m['test_f1']:.1f} (section 23) |" in table
+    assert (f"| Transformer (4 layers), ours, scale `smoke`, WSJ, untuned, POS-tag targets | "
+            f"WSJ only, discriminative | {m['test_f1']:.1f} (section 23) |") in table
     assert "| Transformer (4 layers), ours | semi-supervised | not run (no semi-supervised " in table
 
 
