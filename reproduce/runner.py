@@ -21,6 +21,7 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 
+from . import workers
 from .config import Config, ConfigError
 from .sweep import PlannedRun
 
@@ -211,6 +212,7 @@ def _execute(run: PlannedRun, split: str, command: str, work: Path,
     logger = _wandb_logger(run, work, precision)
     trainer, module, clock, resumed, accumulate = _train(run, work, data, logger, precision)
 
+    workers.share_cores()  # decoding too uses the cores of workers that have ended
     weights = _final_weights(module, work / "checkpoints", c.train.average_last)
     trainer.limit_val_batches = 1.0
     dev = trainer.validate(module, datamodule=data, verbose=False)[0]
@@ -285,6 +287,8 @@ def _train(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=
     c = run.config
     module = TranslationModule(c.to_dict())
     clock = TrainClock(every=0 if sys.stderr.isatty() else 50)
+    if os.environ.get(workers.SHARE_ENV):  # a --workers worker on a CPU
+        callbacks = [*callbacks, ShareCores()]
     every = ({"train_time_interval": timedelta(minutes=c.train.ckpt_every_minutes)}
              if c.train.ckpt_every_minutes else
              {"every_n_train_steps": c.train.ckpt_every_steps or max(1, c.train.train_steps // 10)})
@@ -412,6 +416,18 @@ def planned_summary(run: PlannedRun, overrides: dict[str, Any]) -> str:
 
 
 # --- Lightning helpers ---------------------------------------------------------------------------
+
+
+class ShareCores(pl.Callback):
+    """In a ``--workers`` worker on a CPU: every ``every`` steps, take the cores of workers that
+    have ended (``workers.share_cores``)."""
+
+    def __init__(self, every: int = 10) -> None:
+        self.every = every
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step % self.every == 0 and (threads := workers.share_cores()):
+            log.info("step %d: %d thread(s) now (a worker has ended)", trainer.global_step, threads)
 
 
 class TrainClock(pl.Callback):

@@ -6,7 +6,9 @@ core: small matrix products scale poorly across threads (on the 2-core developme
 command started N times, so the claims (``reproduce/claims.py``) keep each run to one worker, and
 an interrupted sweep resumes as always. What ``--workers`` adds:
 
-* threads: each worker gets ``cores // N`` (``OMP_NUM_THREADS``), or one GPU of N;
+* threads: each worker gets ``cores // N`` (``OMP_NUM_THREADS``), or one GPU of N; on a CPU the
+  cores follow the work: once a worker has ended, those still training share its cores too (they
+  read how many are left from a file this process keeps, ``share_cores``);
 * order: the runs without a record are split into N groups of about equal measured cost
   (``cost.step_seconds`` x steps) and each worker starts on its own group, costliest first, then
   helps with the others' (claimed runs are skipped), so no long run is left to start last;
@@ -16,11 +18,15 @@ an interrupted sweep resumes as always. What ``--workers`` adds:
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import subprocess
 import sys
+import tempfile
 import threading
+import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
@@ -29,10 +35,37 @@ from .config import ConfigError
 ORDER_ENV = "REPRODUCE_RUN_ORDER"  # comma-separated run ids a worker tries first, in order
 WORKER_ENV = "REPRODUCE_WORKER"  # set in workers: train and record, leave the table to the parent
 COMMAND_ENV = "REPRODUCE_COMMAND"  # the user's command, stored in each record
+SHARE_ENV = "REPRODUCE_WORKER_SHARE"  # a file "<workers still running> <cores they share>"
+
+log = logging.getLogger("reproduce")
 
 
 def is_worker() -> bool:
     return bool(os.environ.get(WORKER_ENV))
+
+
+def share_cores() -> int | None:
+    """In a CPU worker: take this worker's share of the cores as it is now (the cores split between
+    the workers still running). Returns the new thread count when it changed, else None. Cheap:
+    training calls it every few steps (``ShareCores``)."""
+    path = os.environ.get(SHARE_ENV)
+    if not path:
+        return None
+    try:
+        active, cores = (int(x) for x in Path(path).read_text().split())
+    except (OSError, ValueError):
+        return None  # the parent has gone, or is rewriting it: keep what we have
+    threads = max(1, cores // max(1, active))
+    if threads == torch.get_num_threads():
+        return None
+    torch.set_num_threads(threads)
+    return threads
+
+
+def _write_share(path: Path, active: int, cores: int) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(f"{active} {cores}\n")
+    os.replace(tmp, path)
 
 
 def command(argv: Sequence[str]) -> str:
@@ -115,6 +148,9 @@ def launch(argv: Sequence[str], runs: list, n: int) -> int:
     order = [run_id for group in groups for run_id in group]
     print(f"--workers {n}: {len(todo)} run(s) to train, {threads} thread(s) per worker"
           + (", one GPU each" if gpus else ""))
+    share = None if gpus else Path(tempfile.mkdtemp(prefix="reproduce-workers-")) / "share"
+    if share is not None:
+        _write_share(share, len(groups), cores or 1)
     procs = []
     for k, group in enumerate(groups):
         hours = sum(costs[i] for i in group) / 3600
@@ -123,6 +159,8 @@ def launch(argv: Sequence[str], runs: list, n: int) -> int:
         env = dict(os.environ, **{ORDER_ENV: ",".join(group + [i for i in order if i not in group]),
                                   WORKER_ENV: str(k + 1), COMMAND_ENV: command(argv),
                                   "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)})
+        if share is not None:
+            env[SHARE_ENV] = str(share)
         if gpus:  # the k-th of the GPUs this process may use
             visible = os.environ.get("CUDA_VISIBLE_DEVICES")
             env["CUDA_VISIBLE_DEVICES"] = (visible.split(",") if visible else
@@ -135,17 +173,36 @@ def launch(argv: Sequence[str], runs: list, n: int) -> int:
     for pump in pumps:
         pump.start()
     try:
-        codes = [proc.wait() for _, proc in procs]
+        codes = _wait([proc for _, proc in procs], share, cores or 1)
     except KeyboardInterrupt:  # the workers got the same SIGINT; let them stop cleanly
         codes = [proc.wait() for _, proc in procs]
         raise
     finally:
         for pump in pumps:
             pump.join(timeout=5)
+        if share is not None:
+            for path in (share, share.with_suffix(".tmp")):
+                path.unlink(missing_ok=True)
+            share.parent.rmdir()
     for (k, _), code in zip(procs, codes, strict=True):
         if code:
             print(f"--workers: w{k} exited with status {code}; run the command again to resume")
     return max(codes)
+
+
+def _wait(procs: list[subprocess.Popen], share: Path | None, cores: int,
+          poll_seconds: float = 1.0) -> list[int]:
+    """Exit statuses of ``procs``; each time one ends, the share file gives its cores to the rest."""
+    codes: list[int | None] = [None] * len(procs)
+    while None in codes:
+        for i, proc in enumerate(procs):
+            if codes[i] is None and proc.poll() is not None:
+                codes[i] = proc.returncode
+                if share is not None:
+                    _write_share(share, max(1, codes.count(None)), cores)
+        if None in codes:
+            time.sleep(poll_seconds)
+    return [int(code) for code in codes]
 
 
 def _pump(k: int, proc: subprocess.Popen) -> None:

@@ -122,13 +122,47 @@ def test_workers_flag_trains_runs_in_parallel_and_renders_once(tmp_path):
     assert len(recorded) == 2 and {line[:4] for line in recorded} == {"[w1]", "[w2]"}, recorded
     assert sum("rendered " in line for line in lines) == 1  # by the parent, after both
     assert not any(line.startswith("[w") and "rendered " in line for line in lines)
+    threads = []
     for variant in ("A1", "A4"):
         record = json.loads((tmp_path / "results" / "table3" / f"table3-{variant}-smoke-seed0.json")
                             .read_text())
         assert record["command"] == "python -m reproduce " + " ".join(args)
-        assert record["hardware"]["torch_threads"] == max(1, len(os.sched_getaffinity(0)) // 2)
+        threads.append(record["hardware"]["torch_threads"])
+    # Half the cores each; the worker that ends last may have taken the other's by then.
+    cores = len(os.sched_getaffinity(0))
+    assert min(threads) == max(1, cores // 2) and max(threads) <= max(1, cores)
     table = (tmp_path / "results" / "table3.md").read_text()
     assert "## Scale `smoke`" in table  # rendered from the two workers' records
     again = subprocess.run([sys.executable, "-m", "reproduce", *args], env=env, text=True,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
     assert again.returncode == 0 and "nothing to train" in again.stdout
+
+
+def test_cores_follow_the_work_when_a_worker_ends(tmp_path, monkeypatch):
+    """The parent rewrites the share file as workers end; a worker still running reads it and
+    takes the freed cores (`share_cores`)."""
+    import torch
+
+    from reproduce.workers import SHARE_ENV, _wait, _write_share, share_cores
+
+    share = tmp_path / "share"
+    _write_share(share, 2, 4)
+    reader = ("import time, sys; time.sleep(1.5); "
+              f"print(open({str(share)!r}).read().strip())")
+    procs = [subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"]),
+             subprocess.Popen([sys.executable, "-c", reader], stdout=subprocess.PIPE, text=True)]
+    assert _wait(procs, share, 4, poll_seconds=0.05) == [3, 0]
+    assert procs[1].stdout.read().strip() == "1 4"  # the first had ended: one worker, 4 cores
+
+    before = torch.get_num_threads()
+    monkeypatch.setenv(SHARE_ENV, str(share))
+    try:
+        torch.set_num_threads(1)
+        _write_share(share, 2, 2)
+        assert share_cores() is None and torch.get_num_threads() == 1  # still one core each
+        _write_share(share, 1, 2)
+        assert share_cores() == 2 and torch.get_num_threads() == 2
+        share.write_text("garbage")
+        assert share_cores() is None and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
