@@ -10,7 +10,7 @@ an interrupted sweep resumes as always. What ``--workers`` adds:
   cores follow the work: once a worker has ended, those still training share its cores too (they
   read how many are left from a file this process keeps, ``share_cores``);
 * order: the runs without a record are split into N groups of about equal measured cost
-  (``cost.step_seconds`` x steps) and each worker starts on its own group, costliest first, then
+  (``cost.step_seconds`` x steps left) and each worker starts on its own group, costliest first, then
   helps with the others' (claimed runs are skipped), so no long run is left to start last;
 * one table: workers only train and record; this process renders the table when all have ended.
 """
@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -60,6 +61,17 @@ def share_cores() -> int | None:
         return None
     torch.set_num_threads(threads)
     return threads
+
+
+def steps_left(run) -> int:
+    """Training steps a run still needs: all of them, less those of its latest checkpoint
+    (``step<N>.ckpt``), which it resumes from."""
+    from .runner import runs_dir
+
+    steps = run.config.train.train_steps
+    done = [int(m.group(1)) for p in (runs_dir() / run.table / run.run_id / "checkpoints").glob(
+        "step*.ckpt") if (m := re.fullmatch(r"step(\d+)\.ckpt", p.name))]
+    return max(0, steps - max(done, default=0))
 
 
 def _write_share(path: Path, active: int, cores: int) -> None:
@@ -132,16 +144,15 @@ def launch(argv: Sequence[str], runs: list, n: int) -> int:
     if gpus and n > gpus:
         raise ConfigError(f"--workers {n}: this machine has {gpus} GPU(s), one per worker at most")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    threads = max(1, (cores or 1) // n)
     todo = [run for run in runs if finished(run) is None]
     if not todo:
         print("--workers: every run has a record; nothing to train")
         return 0
+    threads = max(1, (cores or 1) // min(n, len(todo)))  # no more workers than runs
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)  # measure each run as a worker will train it
     try:
-        costs = {run.run_id: step_seconds(run.config) * run.config.train.train_steps
-                 for run in todo}
+        costs = {run.run_id: step_seconds(run.config) * steps_left(run) for run in todo}
     finally:
         torch.set_num_threads(previous)
     groups = balance(costs, min(n, len(todo)))

@@ -166,3 +166,20 @@ def test_cores_follow_the_work_when_a_worker_ends(tmp_path, monkeypatch):
         assert share_cores() is None and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_steps_left_counts_from_the_latest_checkpoint(tmp_path, monkeypatch):
+    from reproduce.sweep import load_spec
+    from reproduce.workers import steps_left
+
+    monkeypatch.setenv("REPRODUCE_RUNS", str(tmp_path))
+    run = load_spec("table3").plan(["base"], "cpu", [0])[0]
+    total = run.config.train.train_steps
+    assert steps_left(run) == total
+    ckpts = tmp_path / "table3" / run.run_id / "checkpoints"
+    ckpts.mkdir(parents=True)
+    for name in ("step300.ckpt", "step1200.ckpt", "last.ckpt", "step99.ckpt.tmp"):
+        (ckpts / name).write_bytes(b"")
+    assert steps_left(run) == total - 1200
+    (ckpts / f"step{total + 5}.ckpt").write_bytes(b"")
+    assert steps_left(run) == 0
