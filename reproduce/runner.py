@@ -311,7 +311,14 @@ def _train(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=
     resumed = last.exists()
     if resumed:
         log.info("%s: resuming from %s", run.run_id, last)
-    trainer.fit(module, datamodule=data, ckpt_path=last if resumed else None)
+    from pytorch_lightning.utilities.exceptions import SIGTERMException
+
+    try:
+        trainer.fit(module, datamodule=data, ckpt_path=last if resumed else None)
+    except SIGTERMException:  # Lightning's: a SystemExit with status 0, as if the run had ended
+        raise SystemExit(f"{run.run_id}: stopped by SIGTERM at step {trainer.global_step} of "
+                         f"{c.train.train_steps}; run the command again to resume it from its "
+                         "last checkpoint") from None
     if trainer.interrupted or trainer.global_step < c.train.train_steps:
         raise RuntimeError(f"{run.run_id}: training stopped at step {trainer.global_step} of "
                            f"{c.train.train_steps}; run the command again to resume")

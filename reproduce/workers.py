@@ -133,8 +133,9 @@ def worker_argv(argv: Sequence[str]) -> list[str]:
 
 
 def launch(argv: Sequence[str], runs: list, n: int) -> int:
-    """Train ``runs`` (those without a record) with ``n`` worker processes; returns the worst exit
-    status. Each worker's output lines are prefixed ``[wK]``."""
+    """Train ``runs`` (those without a record) with ``n`` worker processes; returns 0 if every
+    worker succeeded, else a failed one's status (positive). Each worker's output lines are
+    prefixed ``[wK]``."""
     from .cost import step_seconds
     from .runner import finished
 
@@ -198,7 +199,8 @@ def launch(argv: Sequence[str], runs: list, n: int) -> int:
     for (k, _), code in zip(procs, codes, strict=True):
         if code:
             print(f"--workers: w{k} exited with status {code}; run the command again to resume")
-    return max(codes)
+    # A worker killed by a signal has a negative status: any failure makes the whole one fail.
+    return next((abs(code) for code in codes if code), 0)
 
 
 def _wait(procs: list[subprocess.Popen], share: Path | None, cores: int,

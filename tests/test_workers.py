@@ -57,8 +57,10 @@ def test_four_workers_one_killed_and_restarted_record_each_run_once(tmp_path):
         time.sleep(0.2)
     assert taken, "worker 0 never claimed a run"
     time.sleep(3)  # mid-run
-    victim.send_signal(signal.SIGKILL)
-    victim.wait()
+    # SIGTERM, as `kill` or a scheduler sends: Lightning turns it into a SystemExit with status 0
+    # during training; the worker must still fail, so that nobody takes the run for finished.
+    victim.send_signal(signal.SIGTERM)
+    assert victim.wait(timeout=120) != 0
     workers[0] = _worker(env, logs[4])  # the restarted worker
     for w in workers:
         assert w.wait(timeout=600) == 0
