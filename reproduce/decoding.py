@@ -56,7 +56,7 @@ def greedy_search(model: Transformer, src: Tensor, bos: int, eos: int, max_len_o
     for t in range(steps):
         logp = _next_logp(model, state, tokens, bos)
         if constraint is not None:
-            logp = logp.masked_fill(~constraint.allowed(t), NEG_INF)
+            logp = constraint.rescore(logp).masked_fill(~constraint.allowed(t), NEG_INF)
         nxt = logp.argmax(dim=-1)
         nxt = torch.where((t >= max_len) | done, torch.full_like(nxt, eos), nxt)
         if constraint is not None:
@@ -97,7 +97,7 @@ def beam_search(model: Transformer, src: Tensor, bos: int, eos: int, beam: int =
         V = logp.shape[1]
         eos_raw = logp[:, eos]  # the model's, before any constraint: at the limit EOS must stay
         if constraint is not None:
-            logp = logp.masked_fill(~constraint.allowed(t), NEG_INF)
+            logp = constraint.rescore(logp).masked_fill(~constraint.allowed(t), NEG_INF)
         at_limit = t >= max_len  # only EOS may follow (constrained or not)
         if bool(at_limit.any()):
             eos_col = torch.where(at_limit, eos_raw, logp[:, eos])
@@ -147,7 +147,10 @@ class TreeConstraint:
 
     With ``copy`` (the ``words`` linearization, ``start(words, src)``) a word is written as the
     source's own pieces: at a word boundary the only word token allowed is the source's next piece,
-    inside a word only its next piece, and brackets only between words.
+    inside a word only its next piece, and brackets only between words. The model's choice there is
+    between a bracket and *a* word, so the next piece is scored with the probability of all word
+    tokens together (``rescore``): a model unsure which word comes next does not open brackets
+    instead, again and again.
 
     Vectorized over rows (sentences x beams): per row the slots used (words, or pieces with
     ``copy``), the open labels as a stack and whether each open constituent holds a word yet.
@@ -173,6 +176,8 @@ class TreeConstraint:
                 index = labels.setdefault(token[1:], len(labels))
                 (self.open_label if token[0] == "(" else self.close_label)[i] = index
         self.is_open, self.is_close = self.open_label >= 0, self.close_label >= 0
+        self.is_word = ~self.is_open & ~self.is_close  # with copy: any token but brackets and
+        self.is_word[:4] = False  # pad, unk, bos, eos (tokenizer ids 0-3)
         self.eos, self.max_depth = eos, max_depth
 
     @classmethod
@@ -191,7 +196,8 @@ class TreeConstraint:
         n = self.batch_words.repeat_interleave(beam)
         self.max_len = max_len
         device, R = n.device, n.shape[0]
-        for name in ("open_label", "close_label", "is_slot", "is_open", "is_close", "word_start"):
+        for name in ("open_label", "close_label", "is_slot", "is_open", "is_close", "word_start",
+                     "is_word"):
             setattr(self, name, getattr(self, name).to(device))
         self.copy = self.batch_src is not None
         if self.copy:  # the pieces to write, -1 after them; slots then count pieces
@@ -203,6 +209,18 @@ class TreeConstraint:
         self.stack = torch.full((R, self.max_depth), -1, dtype=torch.long, device=device)
         self.filled = torch.zeros(R, self.max_depth, dtype=torch.bool, device=device)
         self.rooted = torch.zeros(R, dtype=torch.bool, device=device)  # the root has been opened
+
+    def rescore(self, logp: Tensor) -> Tensor:
+        """(R, V) log-probabilities as the search should rank them: with copy, the source's next
+        piece gets the log of the total probability of every word token."""
+        if not self.copy:
+            return logp
+        rows = torch.arange(logp.shape[0], device=logp.device)
+        left = self.slots < self.words
+        words = torch.logsumexp(logp.masked_fill(~self.is_word[None, :], NEG_INF), dim=1)
+        logp = logp.clone()
+        logp[rows[left], self.src[rows[left], self.slots[left]]] = words[left]
+        return logp
 
     def allowed(self, t: int) -> Tensor:
         """(R, V) tokens each row may emit as its token ``t`` (0-based)."""
