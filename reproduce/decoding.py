@@ -163,7 +163,7 @@ class TreeConstraint:
         self.open_label = torch.full((model_vocab,), -1, dtype=torch.long)
         self.close_label = torch.full((model_vocab,), -1, dtype=torch.long)
         self.is_slot = torch.zeros(model_vocab, dtype=torch.bool)
-        # With copy: pieces that begin a word (all but the first piece of a word, and brackets).
+        # With copy: pieces that begin a word (those with ▁: a word's first piece, brackets).
         self.word_start = torch.zeros(model_vocab, dtype=torch.bool)
         for i, piece in enumerate(pieces):
             self.word_start[i] = piece.startswith("\u2581")
@@ -176,8 +176,9 @@ class TreeConstraint:
                 index = labels.setdefault(token[1:], len(labels))
                 (self.open_label if token[0] == "(" else self.close_label)[i] = index
         self.is_open, self.is_close = self.open_label >= 0, self.close_label >= 0
-        self.is_word = ~self.is_open & ~self.is_close  # with copy: any token but brackets and
-        self.is_word[:4] = False  # pad, unk, bos, eos (tokenizer ids 0-3)
+        # With copy: every token but brackets and pad, unk, bos, eos (tokenizer ids 0-3).
+        self.is_word = ~self.is_open & ~self.is_close
+        self.is_word[:4] = False
         self.eos, self.max_depth = eos, max_depth
 
     @classmethod
