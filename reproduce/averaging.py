@@ -60,6 +60,14 @@ def average_checkpoints(paths: list[Path]) -> dict[str, torch.Tensor]:
             for key, tensor in first.items()}
 
 
+def checkpoint_step(path: Path) -> int:
+    """The training step in a ``step<N>.ckpt`` file's name."""
+    match = _STEP_NAME.fullmatch(Path(path).name)
+    if match is None:
+        raise ValueError(f"{path}: not a step<N>.ckpt checkpoint")
+    return int(match[1])
+
+
 def last_checkpoints(directory: Path, k: int) -> list[Path]:
     """The `k` checkpoints with the highest training step in their name (``step<N>.ckpt``), oldest
     first; ``last.ckpt`` and other names are ignored. Fewer than `k` when fewer exist (the caller

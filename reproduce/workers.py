@@ -18,9 +18,7 @@ an interrupted sweep resumes as always. What ``--workers`` adds:
 from __future__ import annotations
 
 import itertools
-import logging
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -37,8 +35,6 @@ ORDER_ENV = "REPRODUCE_RUN_ORDER"  # comma-separated run ids a worker tries firs
 WORKER_ENV = "REPRODUCE_WORKER"  # set in workers: train and record, leave the table to the parent
 COMMAND_ENV = "REPRODUCE_COMMAND"  # the user's command, stored in each record
 SHARE_ENV = "REPRODUCE_WORKER_SHARE"  # a file "<workers still running> <cores they share>"
-
-log = logging.getLogger("reproduce")
 
 
 def is_worker() -> bool:
@@ -66,12 +62,15 @@ def share_cores() -> int | None:
 def steps_left(run) -> int:
     """Training steps a run still needs: all of them, less those of its latest checkpoint
     (``step<N>.ckpt``), which it resumes from."""
+    from .averaging import checkpoint_step, last_checkpoints
     from .runner import runs_dir
 
     steps = run.config.train.train_steps
-    done = [int(m.group(1)) for p in (runs_dir() / run.table / run.run_id / "checkpoints").glob(
-        "step*.ckpt") if (m := re.fullmatch(r"step(\d+)\.ckpt", p.name))]
-    return max(0, steps - max(done, default=0))
+    try:
+        latest = last_checkpoints(runs_dir() / run.table / run.run_id / "checkpoints", 1)[0]
+    except ValueError:  # none yet
+        return steps
+    return max(0, steps - checkpoint_step(latest))
 
 
 def _write_share(path: Path, active: int, cores: int) -> None:
