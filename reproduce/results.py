@@ -319,20 +319,22 @@ def render_table4(spec: Spec, records: list[dict[str, Any]]) -> str:
         ours[r["variant"]].setdefault(key, []).append(r)
     for row in spec.cited:
         lines.append(f"| {row['parser']} | {row['training']} | {_fmt(row.get('f1'))} |")
-        variant = row.get("ours")
-        if variant is None:
-            continue
-        if not ours.get(variant):
+        variants = row.get("ours") or []
+        variants = [variants] if isinstance(variants, str) else variants
+        if variants and not any(ours.get(v) for v in variants):
+            variant = variants[0]
             corpus = spec.resolve(variant, "paper").data.corpus if variant in spec.variants else ""
             why = missing_input(corpus, None) if corpus else None
             lines.append(f"| {row['parser']}, ours | {row['training']} | not run"
                          + (" (no semi-supervised corpus given: `--silver PATH`)" if why else "")
                          + " |")
-        for (scale, kind, settings), recs in ours[variant].items():
-            f1 = _mean_std([r["metrics"]["test_f1"] for r in recs], 1)
-            where = "the sample's test files" if kind == "nltk-sample" else "section 23"
-            lines.append(f"| {row['parser']}, ours, scale `{scale}`, {TREEBANKS.get(kind, kind)}, "
-                         f"{settings} | {row['training']} | {f1} ({where}) |")
+        for variant in variants:
+            for (scale, kind, settings), recs in ours.get(variant, {}).items():
+                f1 = _mean_std([r["metrics"]["test_f1"] for r in recs], 1)
+                where = "the sample's test files" if kind == "nltk-sample" else "section 23"
+                lines.append(f"| {row['parser']}, ours, scale `{scale}`, "
+                             f"{TREEBANKS.get(kind, kind)}, {settings} | {row['training']} | "
+                             f"{f1} ({where}) |")
     lines += ["", "Our F1: labelled bracketing F1 on the test split, EVALB COLLINS.prm conventions "
               "(function tags stripped, PRT = ADVP, punctuation and the root not counted), model "
               "output repaired into a tree over the input words and given the gold POS tags. On "

@@ -103,10 +103,12 @@ class Spec:
                       {**self.tuning.knobs, **self.scale(scale).tune})
 
     def row_of(self, variant: str) -> str:
-        return next((row for row, names in self.rows.items() if variant in names), "base")
+        """The row a variant belongs to; base, and a variant in no row, are their own."""
+        return next((row for row, names in self.rows.items() if variant in names), variant)
 
     def select(self, rows: list[str] | None = None, variants: list[str] | None = None) -> list[str]:
-        """Variant names for the given rows (each row also runs base) or explicit variants."""
+        """Variant names for the given rows (each row also runs base) or explicit variants; with
+        neither, base and every row's variants (a variant in no row runs only when named)."""
         chosen: list[str] = []
         for row in rows or []:
             if row not in self.rows:
@@ -119,7 +121,8 @@ class Spec:
                                 f"{', '.join(self.variants)}")
             chosen.append(name)
         if not rows and not variants:
-            chosen = list(self.variants)
+            in_rows = {name for names in self.rows.values() for name in names}
+            chosen = [name for name in self.variants if name == "base" or name in in_rows]
         return list(dict.fromkeys(chosen))
 
     def scale(self, name: str) -> Scale:

@@ -63,7 +63,7 @@ def test_spec_has_the_papers_rows_settings_and_cited_figures():
     spec = load_spec("table4")
     assert spec.split == "test" and spec.preset == "parsing"
     assert {name: v.paper["f1"] for name, v in spec.variants.items()} == {
-        "wsj_only": 91.3, "semi_supervised": 92.7}
+        "wsj_only": 91.3, "wsj_only_words": 91.3, "semi_supervised": 92.7}
     wsj, semi = (spec.resolve(v, "paper") for v in ("wsj_only", "semi_supervised"))
     assert wsj.model == PARSING.model.__class__(**{**PARSING.model.__dict__, "p_drop": 0.2,
                                                    "p_attn": 0.2})
@@ -79,7 +79,14 @@ def test_spec_has_the_papers_rows_settings_and_cited_figures():
     assert len(cited) == 12
     assert cited[0] == ("Vinyals & Kaiser et al. (2014)", "WSJ only, discriminative", 88.3)
     assert cited[-1] == ("Dyer et al. (2016)", "generative", 93.3)
-    assert [r["ours"] for r in spec.cited if "ours" in r] == ["wsj_only", "semi_supervised"]
+    assert [r["ours"] for r in spec.cited if "ours" in r] == [
+        ["wsj_only", "wsj_only_words"], "semi_supervised"]
+    # Word targets (not the paper's) only change the target format, and run only when named.
+    words = spec.resolve("wsj_only_words", "cpu")
+    assert words.data.linearization == "words"
+    assert words.overrides(linearization="tags") == spec.resolve("wsj_only", "cpu")
+    assert spec.select() == ["wsj_only", "semi_supervised"]
+    assert spec.row_of("wsj_only_words") == "wsj_only_words"
     assert {(r["parser"], r["f1"]) for r in spec.cited if "ours" in r} == {
         ("Transformer (4 layers)", 91.3), ("Transformer (4 layers)", 92.7)}
 
@@ -290,7 +297,8 @@ def test_trials_are_pruned_on_dev_loss_in_the_studys_direction():
 @pytest.mark.parametrize("args, message", [
     (["--treebank", "/nonexistent/wsj"], "--treebank '/nonexistent/wsj': no such file or folder"),
     (["--silver", "/nonexistent/trees"], "--silver '/nonexistent/trees': no such file or folder"),
-    (["--variant", "wsj"], "unknown variant 'wsj'; valid variants: wsj_only, semi_supervised"),
+    (["--variant", "wsj"], "unknown variant 'wsj'; valid variants: wsj_only, wsj_only_words, "
+     "semi_supervised"),
     (["--tune", "--trials", "0"], "--trials 0: must be at least 1"),
     (["--tune", "--storage", "nosuchdb://x"], "--storage 'nosuchdb://x'"),
 ])
