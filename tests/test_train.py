@@ -41,6 +41,27 @@ def test_label_smoothing_matches_torch_and_ignores_padding():
         torch.testing.assert_close(nll, F.cross_entropy(logits[keep], target[keep], reduction="sum"))
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_label_smoothing_gradient_is_torchs(dtype):
+    """The hand-written backward gives cross_entropy's gradient, padding rows get none, and the
+    gradient comes back in the logits' dtype (bf16 under autocast)."""
+    torch.manual_seed(0)
+    logits, target = torch.randn(3, 4, 13, dtype=torch.float64) * 3, torch.randint(1, 13, (3, 4))
+    target[2, 1:] = 0
+    keep = target != 0
+    for eps in (0.0, 0.1, 0.3):
+        ours, ref = (logits.clone().to(dtype).requires_grad_() for _ in range(2))
+        (2.5 * smoothed_loss(ours, target, eps, pad_id=0)[0]).backward()
+        (2.5 * F.cross_entropy(ref.double()[keep], target[keep], label_smoothing=eps,
+                               reduction="sum")).backward()
+        assert ours.grad.dtype == dtype and not ours.grad[~keep].any()
+        tol = {} if dtype == torch.float64 else {"atol": 2e-2, "rtol": 2e-2}
+        torch.testing.assert_close(ours.grad.double(), ref.grad.double(), **tol)
+    small = target % 5
+    assert torch.autograd.gradcheck(lambda x: smoothed_loss(x, small, 0.1, 0)[0],
+                                    logits[:, :, :5].clone().requires_grad_())
+
+
 def test_label_smoothing_prefers_a_less_confident_model():
     target = torch.tensor([[2]])
     confident = torch.full((1, 1, 10), -30.0)
