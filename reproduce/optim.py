@@ -49,10 +49,11 @@ class _SmoothedLoss(torch.autograd.Function):
     of the smoothed cross-entropy with respect to the logits is softmax - q (q: 1 - eps_ls on the
     target, eps_ls / V everywhere), written in three passes over the (tokens, V) logits instead of
     autograd's scatter into zeros, mean backward and log-softmax backward. The same gradient (to
-    float rounding, tests/test_train.py). On the 2-core EPYC at the `cpu` scale: loss forward and
-    backward 62 ms against 96 (2070 tokens x 8000 pieces, 2 threads); base's whole training step
-    1.09x faster at 1 thread (1.40 against 1.52 s) and 1.10x at 2 (0.88 against 0.97 s), medians of
-    4 interleaved rounds of 8 Bible batches (2026-11-24)."""
+    float rounding, tests/test_train.py). On the 2-core AMD EPYC at the `cpu` scale
+    (``python benchmarks/loss.py [--threads 1]``, 2026-11-24): the loss's forward and backward
+    1.4x faster (85 against 121 ms at 2 threads, 139 against 202 at 1); base's whole training
+    step 1.09x at 1 thread (1.45 against 1.58 s; the same in an earlier A/B), at 2 threads 1.03x
+    in one run and 1.10x in another, both within the rounds' spread."""
 
     @staticmethod
     def forward(ctx, logits: Tensor, target: Tensor, keep: Tensor, eps_ls: float):
