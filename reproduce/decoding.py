@@ -47,7 +47,7 @@ def greedy_search(model: Transformer, src: Tensor, bos: int, eos: int, max_len_o
     B, device = src.shape[0], src.device
     max_len = _max_lengths(src, model.config.pad_id, max_len_offset)
     steps = int(max_len.max()) + 1
-    state = model.start_decoding(src, beam=1, max_len=steps, use_cache=use_cache)
+    state = model.start_decoding(src, beam=1, use_cache=use_cache)
     tokens = torch.full((B,), bos, dtype=torch.long, device=device)
     out = torch.full((B, steps), eos, dtype=torch.long, device=device)
     done = torch.zeros(B, dtype=torch.bool, device=device)
@@ -78,17 +78,18 @@ def beam_search(model: Transformer, src: Tensor, bos: int, eos: int, beam: int =
     B, K, device = src.shape[0], beam, src.device
     max_len = _max_lengths(src, model.config.pad_id, max_len_offset).repeat_interleave(K)
     steps = int(max_len.max()) + 1
-    state = model.start_decoding(src, beam=K, max_len=steps, use_cache=use_cache)
+    state = model.start_decoding(src, beam=K, use_cache=use_cache)
 
+    # Per sentence still searching (B shrinks as sentences finish; `ids` are their batch indices):
     hist = torch.full((B * K, steps + 1), eos, dtype=torch.long, device=device)
     hist[:, 0] = bos
     scores = torch.zeros(B, K, device=device)
     scores[:, 1:] = NEG_INF  # all beams start identical: expand only the first
+    ids = torch.arange(B, device=device)
+    # Per sentence of the batch: the K best finished hypotheses.
     fin_scores = torch.full((B, K), NEG_INF, device=device)
     fin_hist = torch.full((B, K, steps + 1), eos, dtype=torch.long, device=device)
     fin_count = torch.zeros(B, dtype=torch.long, device=device)
-    done = torch.zeros(B, dtype=torch.bool, device=device)
-    base = torch.arange(B, device=device)[:, None] * K  # (B, 1) first row of each sentence
     if constraint is not None:
         constraint.begin(K, max_len)
 
@@ -106,34 +107,45 @@ def beam_search(model: Transformer, src: Tensor, bos: int, eos: int, beam: int =
         cand = (scores.view(B * K, 1) + logp).view(B, K * V)
         top_s, top_i = cand.topk(2 * K, dim=1)  # 2K so that K survive even if K end in EOS
         top_beam, top_tok = top_i // V, top_i % V
+        base = torch.arange(B, device=device)[:, None] * K  # (B, 1) first row of each sentence
 
         # Hypotheses ending now, among the K best candidates, join the finished set.
-        ends = (top_tok[:, :K] == eos) & (top_s[:, :K] > NEG_INF) & ~done[:, None]
+        ends = (top_tok[:, :K] == eos) & (top_s[:, :K] > NEG_INF)
+        keep = None
         if bool(ends.any()):
             new_s = torch.where(ends, top_s[:, :K] / length_penalty(t + 1, alpha), NEG_INF)
             new_h = hist[(base + top_beam[:, :K]).view(-1)].view(B, K, -1).clone()
             new_h[:, :, t + 1] = eos
-            all_s = torch.cat([fin_scores, new_s], dim=1)
-            all_h = torch.cat([fin_hist, new_h], dim=1)
-            fin_scores, keep = all_s.topk(K, dim=1)
-            fin_hist = all_h.gather(1, keep[:, :, None].expand(-1, -1, all_h.shape[2]))
-            fin_count += ends.sum(dim=1)
-            done |= fin_count >= K
+            all_s = torch.cat([fin_scores[ids], new_s], dim=1)
+            all_h = torch.cat([fin_hist[ids], new_h], dim=1)
+            best_s, best = all_s.topk(K, dim=1)
+            fin_scores[ids] = best_s
+            fin_hist[ids] = all_h.gather(1, best[:, :, None].expand(-1, -1, all_h.shape[2]))
+            fin_count[ids] += ends.sum(dim=1)
+            done = fin_count[ids] >= K
             if bool(done.all()):
                 break
+            if bool(done.any()):  # finished sentences leave the batch
+                keep = (~done).nonzero().squeeze(1)
 
         # The K best candidates that did not end carry on.
         alive_s = torch.where(top_tok == eos, NEG_INF, top_s)
         scores, pick = alive_s.topk(K, dim=1)
-        rows = (base + top_beam.gather(1, pick)).view(-1)
+        rows = base + top_beam.gather(1, pick)  # (B, K) rows of this step
+        tokens = top_tok.gather(1, pick)
+        if keep is not None:
+            rows, tokens, scores, ids = rows[keep], tokens[keep], scores[keep], ids[keep]
+            B = keep.shape[0]
+        rows, tokens = rows.view(-1), tokens.view(-1)
         hist = hist[rows]
-        hist[:, t + 1] = top_tok.gather(1, pick).view(-1)
-        state.reorder(rows)
+        hist[:, t + 1] = tokens
+        max_len = max_len[rows]
+        state.reorder(rows, keep)
         if constraint is not None:
-            constraint.update(rows, hist[:, t + 1])
+            constraint.update(rows, tokens)
 
     best = fin_scores.argmax(dim=1)
-    return _strip(fin_hist[torch.arange(B, device=device), best, 1:], eos)
+    return _strip(fin_hist[torch.arange(fin_scores.shape[0], device=device), best, 1:], eos)
 
 
 class TreeConstraint:

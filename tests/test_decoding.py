@@ -61,6 +61,23 @@ def test_batched_equals_one_at_a_time(model, src):
     assert batched == single
 
 
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_finished_sentences_leave_the_search(model, src, use_cache, monkeypatch):
+    """Rows per step shrink as sentences finish, and the outputs are those of each sentence alone
+    (also the source's keys and values, kept once per sentence, follow the sentences that stay)."""
+    rows = []
+    step = model.step
+    monkeypatch.setattr(model, "step", lambda state, tokens: (rows.append(len(tokens)),
+                                                               step(state, tokens))[1])
+    batched = beam_search(model, src, BOS, EOS, beam=3, max_len_offset=12, use_cache=use_cache)
+    monkeypatch.undo()
+    assert rows[0] == 3 * src.shape[0] and rows[-1] < rows[0]
+    assert rows == sorted(rows, reverse=True) and all(r % 3 == 0 for r in rows)
+    single = [beam_search(model, src[i:i + 1], BOS, EOS, beam=3, max_len_offset=12)[0]
+              for i in range(src.shape[0])]
+    assert batched == single
+
+
 def _score(model, src, hyp, alpha):
     """Length-normalised log-probability of one hypothesis, by teacher forcing."""
     tgt = torch.tensor([[BOS] + hyp])
