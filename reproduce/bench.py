@@ -5,7 +5,7 @@ Training (forward, label-smoothed loss, backward, Adam step and warm-up schedule
 per second and as a fraction of this machine's matmul peak, measured here per precision (model
 FLOPs: ``reproduce.flops``, the same count for every contender since they compute the same function):
 
-* ``ours``: ``reproduce.model.Transformer`` with the loss of ``lit.py`` (``optim.smoothed_loss``);
+* ``ours``: ``reproduce.model.Transformer`` with the loss of ``lit.py`` (``optim.output_loss``);
 * ``ours, Lightning loop``: the same module driven by a ``Trainer``, as runs train (the loop's own
   cost: hooks, logging, the optimizer call; trainer set-up excluded);
 * ``torch.nn.Transformer`` and ``MarianMT`` (``reproduce.peers``), with
@@ -532,9 +532,10 @@ def render(info: dict[str, Any], sections: list[dict[str, Any]], command: str) -
               "LayerNorms, which the paper lacks; Marian with our interleaved sinusoid table). "
               "The FLOP count (`reproduce/flops.py`: matmuls only, padded shapes, training = "
               "3 x forward) is the same for all, so `model GFLOP/s` is useful work.",
-              "- Loss: ours is `optim.smoothed_loss` (one log-softmax, the smoothed loss and the "
-              "unsmoothed NLL for perplexity); the peers use `F.cross_entropy(label_smoothing)`, "
-              "the same formula.",
+              "- Loss: ours is `optim.output_loss` (the tied output projection, one log-softmax, "
+              "the smoothed loss and the unsmoothed NLL for perplexity, in chunks over the real "
+              "target tokens, gradients written out); the peers project to logits and use "
+              "`F.cross_entropy(label_smoothing)`, the same formula.",
               "- `ours, Lightning loop` is the time between the Trainer's `on_train_start` and "
               "`on_train_end` over the same batches: what a real run pays per step, with logging "
               "and hooks; the Trainer's set-up (a few tenths of a second per run) is left out.",

@@ -11,7 +11,7 @@ import torch
 
 from .config import Config
 from .model import Transformer, build_on_meta, count_parameters
-from .optim import accumulation, smoothed_loss
+from .optim import accumulation, output_loss
 from .runner import resolve_precision
 from .sweep import Spec
 
@@ -48,7 +48,8 @@ def measure_step_seconds(config: Config, tokens: int, sentence_length: int = 25,
     for _ in range(repeats + 1):  # the first step warms up
         start = time.perf_counter()
         with autocast:
-            loss, _ = smoothed_loss(model(src, src), src, config.train.eps_ls, m.pad_id)
+            loss, _ = output_loss(model.features(src, src), model.embed.weight, src,
+                                  config.train.eps_ls, m.pad_id)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

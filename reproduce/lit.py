@@ -13,7 +13,7 @@ import torch
 
 from .config import Config
 from .model import Transformer
-from .optim import adam_with_schedule, smoothed_loss
+from .optim import adam_with_schedule, output_loss
 
 WORK_KEYS = ("src_tokens", "tgt_tokens", "src_sq", "tgt_sq", "cross", "real_tgt_tokens")
 
@@ -30,9 +30,10 @@ class TranslationModule(pl.LightningModule):
         self.work = dict.fromkeys(WORK_KEYS, 0)
 
     def _losses(self, batch: dict[str, torch.Tensor]):
-        logits = self.model(batch["src"], batch["tgt_in"])
+        hidden = self.model.features(batch["src"], batch["tgt_in"])
         pad = self.config.model.pad_id
-        smoothed, nll = smoothed_loss(logits, batch["tgt_out"], self.config.train.eps_ls, pad)
+        smoothed, nll = output_loss(hidden, self.model.embed.weight, batch["tgt_out"],
+                                    self.config.train.eps_ls, pad)
         return smoothed, nll, (batch["tgt_out"] != pad).sum()
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:

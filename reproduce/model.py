@@ -263,10 +263,14 @@ class Transformer(nn.Module):
     def logits(self, hidden: Tensor) -> Tensor:
         return hidden @ self.embed.weight.t()  # tied pre-softmax projection, (.., d) -> (.., V)
 
+    def features(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """Teacher-forced decoder output (B, T, d_model), before the pre-softmax projection."""
+        memory, mask = self.encode(src)
+        return self.decode(tgt_in, memory, mask)
+
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """Teacher-forced logits (B, T, V)."""
-        memory, mask = self.encode(src)
-        return self.logits(self.decode(tgt_in, memory, mask))
+        return self.logits(self.features(src, tgt_in))
 
     # --- incremental decoding (used by reproduce.decoding) --------------------------------------
 

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from reproduce.config import BASE, TrainConfig
-from reproduce.optim import adam_with_schedule, lrate, smoothed_loss
+from reproduce.optim import adam_with_schedule, lrate, output_loss, smoothed_loss
 
 
 def test_lrate_is_equation_3():
@@ -60,6 +60,52 @@ def test_label_smoothing_gradient_is_torchs(dtype):
     small = target % 5
     assert torch.autograd.gradcheck(lambda x: smoothed_loss(x, small, 0.1, 0)[0],
                                     logits[:, :, :5].clone().requires_grad_())
+
+
+@pytest.mark.parametrize("chunk", [13 * 1, 13 * 4, 13 * 100])  # 1 row, 4 rows, all at once
+def test_output_loss_is_the_projection_then_the_loss(chunk):
+    """Fused and chunked over real tokens: the loss, NLL and both gradients of the tied
+    projection followed by ``smoothed_loss``; padding positions get no gradient."""
+    torch.manual_seed(0)
+    hidden = torch.randn(3, 5, 7, dtype=torch.float64)
+    weight = torch.randn(13, 7, dtype=torch.float64)
+    target = torch.randint(1, 13, (3, 5))
+    target[1, 2:] = 0
+    for eps in (0.0, 0.1):
+        h1, w1, h2, w2 = (x.clone().requires_grad_() for x in (hidden, weight, hidden, weight))
+        ours = output_loss(h1, w1, target, eps, 0, chunk_elements=chunk)
+        ref = smoothed_loss(h2 @ w2.t(), target, eps, 0)
+        torch.testing.assert_close(ours, ref)
+        (3.0 * ours[0]).backward()
+        (3.0 * ref[0]).backward()
+        torch.testing.assert_close(h1.grad, h2.grad)
+        torch.testing.assert_close(w1.grad, w2.grad)
+        assert not h1.grad[target == 0].any()
+    assert torch.autograd.gradcheck(
+        lambda h, w: output_loss(h, w, target, 0.1, 0, chunk_elements=26)[0],
+        (hidden.clone().requires_grad_(), weight.clone().requires_grad_()))
+    with torch.no_grad():  # evaluation: the loss only
+        torch.testing.assert_close(output_loss(hidden, weight, target, 0.1, 0, chunk), ref)
+
+
+def test_output_loss_under_bf16_autocast_matches_autograds():
+    """Under autocast the matmuls run in bf16 as autograd's would; gradients in the inputs'
+    dtype (fp32 parameters and activations), close to the unfused path under the same autocast."""
+    torch.manual_seed(0)
+    hidden, weight = torch.randn(4, 6, 16), torch.randn(50, 16) * 0.3
+    target = torch.randint(1, 50, (4, 6))
+    target[0, 3:] = 0
+    grads = []
+    for fused in (True, False):
+        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = (output_loss(h, w, target, 0.1, 0, chunk_elements=100) if fused
+                    else smoothed_loss(h @ w.t(), target, 0.1, 0))[0]
+        loss.backward()
+        assert h.grad.dtype == w.grad.dtype == torch.float32
+        grads.append((loss.detach(), h.grad, w.grad))
+    for ours, ref in zip(*grads, strict=True):
+        torch.testing.assert_close(ours.float(), ref.float(), atol=2e-2, rtol=2e-2)
 
 
 def test_label_smoothing_prefers_a_less_confident_model():
