@@ -4,7 +4,8 @@ the outputs against another checkout of this repository.
     python benchmarks/beam_search.py --run table3-base-cpu-seed0 [--sentences 300]
         [--against ../reproduce-old] [--threads 1] [--rounds 3]
 
-Loads the run's last checkpoint from `runs/` (``REPRODUCE_RUNS``), decodes the first
+Loads the run's last checkpoint from this checkout's `runs/` (or ``REPRODUCE_RUNS``, ``--runs``;
+the tokenizer cache likewise), decodes the first
 `--sentences` dev sentences with ``evaluate.translate`` (the run's beam, length penalty, maximum
 length and batches; a parsing run with its tree constraint) and reports sentences per second,
 median of `--rounds`. With ``--against DIR`` (e.g. a ``git worktree`` of an older commit) the
@@ -15,6 +16,7 @@ compared sentence by sentence; exits non-zero if any differs.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -25,41 +27,38 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def decoder(root: Path, run_id: str, runs: Path | None, sentences: int):
-    """(callable decoding the sentences with the `reproduce` package under `root`, description)."""
+def decoder(root: Path, run_id: str, sentences: int, batch_tokens: int | None = None):
+    """(callable decoding the sentences with the `reproduce` package under `root`, description,
+    source tokens per batch). The tokenizer and data are the run's evaluation's
+    (``runner._data``); batches are ``runner.decode_batch_tokens`` unless `batch_tokens` is given
+    (an older checkout is handed this one's, so both decode the same batches)."""
     for name in [m for m in sys.modules if m == "reproduce" or m.startswith("reproduce.")]:
         del sys.modules[name]
     sys.path.insert(0, str(root))
     try:
-        from reproduce.data import TranslationData, is_treebank, load_pairs, tokenizer_name
+        from reproduce import runner
+        from reproduce.data import is_treebank
         from reproduce.evaluate import translate
         from reproduce.lit import TranslationModule
-        from reproduce.runner import runs_dir
-        from reproduce.tokenizer import cache_dir, load_tokenizer, model_path
     finally:
         sys.path.pop(0)
     table = run_id.split("-", 1)[0]
-    ckpt = (runs or runs_dir()) / table / run_id / "checkpoints" / "last.ckpt"
+    ckpt = runner.runs_dir() / table / run_id / "checkpoints" / "last.ckpt"
     module = TranslationModule.load_from_checkpoint(ckpt, map_location="cpu")
     c, model = module.config, module.model.eval()
-    d = c.data
-    tokenizer = load_tokenizer(model_path(
-        tokenizer_name(d.corpus, d.data_dir or None, d.extra_trees or None, d.linearization),
-        c.model.vocab_size, cache_dir()))
-    data = TranslationData(d.corpus, tokenizer, c.train.batch_tokens, data_dir=d.data_dir or None,
-                           linearization=d.linearization)
-    pairs = load_pairs(d.corpus, "dev", d.data_dir or None, linearization=d.linearization)
-    sources = [s for s, _ in pairs[:sentences]]
-    parsing = is_treebank(d.corpus)
-    # As runner.task_scores batches them: parses by tokens / beam (longer outputs).
-    batch_tokens = max(64, c.train.batch_tokens // c.decode.beam) if parsing else c.train.batch_tokens
+    tokenizer, data = runner._data(c)
+    data.setup()  # reads the splits (as the run's training did before its evaluation)
+    sources = [s for s, _ in data.dev_pairs[:sentences]]
+    parsing = is_treebank(c.data.corpus)
+    batch_tokens = batch_tokens or runner.decode_batch_tokens(c)
     words = [len(s.split()) for s in sources] if parsing else None
 
     def run() -> list[str]:
         return translate(model, tokenizer, data.source_batches(sources, batch_tokens), len(sources),
-                         c.decode, words=words, copy_words=parsing and d.linearization == "words")
+                         c.decode, words=words,
+                         copy_words=parsing and c.data.linearization == "words")
     return run, (f"{run_id}: beam {c.decode.beam}, alpha {c.decode.alpha}, {len(sources)} dev "
-                 f"sentences in batches of {batch_tokens} source tokens")
+                 f"sentences in batches of {batch_tokens} source tokens"), batch_tokens
 
 
 def main() -> int:
@@ -72,12 +71,17 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    # Both checkouts read this one's runs and tokenizer cache.
+    if args.runs:
+        os.environ["REPRODUCE_RUNS"] = str(args.runs.resolve())
+    os.environ.setdefault("REPRODUCE_RUNS", str(ROOT / "runs"))
+    os.environ.setdefault("REPRODUCE_CACHE", str(ROOT / "cache"))
     contenders = {"this checkout": ROOT}
     if args.against:
         contenders[f"--against {args.against}"] = args.against.resolve()
-    runs, outputs, times = {}, {}, {}
+    runs, outputs, times, batch_tokens = {}, {}, {}, None
     for name, root in contenders.items():
-        runs[name], title = decoder(root, args.run, args.runs, args.sentences)
+        runs[name], title, batch_tokens = decoder(root, args.run, args.sentences, batch_tokens)
         outputs[name] = runs[name]()  # warm-up, and the outputs to compare
         times[name] = []
     print(f"{title}; {args.threads} thread(s), torch {torch.__version__}")

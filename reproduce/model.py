@@ -291,9 +291,9 @@ class Transformer(nn.Module):
 
     def step(self, state: DecoderState, tokens: Tensor) -> Tensor:
         """Feed one token per row (B,), get next-token log-probabilities (B, V) in float32."""
-        state.prefix = tokens[:, None] if state.prefix is None else torch.cat(
-            [state.prefix, tokens[:, None]], dim=1)
         if state.caches is None:  # recompute the whole prefix (reference path)
+            state.prefix = tokens[:, None] if state.prefix is None else torch.cat(
+                [state.prefix, tokens[:, None]], dim=1)
             hidden = self.decode(state.prefix, state.memory, state.mask)[:, -1]
         else:
             t = state.caches[0].length
@@ -309,13 +309,13 @@ class DecoderState:
 
     def __init__(self, memory: Tensor, mask: Tensor, caches: list[LayerCache] | None):
         self.memory, self.mask, self.caches = memory, mask, caches
-        self.prefix: Tensor | None = None
+        self.prefix: Tensor | None = None  # tokens fed so far: only the path without caches
 
     def reorder(self, index: Tensor, sentences: Tensor | None = None) -> None:
         """Keep rows `index` of the previous step; with `sentences` (indices into the batch's
         sentences still searching), only those sentences' rows remain."""
-        self.prefix = self.prefix[index]
-        if self.caches is None:  # memory and mask per row
+        if self.caches is None:  # prefix, memory and mask per row
+            self.prefix = self.prefix[index]
             if sentences is not None:
                 self.memory, self.mask = self.memory[index], self.mask[index]
             return

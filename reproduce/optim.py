@@ -44,6 +44,14 @@ def accumulation(batch_tokens: int, device_batch_tokens: int, devices: int) -> t
     return accumulate, -(-per_device // accumulate)
 
 
+def _minus_q_(probs: Tensor, target: Tensor, eps_ls: float) -> Tensor:
+    """The smoothed loss's gradient with respect to the logits, softmax - q (q: 1 - eps_ls on the
+    target, eps_ls / V everywhere), written over the softmax ``probs`` (.., V) in place."""
+    index = target.unsqueeze(-1)
+    return probs.sub_(eps_ls / probs.shape[-1]).scatter_add_(
+        -1, index, torch.full(index.shape, eps_ls - 1.0, dtype=probs.dtype, device=probs.device))
+
+
 class _SmoothedLoss(torch.autograd.Function):
     """The smoothed loss and NLL of ``smoothed_loss`` with a hand-written backward: the gradient
     of the smoothed cross-entropy with respect to the logits is softmax - q (q: 1 - eps_ls on the
@@ -69,11 +77,7 @@ class _SmoothedLoss(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_smoothed: Tensor, grad_nll: Tensor):
         logp, target, keep = ctx.saved_tensors
-        eps, vocab = ctx.eps_ls, logp.shape[-1]
-        grad = torch.exp(logp).sub_(eps / vocab)  # softmax - eps / V
-        index = target.unsqueeze(-1)
-        grad.scatter_add_(-1, index, torch.full(index.shape, eps - 1.0, dtype=grad.dtype,
-                                                device=grad.device))  # - (1 - eps) on the target
+        grad = _minus_q_(torch.exp(logp), target, ctx.eps_ls)
         grad.mul_((grad_smoothed * keep).unsqueeze(-1).to(grad.dtype))
         return grad.to(ctx.dtype), None, None, None
 
@@ -115,15 +119,12 @@ class _OutputLoss(torch.autograd.Function):
             grad_h = torch.empty_like(h, dtype=acc) if grads else None
             grad_w = torch.zeros_like(weight, dtype=acc) if grads else None
             for start in range(0, h.shape[0], rows):
-                hc, tc = h[start:start + rows].to(dtype), t[start:start + rows, None]
+                hc, tc = h[start:start + rows].to(dtype), t[start:start + rows]
                 logp = F.log_softmax((hc @ w.t()).to(acc), dim=-1)  # (rows, V)
-                nll -= logp.gather(-1, tc).sum()
+                nll -= logp.gather(-1, tc[:, None]).sum()
                 uniform -= logp.sum() / vocab
-                if grads:  # softmax - q (q: 1 - eps on the target, eps / V everywhere)
-                    g = logp.exp_().sub_(eps_ls / vocab)
-                    g.scatter_add_(-1, tc, torch.full(tc.shape, eps_ls - 1.0, dtype=acc,
-                                                      device=g.device))
-                    g = g.to(dtype)
+                if grads:
+                    g = _minus_q_(logp.exp_(), tc, eps_ls).to(dtype)
                     grad_h[start:start + rows] = g @ w
                     grad_w += (g.t() @ hc).to(acc)
         if grads:

@@ -337,13 +337,23 @@ def _final_weights(module, directory: Path, k: int) -> list[str]:
     return [p.name for p in paths]
 
 
+def decode_batch_tokens(c: Config) -> int:
+    """Source tokens per decoding batch. Parsing (treebank corpora): beam x (input +
+    max_len_offset) cached positions per sentence, so fewer sentences per batch."""
+    from .data import is_treebank
+
+    if is_treebank(c.data.corpus):
+        return max(64, c.train.batch_tokens // c.decode.beam)
+    return c.train.batch_tokens
+
+
 def _bleu(model, tokenizer, data, pairs, c: Config, lang: str) -> dict[str, Any]:
     """Both BLEU conventions, each labelled, and a few example outputs."""
     from .bleu import tokenized_bleu
     from .evaluate import sacre_bleu, translate
 
     sources, refs = [s for s, _ in pairs], [t for _, t in pairs]
-    hyps = translate(model, tokenizer, data.source_batches(sources, c.train.batch_tokens),
+    hyps = translate(model, tokenizer, data.source_batches(sources, decode_batch_tokens(c)),
                      len(sources), c.decode)
     return {"sacrebleu": sacre_bleu(hyps, refs), "tokenized": tokenized_bleu(hyps, refs, lang),
             "examples": [{"source": s, "reference": t, "output": h}
@@ -366,8 +376,7 @@ def task_scores(model, tokenizer, data, c: Config,
     from .evaluate import parse_scores
     from .parsing import treebank_description
 
-    # Beam x (input + max_len_offset) cached positions per sentence: fewer sentences per batch.
-    batch_tokens = max(64, c.train.batch_tokens // c.decode.beam)
+    batch_tokens = decode_batch_tokens(c)
 
     def score(name: str, decode) -> dict[str, Any]:
         gold = treebank_trees(name, c.data.data_dir or None)[:len(pairs[name])]
