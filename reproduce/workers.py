@@ -13,6 +13,9 @@ an interrupted sweep resumes as always. What ``--workers`` adds:
   (``cost.step_seconds`` x steps left) and each worker starts on its own group, costliest first, then
   helps with the others' (claimed runs are skipped), so no long run is left to start last;
 * one table: workers only train and record; this process renders the table when all have ended.
+
+``--workers auto`` (the default) picks N with ``auto_count``: one worker per core on a CPU when
+the sweep is long enough to pay for starting them, else one process.
 """
 
 from __future__ import annotations
@@ -35,6 +38,9 @@ ORDER_ENV = "REPRODUCE_RUN_ORDER"  # comma-separated run ids a worker tries firs
 WORKER_ENV = "REPRODUCE_WORKER"  # set in workers: train and record, leave the table to the parent
 COMMAND_ENV = "REPRODUCE_COMMAND"  # the user's command, stored in each record
 SHARE_ENV = "REPRODUCE_WORKER_SHARE"  # a file "<workers still running> <cores they share>"
+# Fewer training steps than this left between a sweep's runs: one process (a worker takes ~10 s
+# to start, and a 30-step `smoke` run a few seconds to train).
+AUTO_MIN_STEPS = 1000
 
 
 def is_worker() -> bool:
@@ -57,6 +63,29 @@ def share_cores() -> int | None:
         return None
     torch.set_num_threads(threads)
     return threads
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def auto_count(runs: list, tuning: bool = False) -> int:
+    """``--workers auto``: how many workers to train ``runs`` with. One, unless this is a CPU (no
+    GPU: there a run takes the devices its scale asks for) with several cores for torch, this
+    process is not itself a worker, nothing is tuned first, and two or more runs without a record
+    have ``AUTO_MIN_STEPS`` training steps left between them; then one worker per core, at most
+    one per run (the cores follow the work as workers end)."""
+    from .runner import finished
+
+    if tuning or is_worker() or torch.cuda.is_available():
+        return 1
+    cores = min(_cores(), torch.get_num_threads())  # OMP_NUM_THREADS=1 keeps one process
+    if cores < 2:
+        return 1
+    todo = [run for run in runs if finished(run) is None]
+    if len(todo) < 2 or sum(steps_left(run) for run in todo) < AUTO_MIN_STEPS:
+        return 1
+    return min(cores, len(todo))
 
 
 def steps_left(run) -> int:
@@ -143,12 +172,12 @@ def launch(argv: Sequence[str], runs: list, n: int) -> int:
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if gpus and n > gpus:
         raise ConfigError(f"--workers {n}: this machine has {gpus} GPU(s), one per worker at most")
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = _cores()
     todo = [run for run in runs if finished(run) is None]
     if not todo:
         print("--workers: every run has a record; nothing to train")
         return 0
-    threads = max(1, (cores or 1) // min(n, len(todo)))  # no more workers than runs
+    threads = max(1, cores // min(n, len(todo)))  # no more workers than runs
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)  # measure each run as a worker will train it
     try:
@@ -161,7 +190,7 @@ def launch(argv: Sequence[str], runs: list, n: int) -> int:
           + (", one GPU each" if gpus else ""))
     share = None if gpus else Path(tempfile.mkdtemp(prefix="reproduce-workers-")) / "share"
     if share is not None:
-        _write_share(share, len(groups), cores or 1)
+        _write_share(share, len(groups), cores)
     procs = []
     for k, group in enumerate(groups):
         hours = sum(costs[i] for i in group) / 3600
@@ -184,7 +213,7 @@ def launch(argv: Sequence[str], runs: list, n: int) -> int:
     for pump in pumps:
         pump.start()
     try:
-        codes = _wait([proc for _, proc in procs], share, cores or 1)
+        codes = _wait([proc for _, proc in procs], share, cores)
     except KeyboardInterrupt:  # the workers got the same SIGINT; let them stop cleanly
         codes = [proc.wait() for _, proc in procs]
         raise

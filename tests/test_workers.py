@@ -109,6 +109,51 @@ def test_worker_argv_and_order(monkeypatch):
     assert [r.variant for r in reorder(runs)] == ["base", "A1", "A4"]
 
 
+def test_workers_auto_splits_a_cpu_only_for_long_sweeps(tmp_path, monkeypatch):
+    import torch
+
+    from reproduce import runner, workers
+    from reproduce.sweep import load_spec
+
+    monkeypatch.setenv("REPRODUCE_RESULTS", str(tmp_path / "results"))
+    monkeypatch.setenv("REPRODUCE_RUNS", str(tmp_path / "runs"))
+    monkeypatch.delenv(workers.WORKER_ENV, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(workers, "_cores", lambda: 2)
+    spec = load_spec("table3")
+    row_a = spec.plan(["base", "A1", "A2", "A3", "A4"], "cpu", [0])  # 5 x 2500 steps
+    assert workers.auto_count(row_a) == 2
+    assert workers.auto_count(spec.plan(["base", "A1", "A2", "A3", "A4"], "smoke", [0])) == 1
+    assert workers.auto_count(row_a, tuning=True) == 1
+    assert workers.auto_count(row_a[:1]) == 1
+    monkeypatch.setattr(workers, "_cores", lambda: 16)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 16)
+    assert workers.auto_count(row_a) == 5  # at most one per run
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)  # OMP_NUM_THREADS=1
+    assert workers.auto_count(row_a) == 1
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 16)
+    left = {row_a[0].run_id}  # the others have records
+    monkeypatch.setattr(runner, "finished", lambda run: None if run.run_id in left else {})
+    assert workers.auto_count(row_a) == 1
+    monkeypatch.setattr(runner, "finished", lambda run: None)
+    monkeypatch.setenv(workers.WORKER_ENV, "1")  # a worker never starts workers
+    assert workers.auto_count(row_a) == 1
+    monkeypatch.delenv(workers.WORKER_ENV)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # runs take the GPUs
+    assert workers.auto_count(row_a) == 1
+
+
+def test_workers_flag_rejects_what_is_not_a_count(capsys):
+    from reproduce.__main__ import main
+
+    for bad in ("0", "-1", "two"):
+        with pytest.raises(SystemExit) as exit_:
+            main(["table3", "--row", "A", "--workers", bad])
+        assert exit_.value.code == 2
+        assert f"expected a positive number or 'auto', got '{bad}'" in capsys.readouterr().err
+
+
 def test_workers_flag_trains_runs_in_parallel_and_renders_once(tmp_path):
     env = {**os.environ, "REPRODUCE_RESULTS": str(tmp_path / "results"),
            "REPRODUCE_RUNS": str(tmp_path / "runs"), "REPRODUCE_CACHE": str(tmp_path / "cache")}
