@@ -43,7 +43,8 @@ def measure_step_seconds(config: Config, tokens: int, sentence_length: int = 25,
     B = max(1, tokens // sentence_length)
     src = torch.randint(4, m.vocab_size, (B, sentence_length), device=device)
     autocast = torch.autocast(device, dtype=torch.bfloat16,
-                              enabled=resolve_precision(config.train.precision).startswith("bf16"))
+                              enabled=resolve_precision(config.train.precision,
+                                                               config).startswith("bf16"))
     times = []
     for _ in range(repeats + 1):  # the first step warms up
         start = time.perf_counter()

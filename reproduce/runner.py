@@ -21,6 +21,7 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 
+from . import precision as precision_choice
 from . import workers
 from .config import Config, ConfigError
 from .sweep import PlannedRun
@@ -66,7 +67,8 @@ def hardware() -> dict[str, Any]:
         names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text()
                  .splitlines() if line.startswith("model name")]
         cpu = names[0] if names else cpu
-    info = {"cpu": cpu, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+    info = {"cpu": cpu, "cpu_flags": precision_choice.cpu_flags(), "cpu_count": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
             "torch": torch.__version__, "python": platform.python_version(), "gpus": [],
             # Other work on the machine slows a run: the load when the record was written.
             "load_average": [round(x, 2) for x in os.getloadavg()]}
@@ -75,26 +77,39 @@ def hardware() -> dict[str, Any]:
     return info
 
 
-def _bf16_pays_on_cpu() -> bool:
-    """bf16 matmuls are ~5x faster than fp32 on CPUs with AMX and ~100x slower on some without:
-    measure rather than guess."""
-    def rate(dtype: torch.dtype) -> float:
-        a = torch.randn(256, 256, dtype=dtype)
-        a @ a
-        start = time.perf_counter()
-        for _ in range(4):
-            a @ a
-        return 1.0 / max(time.perf_counter() - start, 1e-9)
-    return rate(torch.bfloat16) > 1.3 * rate(torch.float32)
-
-
-def resolve_precision(precision: str) -> str:
-    """``auto``: bf16 mixed precision where the hardware runs it fast, else fp32."""
+def resolve_precision(precision: str, config: Config | None = None) -> str:
+    """``auto``: bf16 mixed precision where it trains faster, else fp32. With ``config``, the
+    answer ``precision.choose`` cached for its model on this machine, if any; a training run
+    itself calls ``choose``, which times the step when nothing is cached. Without one (or nothing
+    cached), a bf16 matmul no slower than fp32 counts as bf16: a guess, for estimates only."""
     if precision != "auto":
         return precision
     if torch.cuda.is_available():
         return "bf16-mixed" if torch.cuda.is_bf16_supported() else "32-true"
-    return "bf16-mixed" if _bf16_pays_on_cpu() else "32-true"
+    if config is not None:
+        from .optim import accumulation
+
+        micro = accumulation(config.train.batch_tokens, config.train.device_batch_tokens, 1)[1]
+        cached = precision_choice.cached(config, micro, runs_dir() / "precision.json")
+        if cached:
+            return cached
+    return "bf16-mixed" if precision_choice.bf16_matmul_not_slower() else "32-true"
+
+
+def choose_precision(run: PlannedRun) -> tuple[str, dict[str, Any]]:
+    """The precision ``run`` trains with and how it was chosen (``precision.choose``: for
+    ``auto`` on a CPU, the faster of a timed fp32 and bf16-mixed step of its model, cached)."""
+    from .optim import accumulation
+
+    c = run.config
+    micro = accumulation(c.train.batch_tokens, c.train.device_batch_tokens, 1)[1]
+    precision, chosen = precision_choice.choose(c, micro, runs_dir() / "precision.json")
+    if c.train.precision == "auto":
+        seconds = chosen.get("seconds_per_step")
+        timed = (", ".join(f"{p} {s:.3f} s/step" for p, s in seconds.items()) if seconds else "")
+        log.info("%s: precision auto -> %s (%s%s%s)", run.run_id, precision, chosen["how"],
+                 f": {timed}" if timed else "", ", cached" if chosen.get("cached") else "")
+    return precision, chosen
 
 
 def default_scale() -> str:
@@ -206,7 +221,7 @@ def _execute(run: PlannedRun, split: str, command: str, work: Path,
 
     started = time.time()
     c = run.config
-    precision = resolve_precision(c.train.precision)
+    precision, chosen = choose_precision(run)
     pl.seed_everything(c.train.seed, workers=True, verbose=False)
     tokenizer, data = _data(c)
     logger = _wandb_logger(run, work, precision)
@@ -233,7 +248,7 @@ def _execute(run: PlannedRun, split: str, command: str, work: Path,
     record = {
         "run_id": run.run_id, "table": run.table, "row": run.row, "variant": run.variant,
         "scale": run.scale, "seed": c.train.seed, "split": split,
-        "config": c.to_dict(), "precision": precision,
+        "config": c.to_dict(), "precision": precision, "precision_choice": chosen,
         "metrics": metrics, **scores, "paper": run.paper,
         "data": {"corpus": c.data.corpus, "train_pairs": data.num_train_pairs,
                  "dropped_train_pairs": data.dropped, "dev_pairs": len(data.dev_pairs),

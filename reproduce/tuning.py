@@ -88,7 +88,7 @@ def train_and_score(run: PlannedRun, callbacks=()) -> dict[str, Any]:
     from . import runner
 
     c = run.config
-    precision = runner.resolve_precision(c.train.precision)
+    precision, _ = runner.choose_precision(run)
     pl.seed_everything(c.train.seed, workers=True, verbose=False)
     tokenizer, data = runner._data(c)
     work = runner.runs_dir() / run.table / run.run_id

@@ -1,0 +1,163 @@
+"""``precision: auto``: fp32 or bf16 mixed precision, chosen by timing the run's own training step.
+
+A matmul alone misleads on CPUs: on an AMD EPYC with avx512_bf16 but no AMX a bf16 matmul runs 2-3x
+fp32, yet a whole `cpu`-scale training step in bf16-mixed runs ~0.7x fp32 (the casts, the fp32
+loss and optimizer, the small attention products). So on a CPU whose bf16 matmuls are not slower
+than fp32 at all, a few steps of the run's model, on a micro-batch of its size, are timed both ways
+with the threads the run will use; bf16-mixed is taken if it is ``BF16_MARGIN`` faster. The
+answer is cached per machine, thread count and model shape (``runs/precision.json``), and both
+timings go into the record.
+On CUDA: bf16-mixed where the GPU supports it. A CPU whose bf16 matmul is slower than fp32 (avx2
+only: ~150x slower) trains in fp32 without timing a step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .config import Config
+from .model import Transformer
+from .optim import adam_with_schedule, output_loss
+
+CHOICES = ("32-true", "bf16-mixed")
+# bf16 rounds more: it must be this much faster per step to be taken (a near tie stays fp32, so a
+# table's variants do not flip between precisions on timing noise).
+BF16_MARGIN = 1.1
+
+
+def cpu_flags() -> list[str]:
+    """The instruction sets that decide matmul speed (avx2, fma, avx512*, amx*), from /proc/cpuinfo."""
+    path = Path("/proc/cpuinfo")
+    if not path.exists():
+        return []
+    for line in path.read_text().splitlines():
+        if line.startswith("flags"):
+            return sorted(f for f in line.split(":", 1)[1].split()
+                          if f.startswith(("avx512", "amx")) or f in ("avx2", "fma"))
+    return []
+
+
+def cpu_name() -> str:
+    path = Path("/proc/cpuinfo")
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def _matmul_rate(dtype: torch.dtype, n: int = 256, repeats: int = 4) -> float:
+    a = torch.randn(n, n, dtype=dtype)
+    a @ a
+    start = time.perf_counter()
+    for _ in range(repeats):
+        a @ a
+    return repeats / max(time.perf_counter() - start, 1e-9)
+
+
+def bf16_matmul_not_slower() -> bool:
+    """A screen, not the choice: whether timing a bf16 training step here is worth it."""
+    return _matmul_rate(torch.bfloat16) >= _matmul_rate(torch.float32)
+
+
+def _batch(vocab: int, tokens: int, length: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Sentences of ``length`` pieces (about the Bible's mean) filling ``tokens`` per side."""
+    g = torch.Generator().manual_seed(seed)
+    B = max(1, tokens // length)
+    src = torch.randint(4, vocab, (B, length), generator=g)
+    tgt = torch.randint(4, vocab, (B, length + 1), generator=g)
+    return {"src": src, "tgt_in": tgt[:, :-1], "tgt_out": tgt[:, 1:]}
+
+
+def step_seconds(config: Config, tokens: int, rounds: int = 3,
+                 length: int = 32) -> dict[str, float]:
+    """Median seconds of a training step (forward, smoothed loss, backward, Adam) of ``config``'s
+    model on ``tokens`` per side, in each precision; after a warm-up step each, interleaved."""
+    torch.manual_seed(0)
+    m, t = config.model, config.train
+    model = Transformer(m).train()
+    optimizer, schedule = adam_with_schedule(model.parameters(), t, m.d_model)
+    batch = _batch(m.vocab_size, tokens, min(length, t.max_tokens_per_sentence))
+
+    def step(precision: str) -> float:
+        start = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
+            hidden = model.features(batch["src"], batch["tgt_in"])
+            loss, _ = output_loss(hidden, model.embed.weight, batch["tgt_out"], t.eps_ls, m.pad_id)
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad(set_to_none=True)
+        return time.perf_counter() - start
+
+    times: dict[str, list[float]] = {p: [] for p in CHOICES}
+    for p in CHOICES:
+        step(p)  # warm-up
+    for r in range(rounds):
+        for p in CHOICES[r % 2:] + CHOICES[:r % 2]:
+            times[p].append(step(p))
+    return {p: round(sorted(v)[len(v) // 2], 4) for p, v in times.items()}
+
+
+def _key(config: Config, tokens: int, threads: int) -> str:
+    m = config.model
+    shape = (f"N{m.N}-d{m.d_model}-ff{m.d_ff}-h{m.h}-k{m.d_k}-v{m.d_v}-V{m.vocab_size}"
+             f"-{m.positions}-tok{tokens}")
+    return f"{cpu_name()}|{','.join(cpu_flags())}|torch {torch.__version__}|{threads}t|{shape}"
+
+
+def _read(cache: Path) -> dict[str, Any]:
+    try:
+        return json.loads(cache.read_text())
+    except (OSError, ValueError):
+        return {}  # none yet, or damaged: measure again
+
+
+def choose(config: Config, micro_tokens: int, cache: Path | None,
+           timer=step_seconds) -> tuple[str, dict[str, Any]]:
+    """(the precision to train ``config`` with, how it was chosen). ``config.train.precision`` other
+    than ``auto`` is taken as it is."""
+    asked = config.train.precision
+    if asked != "auto":
+        return asked, {"asked": asked, "how": "set in the config"}
+    if torch.cuda.is_available():
+        chosen = "bf16-mixed" if torch.cuda.is_bf16_supported() else "32-true"
+        return chosen, {"asked": asked, "how": f"CUDA ({torch.cuda.get_device_name(0)}): "
+                        + ("supports bf16" if chosen != "32-true" else "no bf16 support")}
+    threads = torch.get_num_threads()
+    key = _key(config, micro_tokens, threads)
+    known = _read(cache).get(key) if cache else None
+    if known:
+        return known["chosen"], {**known, "cached": True}
+    if not bf16_matmul_not_slower():
+        entry = {"chosen": "32-true", "asked": asked, "how": "bf16 matmul slower than fp32 here "
+                 "(no native bf16): fp32 without timing a step", "seconds_per_step": None}
+    else:
+        seconds = timer(config, micro_tokens)
+        fast = seconds["32-true"] >= BF16_MARGIN * seconds["bf16-mixed"]
+        chosen = "bf16-mixed" if fast else "32-true"
+        entry = {"chosen": chosen, "asked": asked, "how": f"timed training steps of this model "
+                 f"({micro_tokens} tokens, {threads} thread(s)); bf16-mixed taken if "
+                 f"{BF16_MARGIN}x faster",
+                 "seconds_per_step": seconds}
+    entry.update(cpu=cpu_name(), cpu_flags=cpu_flags(), threads=threads)
+    if cache:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        table = {**_read(cache), key: entry}
+        tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(table, indent=1) + "\n")
+        os.replace(tmp, cache)
+    return entry["chosen"], {**entry, "cached": False}
+
+
+def cached(config: Config, micro_tokens: int, cache: Path) -> str | None:
+    """The precision ``choose`` took for ``config`` here at this thread count, if it ran before."""
+    known = _read(cache).get(_key(config, micro_tokens, torch.get_num_threads()))
+    return known["chosen"] if known else None
