@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def decoder(root: Path, run_id: str, sentences: int, batch_tokens: int | None = None):
     """(callable decoding the sentences with the `reproduce` package under `root`, description,
     source tokens per batch). The tokenizer and data are the run's evaluation's
-    (``runner._data``); batches are ``runner.decode_batch_tokens`` unless `batch_tokens` is given
+    (``runner.build_data``); batches are ``runner.decode_batch_tokens`` unless `batch_tokens` is given
     (an older checkout is handed this one's, so both decode the same batches)."""
     for name in [m for m in sys.modules if m == "reproduce" or m.startswith("reproduce.")]:
         del sys.modules[name]
@@ -46,7 +46,7 @@ def decoder(root: Path, run_id: str, sentences: int, batch_tokens: int | None = 
     ckpt = runner.runs_dir() / table / run_id / "checkpoints" / "last.ckpt"
     module = TranslationModule.load_from_checkpoint(ckpt, map_location="cpu")
     c, model = module.config, module.model.eval()
-    tokenizer, data = runner._data(c)
+    tokenizer, data = runner.build_data(c)
     data.setup()  # reads the splits (as the run's training did before its evaluation)
     sources = [s for s, _ in data.dev_pairs[:sentences]]
     parsing = is_treebank(c.data.corpus)

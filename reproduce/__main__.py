@@ -9,7 +9,7 @@ import os
 import sys
 import warnings
 
-from . import workers
+from . import devices, workers
 from .config import ConfigError
 from .sweep import load_spec
 
@@ -44,6 +44,7 @@ def _quiet_libraries() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
     warnings.filterwarnings("ignore", message=".*on_validation_epoch_end.*sync_dist.*")
+    warnings.filterwarnings("ignore", message=".*all_gather is deprecated.*")
 
 
 def _run_table(args: argparse.Namespace, argv: list[str]) -> None:
@@ -93,6 +94,7 @@ def _train_and_render(args: argparse.Namespace, argv: list[str], spec, runs, sca
     ``--launcher slurm`` submits instead."""
     from .runner import execute, results_dir
 
+    layout = devices.resolve(args.accelerator, args.devices, spec.scale(scale).devices)
     if args.render:
         runs = []
     elif args.launcher == "slurm":
@@ -101,16 +103,17 @@ def _train_and_render(args: argparse.Namespace, argv: list[str], spec, runs, sca
     elif args.dry_run:
         from .cost import estimate
 
-        print("estimates from a measured training step on this machine (no data, no network):")
+        print(f"each run on {layout.describe()}; estimates from a measured training step on this "
+              "machine (no data, no network):")
         for run in runs:
-            print("  " + estimate(run.run_id, run.config))
+            print("  " + estimate(run.run_id, run.config, layout.devices))
         return
     _quiet_libraries()
     command = workers.command(argv)
     try:
         n = args.workers
         if n == "auto":
-            n = workers.auto_count(runs, tuning=bool(tuning))
+            n = 1 if layout.devices > 1 else workers.auto_count(runs, tuning=bool(tuning))
             if n > 1:
                 print(f"--workers auto: {n} worker processes (one per core, at most one per "
                       "run; --workers 1 trains in this process)")
@@ -128,7 +131,7 @@ def _train_and_render(args: argparse.Namespace, argv: list[str], spec, runs, sca
                 print(f"{summary['study']}: best of {summary['n_trials']} trial(s): "
                       f"{summary['metric']} {summary['best_value']:.3f} with "
                       f"{summary['best_params']}")
-            record = execute(run, spec.split, command, extra)
+            record = execute(run, spec.split, command, extra, layout)
             if record is None:
                 print(f"{run.run_id}: another worker is training it")
                 continue
@@ -257,6 +260,12 @@ def build_parser() -> argparse.ArgumentParser:
                        "measured cost; auto (default): one per core on a CPU when two or more "
                        "runs have 1000+ steps left between them, else 1 (on a 2-core CPU 2 "
                        "trains a row ~1.3x faster)")
+        t.add_argument("--devices", type=devices.parse_devices, help="devices one run trains on: "
+                       "N (DDP over N GPUs, or N CPU processes with cores / N threads each, "
+                       "gloo) or auto (every visible GPU; 1 on a CPU); default: the scale's "
+                       "(`paper`: auto, else 1). The paper's batch is kept by accumulation")
+        t.add_argument("--accelerator", choices=list(devices.ACCELERATORS), default="auto",
+                       help="auto (default: GPU if torch sees one), cpu or gpu")
         t.set_defaults(table=table)
     t3 = sub.choices["table3"]
     t3.add_argument("--params", action="store_true",
@@ -312,6 +321,11 @@ def _bench_parser(sub) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["_rank-run"] and len(argv) == 2:  # one rank of a multi-device run (devices.py)
+        from .runner import run_here
+
+        _quiet_libraries()
+        return devices.rank_main(argv[1], run_here)
     args = build_parser().parse_args(argv)
     from .data import DataError
 
@@ -341,6 +355,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except devices.RankFailure as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -60,11 +60,10 @@ def measure_step_seconds(config: Config, tokens: int, sentence_length: int = 25,
     return statistics.median(times[1:])
 
 
-def step_seconds(config: Config, probe_tokens: int = 256) -> float:
-    """Seconds one training step of ``config`` should take here: steps measured on micro-batches
-    of ``probe_tokens`` and twice that, extrapolated along the line through them to the real
-    micro-batch, times the accumulated micro-batches per step."""
-    devices = torch.cuda.device_count() if torch.cuda.is_available() else 1
+def step_seconds(config: Config, probe_tokens: int = 256, devices: int = 1) -> float:
+    """Seconds one training step of ``config`` should take here on ``devices``: steps measured on
+    micro-batches of ``probe_tokens`` and twice that, extrapolated along the line through them to
+    the real micro-batch, times the accumulated micro-batches per step."""
     t = config.train
     accumulate, micro = accumulation(t.batch_tokens, t.device_batch_tokens, devices)
     probe = min(probe_tokens, micro)
@@ -77,15 +76,14 @@ def step_seconds(config: Config, probe_tokens: int = 256) -> float:
     return per_micro * accumulate
 
 
-def estimate(run_id: str, config: Config, probe_tokens: int = 256) -> str:
+def estimate(run_id: str, config: Config, devices: int = 1, probe_tokens: int = 256) -> str:
     """A plan line: steps, tokens per step and the time and device-hours the run should take here,
     from steps measured on micro-batches of `probe_tokens` and twice that, extrapolated along the
     line through them to the real micro-batch (a fixed cost per step, such as kernel launches on
     a GPU or the optimizer, is not multiplied by the batch size as a one-point ratio would)."""
-    devices = torch.cuda.device_count() if torch.cuda.is_available() else 1
     t = config.train
     accumulate, micro = accumulation(t.batch_tokens, t.device_batch_tokens, devices)
-    step = step_seconds(config, probe_tokens)
+    step = step_seconds(config, probe_tokens, devices)
     hours = step * t.train_steps / 3600
     where = torch.cuda.get_device_name(0) if devices and torch.cuda.is_available() else "this CPU"
     return (f"{run_id}: {t.train_steps} steps x {micro * devices * accumulate} tokens/step "

@@ -510,10 +510,16 @@ class _ResumableLoader(DataLoader):
 
     def state_dict(self) -> dict[str, int]:
         epoch, batches = self._done()
-        return {"epoch": epoch, "batches": batches}
+        return {"epoch": epoch, "batches": batches, "per_epoch": len(self.dataset)}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        self.dataset.resume(int(state["epoch"]), int(state["batches"]))
+        """Resume after the batches already trained on. A checkpoint made with another number of
+        devices (or micro-batch size) counted its own batches: its position maps by the fraction
+        of the epoch done (the same sentences are not guaranteed; the step count is)."""
+        batches, before, now = int(state["batches"]), state.get("per_epoch"), len(self.dataset)
+        if before and before != now:
+            batches = min(now, round(batches * now / before))
+        self.dataset.resume(int(state["epoch"]), batches)
 
 
 class TranslationData(pl.LightningDataModule):

@@ -28,6 +28,7 @@ class TranslationModule(pl.LightningModule):
         # Work done so far, padded as computed, for the analytic FLOP count (reproduce.flops):
         # B*S, B*T, B*S*S, B*T*T, B*T*S summed over micro-batches, and real target tokens.
         self.work = dict.fromkeys(WORK_KEYS, 0)
+        self.resumed_from: dict | None = None  # the checkpoint's step and layout, once resumed
 
     def _losses(self, batch: dict[str, torch.Tensor]):
         hidden = self.model.features(batch["src"], batch["tgt_in"])
@@ -61,14 +62,20 @@ class TranslationModule(pl.LightningModule):
         if total.dim() > 1:  # (world, 2) under DDP
             total = total.sum(0)
         nll = (total[0] / total[1].clamp(min=1)).item()
-        self.log("dev/nll", nll, sync_dist=False)
-        self.log("dev/ppl", math.exp(min(nll, 50.0)), prog_bar=True, sync_dist=False)
+        # Already the total over ranks (all_gather above); sync_dist averages equal values.
+        self.log("dev/nll", nll, sync_dist=True)
+        self.log("dev/ppl", math.exp(min(nll, 50.0)), prog_bar=True, sync_dist=True)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["work"] = dict(self.work)
+        checkpoint["layout"] = {"world_size": self.trainer.world_size,
+                                "accumulate": self.trainer.accumulate_grad_batches}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.work = {**self.work, **checkpoint.get("work", {})}
+        # Checkpoints made before layouts were recorded come from one process.
+        self.resumed_from = {"step": checkpoint.get("global_step"),
+                             **checkpoint.get("layout", {"world_size": 1})}
 
     def total_work(self) -> dict[str, int]:
         """`work` summed over all devices (each rank counts its own batches)."""

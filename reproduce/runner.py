@@ -21,9 +21,11 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 
+from . import devices, workers
 from . import precision as precision_choice
-from . import workers
+from .claims import rank
 from .config import Config, ConfigError
+from .devices import ONE_DEVICE, Layout
 from .sweep import PlannedRun
 
 REPO = Path(__file__).resolve().parent.parent
@@ -96,14 +98,21 @@ def resolve_precision(precision: str, config: Config | None = None) -> str:
     return "bf16-mixed" if precision_choice.bf16_matmul_not_slower() else "32-true"
 
 
-def choose_precision(run: PlannedRun) -> tuple[str, dict[str, Any]]:
-    """The precision ``run`` trains with and how it was chosen (``precision.choose``: for
-    ``auto`` on a CPU, the faster of a timed fp32 and bf16-mixed step of its model, cached)."""
+def choose_precision(run: PlannedRun, layout: Layout = ONE_DEVICE) -> tuple[str, dict[str, Any]]:
+    """The precision ``run`` trains with on ``layout`` and how it was chosen (``precision.choose``:
+    for ``auto`` on a CPU, a timed fp32 and bf16-mixed step of its model at the micro-batch and
+    threads of one rank, cached)."""
     from .optim import accumulation
 
     c = run.config
-    micro = accumulation(c.train.batch_tokens, c.train.device_batch_tokens, 1)[1]
-    precision, chosen = precision_choice.choose(c, micro, runs_dir() / "precision.json")
+    micro = accumulation(c.train.batch_tokens, c.train.device_batch_tokens, layout.devices)[1]
+    threads = torch.get_num_threads()
+    if layout.accelerator == "cpu" and layout.devices > 1:
+        torch.set_num_threads(max(1, threads // layout.devices))  # as each rank will have
+    try:
+        precision, chosen = precision_choice.choose(c, micro, runs_dir() / "precision.json")
+    finally:
+        torch.set_num_threads(threads)
     if c.train.precision == "auto":
         seconds = chosen.get("seconds_per_step")
         timed = (", ".join(f"{p} {s:.3f} s/step" for p, s in seconds.items()) if seconds else "")
@@ -189,10 +198,11 @@ def retire_stale(run: PlannedRun, work: Path) -> None:
                         run.run_id, moved)
 
 
-def execute(run: PlannedRun, split: str, command: str,
-            extra: dict[str, Any] | None = None) -> dict[str, Any] | None:
-    """Train, evaluate and record one run; return its record if it already finished, or None if
-    another live worker is on it (``claims``: many workers may share one sweep).
+def execute(run: PlannedRun, split: str, command: str, extra: dict[str, Any] | None = None,
+            layout: Layout = ONE_DEVICE) -> dict[str, Any] | None:
+    """Train, evaluate and record one run on ``layout``'s devices; return its record if it
+    already finished, or None if another live worker is on it (``claims``: many workers may share
+    one sweep). More than one device: the run's own process group trains it (``devices``).
 
     ``extra`` entries are added to the record (e.g. ``tuning``: how the settings were chosen)."""
     from .claims import claim
@@ -212,25 +222,36 @@ def execute(run: PlannedRun, split: str, command: str,
             log.info("%s: finished by another worker (%s), skipped", run.run_id, path)
             return record
         retire_stale(run, work)
-        return _execute(run, split, command, work, extra)
+        precision = choose_precision(run, layout)
+        if layout.devices > 1:
+            devices.train_on_ranks(run, split, command, work, extra, layout, precision)
+            return load_record(path)
+        return run_here(run, split, command, work, extra, layout, precision)
 
 
-def _execute(run: PlannedRun, split: str, command: str, work: Path,
-             extra: dict[str, Any] | None) -> dict[str, Any]:
+def run_here(run: PlannedRun, split: str, command: str, work: Path,
+             extra: dict[str, Any] | None, layout: Layout,
+             precision: tuple[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """This process's part of ``run``: alone, all of it; one rank of several (``devices``), its
+    shard of training and of the dev perplexity, and on rank 0 the decoding and the record."""
     from .claims import worker_id
 
     started = time.time()
     c = run.config
-    precision, chosen = choose_precision(run)
+    precision, chosen = precision
     pl.seed_everything(c.train.seed, workers=True, verbose=False)
-    tokenizer, data = _data(c)
-    logger = _wandb_logger(run, work, precision)
-    trainer, module, clock, resumed, accumulate = _train(run, work, data, logger, precision)
-
+    tokenizer, data = build_data(c)
+    zero = rank() == 0
+    logger = _wandb_logger(run, work, precision) if zero else False
+    trainer, module, clock, resumed, accumulate = _train(run, work, data, logger, precision,
+                                                         layout=layout)
+    work_done = module.total_work()  # a collective: every rank
     workers.share_cores()  # decoding too uses the cores of workers that have ended
     weights = _final_weights(module, work / "checkpoints", c.train.average_last)
     trainer.limit_val_batches = 1.0
-    dev = trainer.validate(module, datamodule=data, verbose=False)[0]
+    dev = trainer.validate(module, datamodule=data, verbose=False)[0]  # shards, gathered
+    if not zero:
+        return None  # rank 0 decodes every sentence and writes the record
     scores, headline = task_scores(module.model, tokenizer, data, c)
     from .model import count_parameters
 
@@ -243,7 +264,6 @@ def _execute(run: PlannedRun, split: str, command: str, work: Path,
         "train_seconds": round(clock.seconds, 1),
         "train_cpu_seconds": round(clock.cpu_seconds, 1),
     }
-    work_done = module.total_work()
     micro = -(-c.train.batch_tokens // (trainer.world_size * accumulate))
     record = {
         "run_id": run.run_id, "table": run.table, "row": run.row, "variant": run.variant,
@@ -254,14 +274,17 @@ def _execute(run: PlannedRun, split: str, command: str, work: Path,
                  "dropped_train_pairs": data.dropped, "dev_pairs": len(data.dev_pairs),
                  "test_pairs": len(data.test_pairs), "vocab_size": tokenizer.vocab_size,
                  "reference_ppl": data.reference_perplexities()},
-        "batch": {"devices": trainer.world_size, "accumulate": accumulate,
+        "batch": {"accelerator": layout.accelerator, "strategy": layout.strategy,
+                  "devices": layout.devices, "world_size": trainer.world_size,
+                  "accumulate": accumulate,
                   "device_batch_tokens": micro,
                   "effective_tokens_per_step": micro * trainer.world_size * accumulate,
                   "measured_tgt_tokens_per_step": round(work_done["real_tgt_tokens"]
                                                         / max(trainer.global_step, 1))},
         "averaged_checkpoints": weights, "curve": clock.curve,
         "cost": _cost(c, work_done, clock.seconds, trainer.world_size),
-        "resumed": resumed, "commit": commit(), "hardware": hardware(), "worker": worker_id(),
+        "resumed": resumed, "resumed_from": module.resumed_from, "commit": commit(),
+        "hardware": hardware(), "worker": worker_id(),
         "wall_seconds": round(time.time() - started, 1), "command": command,
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "wandb": _finish_wandb(logger, metrics),
@@ -274,7 +297,7 @@ def _execute(run: PlannedRun, split: str, command: str, work: Path,
     return record
 
 
-def _data(c: Config):
+def build_data(c: Config):
     from .data import TranslationData, is_treebank, load_pairs, tokenizer_name, tree_symbols
     from .tokenizer import cache_dir, train_tokenizer
 
@@ -294,8 +317,9 @@ def _data(c: Config):
     return tokenizer, data
 
 
-def _train(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=()):
-    """Fit with Lightning (resuming from the last checkpoint if there is one)."""
+def _train(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=(),
+           layout: Layout = ONE_DEVICE):
+    """Fit with Lightning on ``layout`` (resuming from the last checkpoint if there is one)."""
     from .lit import TranslationModule
     from .optim import accumulation
 
@@ -312,7 +336,8 @@ def _train(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=
         save_last=True, save_top_k=c.train.average_last, monitor="step", mode="max", **every)
     trainer = pl.Trainer(
         max_steps=c.train.train_steps, max_epochs=-1, precision=precision,
-        accelerator="auto", devices="auto", logger=logger, callbacks=[ckpt, clock, *callbacks],
+        accelerator=layout.accelerator, devices=layout.devices, strategy=_strategy(layout),
+        logger=logger, callbacks=[ckpt, clock, *callbacks],
         num_sanity_val_steps=0, log_every_n_steps=10, enable_model_summary=False,
         enable_progress_bar=sys.stderr.isatty(),
         **({"val_check_interval": c.train.val_every_steps, "check_val_every_n_epoch": None}
@@ -339,6 +364,15 @@ def _train(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=
                            f"{c.train.train_steps}; run the command again to resume")
     trainer.save_checkpoint(last)  # the final weights, so a crash below resumes at evaluation
     return trainer, module, clock, resumed, accumulate
+
+
+def _strategy(layout: Layout):
+    if layout.devices == 1:
+        return "auto"
+    from pytorch_lightning.strategies import DDPStrategy
+
+    return DDPStrategy(process_group_backend=layout.backend,
+                       timeout=timedelta(seconds=devices.timeout_seconds()))
 
 
 def _final_weights(module, directory: Path, k: int) -> list[str]:

@@ -62,6 +62,9 @@ class Scale:
     vocab: dict[str, int]
     overrides: dict[str, Any]
     tune: dict[str, Knob] = field(default_factory=dict)  # replaces the spec's knobs of that name
+    # Devices one run trains on unless --devices says otherwise: a number or "auto" (every visible
+    # GPU; 1 on a CPU). Where a run trains, not what it is: never part of its config.
+    devices: int | str = 1
 
 
 @dataclass(frozen=True)
@@ -155,7 +158,7 @@ class Spec:
 SPEC_KEYS = {"table", "caption", "split", "base", "variants", "rows", "scales", "cited", "preset",
              "tune"}
 VARIANT_KEYS = {"set", "paper"}
-SCALE_KEYS = {"about", "width", "steps", "corpus", "vocab", "set", "tune"}
+SCALE_KEYS = {"about", "width", "steps", "corpus", "vocab", "set", "tune", "devices"}
 TUNE_KEYS = {"metric", "direction", "knobs"}
 KNOB_KEYS = {"low", "high", "log", "choices"}
 
@@ -219,10 +222,14 @@ def load_scales(path: Path, data: dict[str, Any], varied: set[str]) -> dict[str,
             value = raw.get(factor, 1)
             if not isinstance(value, (int, float)) or not 0 < value <= 1:
                 raise SpecError(f"{where}.{factor} = {value!r}: must be a number in (0, 1]")
+        devices = raw.get("devices", 1)
+        if devices != "auto" and (not isinstance(devices, int) or isinstance(devices, bool)
+                                  or devices < 1):
+            raise SpecError(f"{where}.devices = {devices!r}: must be a positive integer or auto")
         scales[name] = Scale(name, str(raw.get("about", "")), float(raw.get("width", 1)),
                              float(raw.get("steps", 1)), _mapping(raw.get("corpus"), where),
                              _mapping(raw.get("vocab"), where), overrides,
-                             load_knobs(raw.get("tune"), f"{where}.tune", varied))
+                             load_knobs(raw.get("tune"), f"{where}.tune", varied), devices)
     return scales
 
 

@@ -90,7 +90,7 @@ def train_and_score(run: PlannedRun, callbacks=()) -> dict[str, Any]:
     c = run.config
     precision, _ = runner.choose_precision(run)
     pl.seed_everything(c.train.seed, workers=True, verbose=False)
-    tokenizer, data = runner._data(c)
+    tokenizer, data = runner.build_data(c)
     work = runner.runs_dir() / run.table / run.run_id
     logger = runner._wandb_logger(run, work, precision)
     try:

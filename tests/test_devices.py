@@ -1,0 +1,204 @@
+"""Several devices without a GPU: DDP over CPU processes (gloo) through the real CLI, at `smoke`.
+
+One run whatever the world size (one record, one W&B run, one table), the paper's batch kept by
+accumulation (2 ranks x 1 = 1 rank x 2 accumulated, to float tolerance), resume across device
+counts, a killed rank, and bad device options."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from reproduce import claims, devices
+from reproduce.config import ConfigError
+
+pytestmark = pytest.mark.slow
+
+
+def _env(root: Path) -> dict[str, str]:
+    return {**os.environ, "REPRODUCE_RESULTS": str(root / "results"),
+            "REPRODUCE_RUNS": str(root / "runs"), "OMP_NUM_THREADS": "2"}
+
+
+def cli(env, *args, check=True):
+    out = subprocess.run([sys.executable, "-m", "reproduce", *args], capture_output=True,
+                         text=True, env=env, check=False, timeout=600)
+    if check and out.returncode != 0:
+        raise AssertionError(f"exit {out.returncode}\n{out.stdout}\n{out.stderr}")
+    return out
+
+
+def _spec(path: Path, **base) -> Path:
+    """A one-variant spec of table `mine`; smoke multiplies train_steps by 0.0003."""
+    path.write_text("table: mine\nbase: " + json.dumps(base) + "\nvariants: {base: {}}\n")
+    return path
+
+
+def _record(root: Path, table: str = "mine", run: str = "base") -> dict:
+    return json.loads((root / "results" / table / f"{table}-{run}-smoke-seed0.json").read_text())
+
+
+def _weights(root: Path, table: str = "mine", run: str = "base") -> dict:
+    ckpt = torch.load(root / "runs" / table / f"{table}-{run}-smoke-seed0" / "checkpoints" /
+                      "last.ckpt", map_location="cpu", weights_only=False)
+    return ckpt
+
+
+def test_two_processes_train_one_run_with_one_record_one_wandb_run_one_table(tmp_path):
+    env = _env(tmp_path)
+    out = cli(env, "table3", "--variant", "base", "--scale", "smoke", "--devices", "2")
+    records = list((tmp_path / "results" / "table3").glob("*.json"))
+    assert [p.name for p in records] == ["table3-base-smoke-seed0.json"]
+    record = json.loads(records[0].read_text())
+    assert record["batch"]["world_size"] == 2 and record["batch"]["strategy"] == "ddp"
+    assert record["batch"]["effective_tokens_per_step"] == 2 * record["batch"]["device_batch_tokens"]
+    assert out.stdout.count("recorded ") == 1 and out.stdout.count("rendered ") == 1
+    work = tmp_path / "runs" / "table3" / "table3-base-smoke-seed0"
+    assert len(list((work / "wandb").glob("offline-run-*"))) == 1
+    assert claims.holder(work) is None
+    assert "Traceback" not in out.stderr
+    # The dev perplexity gathered over the ranks' shards is that of one process over all of dev.
+    from reproduce import runner
+    from reproduce.lit import TranslationModule
+    from reproduce.sweep import load_spec
+
+    run = load_spec("table3").plan(["base"], "smoke", [0])[0]
+    _, data = runner.build_data(run.config)
+    data.setup()
+    module = TranslationModule.load_from_checkpoint(work / "checkpoints" / "last.ckpt")
+    import pytorch_lightning as pl
+
+    trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                         enable_model_summary=False)
+    dev = trainer.validate(module, datamodule=data, verbose=False)[0]
+    assert round(float(dev["dev/ppl"]), 3) == pytest.approx(record["metrics"]["dev_ppl"], abs=2e-3)
+
+
+def test_two_ranks_equal_one_rank_accumulating_two_micro_batches(tmp_path):
+    """Same global batches (512-token micro-batches, 1024 per step), no dropout: the same weights
+    after 3 optimizer steps, and the schedule counts optimizer steps in both."""
+    spec = _spec(tmp_path / "mine.yaml", p_drop=0.0, device_batch_tokens=512, train_steps=10000)
+    a, b = tmp_path / "a", tmp_path / "b"
+    cli(_env(a), "table3", "--spec", str(spec), "--scale", "smoke", "--devices", "2")
+    cli(_env(b), "table3", "--spec", str(spec), "--scale", "smoke", "--devices", "1")
+    ra, rb = _record(a), _record(b)
+    assert (ra["batch"]["world_size"], ra["batch"]["accumulate"]) == (2, 1)
+    assert (rb["batch"]["world_size"], rb["batch"]["accumulate"]) == (1, 2)
+    assert ra["batch"]["effective_tokens_per_step"] == rb["batch"]["effective_tokens_per_step"]
+    ca, cb = _weights(a), _weights(b)
+    assert ca["global_step"] == cb["global_step"] == 3
+    assert ca["lr_schedulers"][0]["last_epoch"] == cb["lr_schedulers"][0]["last_epoch"] == 3
+    for name, wa in ca["state_dict"].items():
+        if name.endswith("w_k.bias"):
+            # Softmax ignores a bias added to every key, so its gradient is 0 up to rounding, and
+            # Adam turns that rounding into lr-sized steps that differ run to run: noise only.
+            assert wa.abs().max() < 1e-2 and cb["state_dict"][name].abs().max() < 1e-2
+            continue
+        torch.testing.assert_close(wa, cb["state_dict"][name], rtol=1e-4, atol=1e-5, msg=name)
+    assert ra["metrics"]["dev_ppl"] == pytest.approx(rb["metrics"]["dev_ppl"], rel=1e-4)
+
+
+@pytest.mark.parametrize("first, then", [(2, 1), (1, 2)])
+def test_a_run_resumes_on_another_number_of_devices(tmp_path, first, then):
+    env = _env(tmp_path)
+    short = _spec(tmp_path / "short" / "mine.yaml", train_steps=40000)  # 12 steps
+    long = _spec(tmp_path / "long" / "mine.yaml", train_steps=80000)  # 24: continues the 12
+    cli(env, "table3", "--spec", str(short), "--scale", "smoke", "--devices", str(first))
+    cli(env, "table3", "--spec", str(long), "--scale", "smoke", "--devices", str(then))
+    record = _record(tmp_path)
+    assert record["resumed"] and record["metrics"]["train_steps"] == 24
+    assert record["resumed_from"]["step"] == 12
+    assert record["resumed_from"]["world_size"] == first
+    assert record["batch"]["world_size"] == then
+    assert _weights(tmp_path)["lr_schedulers"][0]["last_epoch"] == 24
+
+
+def _rank_pid(payload: Path, local_rank: str) -> int | None:
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+            env = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"_rank-run" in cmd and str(payload).encode() in cmd and \
+                f"LOCAL_RANK={local_rank}".encode() in env:
+            return int(proc.name)
+    return None
+
+
+def test_a_killed_rank_stops_the_run_in_one_line_and_the_next_command_resumes(tmp_path):
+    env = _env(tmp_path)
+    spec = _spec(tmp_path / "mine.yaml", train_steps=400000)  # 120 steps
+    args = ["table3", "--spec", str(spec), "--scale", "smoke", "--devices", "2"]
+    work = tmp_path / "runs" / "mine" / "mine-base-smoke-seed0"
+    proc = subprocess.Popen([sys.executable, "-m", "reproduce", *args], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + 300
+    while not (work / "checkpoints" / "step6.ckpt").exists():
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.2)
+    pid = _rank_pid(work / devices.PAYLOAD, "1")
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    killed = time.time()
+    _, err = proc.communicate(timeout=120)
+    assert time.time() - killed < 60
+    assert proc.returncode != 0
+    assert "rank 0 of 2 exited" in err and "resume" in err
+    assert "Traceback" not in err
+    assert claims.holder(work) is None
+    assert _rank_pid(work / devices.PAYLOAD, "0") is None  # no rank left behind
+    assert not (tmp_path / "results" / "mine" / "mine-base-smoke-seed0.json").exists()
+    cli(env, *args)
+    record = _record(tmp_path)
+    assert record["resumed"] and record["resumed_from"]["step"] >= 6
+    assert record["metrics"]["train_steps"] == 120
+
+
+def test_checkpoint_averaging_after_ddp_training(tmp_path):
+    cli(_env(tmp_path), "table2", "--variant", "base-en-de", "--scale", "smoke", "--devices", "2")
+    record = _record(tmp_path, "table2", "base-en-de")
+    assert record["batch"]["world_size"] == 2
+    assert len(record["averaged_checkpoints"]) > 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--devices", "0"], "argument --devices: expected a positive number or 'auto', got '0'"),
+    (["--devices", "abc"], "argument --devices: expected a positive number or 'auto'"),
+    (["--devices", "4096"], "--devices 4096: on a CPU each device is a process"),
+    (["--accelerator", "tpu"], "argument --accelerator: invalid choice"),
+])
+def test_bad_device_options_are_one_line_and_touch_nothing(tmp_path, args, message):
+    out = cli(_env(tmp_path), "table3", "--variant", "base", "--scale", "smoke", *args,
+              check=False)
+    assert out.returncode == 2
+    assert message in out.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "results").exists() and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a GPU-less machine")
+def test_accelerator_gpu_without_a_gpu_is_refused():
+    with pytest.raises(ConfigError, match="--accelerator gpu: this machine has no GPU"):
+        devices.resolve("gpu", None)
+
+
+def test_the_dry_run_shows_devices_accumulation_and_the_effective_batch(tmp_path):
+    out = cli(_env(tmp_path), "table2", "--variant", "base-en-de", "--scale", "smoke",
+              "--devices", "2", "--dry-run")
+    assert "each run on 2 CPU processes (DDP, gloo)" in out.stdout
+    assert "1024 tokens/step (2 device(s) x 1 accumulated x 512)" in out.stdout
+
+
+def test_layout_resolution():
+    assert devices.resolve("cpu", None, 1) == devices.Layout("cpu", 1)
+    assert devices.resolve("cpu", None, "auto").devices == 1  # auto on a CPU: one process
+    if devices.cores() >= 2:
+        assert devices.resolve("auto", 2, 1) == devices.Layout("cpu", 2)  # --devices wins
+    with pytest.raises(ConfigError, match="--accelerator bogus: allowed values are auto, cpu"):
+        devices.resolve("bogus", None)
