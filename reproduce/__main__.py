@@ -230,7 +230,7 @@ def _submit(args: argparse.Namespace, argv: list[str], spec, runs, scale: str) -
     executor = launch.executor_for(runs_dir() / spec.table / "slurm", scale, todo, args.gpus,
                                    args.partition)
     jobs = launch.submit(executor, str(spec.path), todo, spec.split,
-                         "python -m reproduce " + " ".join(argv))
+                         "python -m reproduce " + " ".join(argv), args.gpus)
     for run, job in zip(todo, jobs, strict=True):
         print(f"  {run.run_id}: job {job.job_id}")
 

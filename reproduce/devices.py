@@ -73,6 +73,12 @@ class Layout:
 ONE_DEVICE = Layout()
 
 
+def external_ranks() -> bool:
+    """Whether this process is one of several a cluster started for one run (SLURM: one task per
+    device): then every rank trains in place, and no process group is started here."""
+    return int(os.environ.get("SLURM_NTASKS", "1") or 1) > 1
+
+
 def cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 

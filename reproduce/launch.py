@@ -37,16 +37,22 @@ def resources(scale: str, gpus: int | None = None, train_steps: int | None = Non
     return res
 
 
-def run_one(spec_path: str, variant: str, scale: str, seed: int, split: str, command: str) -> str:
-    """The body of one array task: plan the run afresh from the spec and execute it."""
+def run_one(spec_path: str, variant: str, scale: str, seed: int, split: str, command: str,
+            devices: int = 1) -> str:
+    """The body of one array task (one of ``devices`` tasks, one per device, on a multi-device run):
+    plan the run afresh from the spec and execute it."""
+    import torch
+
     from .__main__ import _quiet_libraries
+    from .devices import Layout
     from .runner import execute, finished
 
     _quiet_libraries()
     run = load_spec(spec_path).plan([variant], scale, [seed])[-1]
     if finished(run) is not None:
         return f"{run.run_id}: finished earlier"
-    record = execute(run, split, command)
+    layout = Layout("gpu" if torch.cuda.is_available() else "cpu", devices)
+    record = execute(run, split, command, layout=layout)
     if record is None:
         return f"{run.run_id}: another worker is training it"
     return f"{run.run_id}: recorded, dev PPL {record['metrics'].get('dev_ppl')}"
@@ -109,9 +115,11 @@ def sbatch_script(folder: Path, scale: str, runs: list[PlannedRun], gpus: int | 
                                folder=folder / "%A_%a", **params)
 
 
-def submit(executor, spec_path: str, runs: list[PlannedRun], split: str, command: str) -> list:
+def submit(executor, spec_path: str, runs: list[PlannedRun], split: str, command: str,
+           gpus: int | None = None) -> list:
     """One job per run (an array on SLURM); returns the submitit jobs."""
-    args = [(spec_path, r.variant, r.scale, r.seed, split, command) for r in runs]
+    args = [(spec_path, r.variant, r.scale, r.seed, split, command,
+             resources(r.scale, gpus, r.config.train.train_steps)["tasks_per_node"]) for r in runs]
     with executor.batch():
         jobs = [executor.submit(run_one, *a) for a in args]
     return jobs

@@ -223,7 +223,7 @@ def execute(run: PlannedRun, split: str, command: str, extra: dict[str, Any] | N
             return record
         retire_stale(run, work)
         precision = choose_precision(run, layout)
-        if layout.devices > 1:
+        if layout.devices > 1 and not devices.external_ranks():
             devices.train_on_ranks(run, split, command, work, extra, layout, precision)
             return load_record(path)
         return run_here(run, split, command, work, extra, layout, precision)
