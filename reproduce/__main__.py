@@ -303,6 +303,9 @@ def _bench_parser(sub) -> None:
     b = sub.add_parser("bench", help="training and decoding speed beside torch.nn.Transformer and "
                        "MarianMT, in one process (reproduce/bench.py)")
     b.add_argument("--quick", action="store_true", help="fewer batches and rounds (minutes)")
+    b.add_argument("--gpu", action="store_true", help="one GPU with the paper's base and big: "
+                   "step time, tokens/s, MFU, memory, projected hours -> results/gpu.md (on a "
+                   "CPU: says so and checks the same code on a tiny model)")
     b.add_argument("--scales", nargs="+", default=["cpu", "paper"],
                    help="scales whose base config to measure (default: cpu paper)")
     b.add_argument("--data", choices=["bible", "synthetic"], default="bible",
@@ -342,6 +345,11 @@ def main(argv: list[str] | None = None) -> int:
 
             print(f"plotted {draw(args.run, args.sentence, args.layer, results_dir(), runs_dir())}")
             return 0
+        if args.command == "bench" and args.gpu:
+            from .gpu_check import run as check_gpu
+
+            return check_gpu(out="results/gpu.md" if args.out == "results/performance.md"
+                             else args.out)
         if args.command == "bench":
             from .bench import run
 

@@ -54,6 +54,9 @@ warnings.filterwarnings(
 )
 
 
+PAD_BATCH = "pad_batch"  # the key of an evaluation batch that only keeps ranks in step
+
+
 class DataError(ValueError):
     """A corpus, file or setting that cannot be used; the one-line message says what is allowed."""
 
@@ -289,8 +292,10 @@ def batch_by_tokens(
     ``len(batch) * max(longest source, longest target)`` and stays within ``batch_tokens``, except
     that an example longer than the budget forms a batch of its own. With ``shuffle`` the order of
     batches and of equal-length examples is drawn from ``seed`` (pass a new seed each epoch);
-    without it batches run from short to long. With ``world_size > 1`` every rank gets an equal,
-    disjoint share; the up to ``world_size - 1`` batches left over are skipped.
+    without it batches run from short to long. With ``world_size > 1`` the batches are dealt
+    round-robin, each rank getting as many: the last round is filled with the epoch's first
+    batches (up to ``world_size - 1`` repeated, as torch's ``DistributedSampler`` pads), so every
+    example is seen and no rank waits on another for a batch, even with fewer batches than ranks.
     """
     if batch_tokens < 1:
         raise ValueError(f"batch_tokens must be positive, got {batch_tokens}")
@@ -309,8 +314,8 @@ def batch_by_tokens(
     if shuffle:
         batches = [batches[i] for i in rng.permutation(len(batches))]
     if world_size > 1:
-        usable = len(batches) - len(batches) % world_size
-        batches = batches[rank:usable:world_size]
+        batches += [batches[i % len(batches)] for i in range(-len(batches) % world_size)]
+        batches = batches[rank::world_size]
     return batches
 
 
@@ -647,7 +652,8 @@ class TranslationData(pl.LightningDataModule):
         bos, eos = self.tokenizer.bos_id, self.tokenizer.eos_id
         stream = _BatchStream(
             plan=lambda epoch: self._plan(data, shuffle, epoch),
-            collate=lambda indices: data.batch(indices, bos, eos),
+            collate=lambda indices: (data.batch(indices, bos, eos) if indices
+                                     else {PAD_BATCH: torch.ones(1)}),
             epoch_of=lambda: None if self.trainer is None else self.trainer.current_epoch,
             count=lambda: self._count(data, shuffle),
         )
@@ -675,9 +681,17 @@ class TranslationData(pl.LightningDataModule):
         return epoch, min(batches, max(0, steps * accumulate))
 
     def _plan(self, data: _Encoded, shuffle: bool, epoch: int) -> list[list[int]]:
+        """Training: this rank's share of the epoch's shuffled batches. Evaluation on several
+        ranks: every batch exactly once, dealt round-robin; ranks left a batch short get an empty
+        one (``PAD_BATCH``, skipped by ``validation_step``) so all run the same number of steps."""
         rank, world_size = self._rank()
         seed = int(np.random.SeedSequence([self.seed, epoch]).generate_state(1)[0])
-        return batch_by_tokens(data.lengths, self.batch_tokens, shuffle, seed, rank, world_size)
+        if shuffle or world_size == 1:
+            return batch_by_tokens(data.lengths, self.batch_tokens, shuffle, seed, rank,
+                                   world_size)
+        every = batch_by_tokens(data.lengths, self.batch_tokens, False, seed)
+        mine = every[rank::world_size]
+        return mine + [[]] * (-(-len(every) // world_size) - len(mine))
 
     def _count(self, data: _Encoded, shuffle: bool) -> int:
         # The count depends only on the sorted lengths, not on the epoch's shuffle: memoise it.

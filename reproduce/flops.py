@@ -39,15 +39,29 @@ def _words(name: str) -> set[str]:
     return set(re.findall(r"[A-Z0-9]+", name.upper()))
 
 
-def gpu_tflops(name: str) -> float | None:
-    """TFLOPS for a device name such as "NVIDIA H100 80GB HBM3" or "Tesla V100-SXM2-16GB"; None when
-    no entry matches. Whole words only, so "A10G" is not an "A10"; the entry with most words wins,
-    so "NVIDIA H100 PCIe" is the PCIe part, not the SXM one."""
+# Dense bf16 tensor-core peaks (no sparsity), NVIDIA data sheets, for MFU (`bench --gpu`).
+BF16_DENSE_TFLOPS: dict[str, float] = {
+    "A10": 125.0, "A30": 165.0, "A40": 149.7, "A100": 312.0, "A6000": 154.8,
+    "L4": 121.0, "L40": 181.0, "L40S": 362.0, "RTX 4090": 165.2,
+    "H100": 989.0, "H100 PCIe": 756.0, "H100 NVL": 835.0, "H200": 989.0, "GH200": 989.0,
+}
+
+
+def lookup(name: str, table: dict[str, float]) -> float | None:
+    """The entry of ``table`` for a device name such as "NVIDIA H100 80GB HBM3"; None when none
+    matches. Whole words only, so "A10G" is not an "A10"; the entry with most words wins, so
+    "NVIDIA H100 PCIe" is the PCIe part, not the SXM one."""
     words = _words(name)
-    matches = [key for key in SUSTAINED_TFLOPS if _words(key) <= words]
+    matches = [key for key in table if _words(key) <= words]
     if not matches:
         return None
-    return SUSTAINED_TFLOPS[max(matches, key=lambda key: len(_words(key)))]
+    return table[max(matches, key=lambda key: len(_words(key)))]
+
+
+def gpu_tflops(name: str) -> float | None:
+    """Sustained fp32 TFLOPS (the paper's method) for a device name such as "Tesla V100-SXM2-16GB";
+    None when no entry matches (``lookup``)."""
+    return lookup(name, SUSTAINED_TFLOPS)
 
 
 def paper_cost(train_hours: float, n_gpus: int, tflops_per_gpu: float) -> float:

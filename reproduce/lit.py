@@ -12,6 +12,7 @@ import pytorch_lightning as pl
 import torch
 
 from .config import Config
+from .data import PAD_BATCH
 from .model import Transformer
 from .optim import adam_with_schedule, output_loss
 
@@ -54,6 +55,8 @@ class TranslationModule(pl.LightningModule):
         self._dev = torch.zeros(2, dtype=torch.float64, device=self.device)
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        if PAD_BATCH in batch:  # several ranks: an empty turn so all run as many steps
+            return
         _, nll, n = self._losses(batch)
         self._dev += torch.stack([nll.double(), n.double()])
 

@@ -235,14 +235,19 @@ def test_batch_by_tokens_over_long_example_stands_alone():
     assert sorted(i for batch in batches for i in batch) == [0, 1, 2, 3]
 
 
-def test_batch_by_tokens_ranks_get_disjoint_equal_shares():
+def test_batch_by_tokens_ranks_get_equal_shares_covering_the_epoch_once():
     lengths = _random_lengths(2000)
+    everything = batch_by_tokens(lengths, 1000, True, 7)
+    assert len(everything) % 3  # so that the last round needs filling
     shares = [batch_by_tokens(lengths, 1000, True, 7, rank=r, world_size=3) for r in range(3)]
     assert len({len(share) for share in shares}) == 1
-    seen = [i for share in shares for batch in share for i in batch]
-    assert len(seen) == len(set(seen))
-    everything = batch_by_tokens(lengths, 1000, True, 7)
-    assert len(everything) - len(shares[0]) * 3 < 3
+    dealt = [batch for step in zip(*shares, strict=True) for batch in step]
+    assert dealt[:len(everything)] == everything  # round-robin, in the epoch's order
+    assert dealt[len(everything):] == everything[:len(dealt) - len(everything)]  # padding
+    # Fewer batches than ranks: each rank still gets one.
+    few = batch_by_tokens(lengths[:3], 10_000, True, 7)
+    assert len(few) == 1
+    assert [batch_by_tokens(lengths[:3], 10_000, True, 7, r, 2) for r in range(2)] == [few, few]
     with pytest.raises(ValueError, match="rank"):
         batch_by_tokens(lengths, 1000, True, 7, rank=3, world_size=3)
 

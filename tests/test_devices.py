@@ -202,3 +202,53 @@ def test_layout_resolution():
         assert devices.resolve("auto", 2, 1) == devices.Layout("cpu", 2)  # --devices wins
     with pytest.raises(ConfigError, match="--accelerator bogus: allowed values are auto, cpu"):
         devices.resolve("bogus", None)
+
+
+def test_ctrl_c_stops_every_rank(tmp_path):
+    env = _env(tmp_path)
+    spec = _spec(tmp_path / "mine.yaml", train_steps=1000000)  # 300 steps
+    work = tmp_path / "runs" / "mine" / "mine-base-smoke-seed0"
+    proc = subprocess.Popen([sys.executable, "-m", "reproduce", "table3", "--spec", str(spec),
+                             "--scale", "smoke", "--devices", "2"], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + 300
+    while not (work / "checkpoints" / "step6.ckpt").exists():
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=90)
+    assert proc.returncode != 0
+    assert _rank_pid(work / devices.PAYLOAD, "0") is None
+    assert _rank_pid(work / devices.PAYLOAD, "1") is None
+    assert claims.holder(work) is None
+    assert not (tmp_path / "results" / "mine" / "mine-base-smoke-seed0.json").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU-less path of bench --gpu")
+def test_the_gpu_check_says_there_is_no_gpu_and_checks_the_code_path_on_the_cpu(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "reproduce", "bench", "--gpu"], cwd=tmp_path,
+                         capture_output=True, text=True, env=_env(tmp_path), timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("no GPU: torch")
+    lines = [line for line in out.stdout.splitlines() if "(smoke)" in line]
+    assert [line.split()[0] for line in lines] == ["base-en-de", "big-en-de"]
+    assert all("accumulate 2" in line and "target tokens/s" in line for line in lines)
+    assert not (tmp_path / "results").exists()
+
+
+def test_table4_decodes_constrained_after_ddp_training(tmp_path):
+    from tests.test_table4 import TEST, write_wsj
+
+    wsj = write_wsj(tmp_path / "wsj")
+    spec = tmp_path / "table4.yaml"  # the shipped spec, constrained at smoke as at `cpu`
+    text = (Path(__file__).resolve().parent.parent / "sweeps" / "table4.yaml").read_text()
+    spec.write_text(text.replace("beam: 2, max_len_offset: 100}",
+                                 "beam: 2, max_len_offset: 100, constrained: true}", 1))
+    cli(_env(tmp_path), "table4", "--spec", str(spec), "--scale", "smoke", "--treebank", str(wsj),
+        "--variant", "wsj_only", "--devices", "2")
+    path = tmp_path / "results" / "table4" / "table4-wsj_only-smoke-seed0-ptb.json"
+    record = json.loads(path.read_text())
+    assert record["batch"]["world_size"] == 2
+    assert record["config"]["decode"]["constrained"]
+    assert record["evalb"]["test"]["sentences"] == len(TEST)  # every sentence, on rank 0
+    assert "test_f1_free" in record["metrics"] and 0.0 <= record["metrics"]["test_f1"] <= 100.0
