@@ -74,8 +74,8 @@ def _f1_line(m: dict) -> str:
             f"{m['train_seconds']:.0f} s training")
 
 
-def _workers(value: str) -> int | str:
-    """``--workers``: a positive number or ``auto``."""
+def _positive_or_auto(value: str) -> int | str:
+    """``--workers``, ``--devices``: a positive number or ``auto``."""
     if value == "auto":
         return value
     try:
@@ -255,12 +255,12 @@ def build_parser() -> argparse.ArgumentParser:
         t.add_argument("--gpus", type=int, help="with --launcher slurm: GPUs per run (default: "
                        "by scale, 8 at `paper`)")
         t.add_argument("--partition", help="with --launcher slurm: the SLURM partition")
-        t.add_argument("--workers", type=_workers, default="auto", help="local: train with N "
+        t.add_argument("--workers", type=_positive_or_auto, default="auto", help="local: train with N "
                        "processes that split the cores (or one GPU each), runs balanced by "
                        "measured cost; auto (default): one per core on a CPU when two or more "
                        "runs have 1000+ steps left between them, else 1 (on a 2-core CPU 2 "
                        "trains a row ~1.3x faster)")
-        t.add_argument("--devices", type=devices.parse_devices, help="devices one run trains on: "
+        t.add_argument("--devices", type=_positive_or_auto, help="devices one run trains on: "
                        "N (DDP over N GPUs, or N CPU processes with cores / N threads each, "
                        "gloo) or auto (every visible GPU; 1 on a CPU); default: the scale's "
                        "(`paper`: auto, else 1). The paper's batch is kept by accumulation")

@@ -83,21 +83,6 @@ def cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def parse_devices(value: str) -> int | str:
-    """``--devices``: a positive number or ``auto``."""
-    if value == "auto":
-        return value
-    try:
-        n = int(value)
-    except ValueError:
-        n = 0
-    if n < 1:
-        import argparse
-
-        raise argparse.ArgumentTypeError(f"expected a positive number or 'auto', got {value!r}")
-    return n
-
-
 def resolve(accelerator: str | None, devices: int | str | None, scale_devices: int | str = 1
             ) -> Layout:
     """The layout asked for, checked against this machine. ``devices`` (``--devices``) wins over
