@@ -118,7 +118,7 @@ def _train_and_render(args: argparse.Namespace, argv: list[str], spec, runs, sca
                 print(f"--workers auto: {n} worker processes (one per core, at most one per "
                       "run; --workers 1 trains in this process)")
         if n > 1 and runs:
-            if workers.launch(argv, runs, n):
+            if workers.launch(argv, runs, n, layout.devices):
                 raise SystemExit(1)
             runs = []
         for run in workers.reorder(runs):

@@ -35,6 +35,7 @@ import torch
 from .claims import rank
 from .config import Config, ConfigError
 from .sweep import PlannedRun
+from .workers import SHARE_ENV
 
 log = logging.getLogger("reproduce")
 
@@ -125,6 +126,7 @@ def train_on_ranks(run: PlannedRun, split: str, command: str, work: Path,
         "split": split, "command": command, "extra": extra, "layout": asdict(layout),
         "precision": precision[0], "precision_choice": precision[1]}, indent=1))
     env = dict(os.environ)
+    env.pop(SHARE_ENV, None)  # ranks keep their split of the cores; only workers share theirs
     for key in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_PORT", "RANK", "GROUP_RANK"):
         env.pop(key, None)  # a new group: Lightning's launcher sets these for its ranks
     if layout.accelerator == "cpu":

@@ -160,19 +160,24 @@ def worker_argv(argv: Sequence[str]) -> list[str]:
     return out
 
 
-def launch(argv: Sequence[str], runs: list, n: int) -> int:
-    """Train ``runs`` (those without a record) with ``n`` worker processes; returns 0 if every
-    worker succeeded, else a failed one's status (positive). Each worker's output lines are
-    prefixed ``[wK]``."""
+def launch(argv: Sequence[str], runs: list, n: int, devices: int = 1) -> int:
+    """Train ``runs`` (those without a record) with ``n`` worker processes, each run on
+    ``devices`` devices of its worker's own (GPUs: worker k gets the k-th block of ``devices``;
+    a CPU: its share of the cores, split between its ranks); returns 0 if every worker succeeded,
+    else a failed one's status (positive). Each worker's output lines are prefixed ``[wK]``."""
     from .cost import step_seconds
     from .runner import finished
 
     if n < 1:
         raise ConfigError(f"--workers {n}: must be at least 1")
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if gpus and n > gpus:
-        raise ConfigError(f"--workers {n}: this machine has {gpus} GPU(s), one per worker at most")
+    if gpus and n * devices > gpus:
+        raise ConfigError(f"--workers {n} --devices {devices}: this machine has {gpus} GPU(s), "
+                          f"{devices} per worker at most {gpus // devices} worker(s)")
     cores = _cores()
+    if not gpus and n * devices > cores:
+        raise ConfigError(f"--workers {n} --devices {devices}: on a CPU each device is a process "
+                          f"with at least one core, and this machine has {cores} core(s)")
     todo = [run for run in runs if finished(run) is None]
     if not todo:
         print("--workers: every run has a record; nothing to train")
@@ -201,10 +206,10 @@ def launch(argv: Sequence[str], runs: list, n: int) -> int:
                                   "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)})
         if share is not None:
             env[SHARE_ENV] = str(share)
-        if gpus:  # the k-th of the GPUs this process may use
+        if gpus:  # the k-th block of the GPUs this process may use
             visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-            env["CUDA_VISIBLE_DEVICES"] = (visible.split(",") if visible else
-                                           [str(i) for i in range(gpus)])[k]
+            ids = visible.split(",") if visible else [str(i) for i in range(gpus)]
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(ids[k * devices:(k + 1) * devices])
         proc = subprocess.Popen([sys.executable, "-m", "reproduce", *worker_argv(argv)], env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 bufsize=1)

@@ -255,3 +255,13 @@ def test_table4_decodes_constrained_after_ddp_training(tmp_path):
     assert record["config"]["decode"]["constrained"]
     assert record["evalb"]["test"]["sentences"] == len(TEST)  # every sentence, on rank 0
     assert "test_f1_free" in record["metrics"] and 0.0 <= record["metrics"]["test_f1"] <= 100.0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's cores are what is checked")
+def test_workers_times_devices_must_fit_the_cores():
+    from reproduce import workers
+    from reproduce.sweep import load_spec
+
+    runs = load_spec("table3").plan(["base", "A1"], "smoke", [0])
+    with pytest.raises(ConfigError, match=r"--workers 2 --devices \d+: on a CPU each device"):
+        workers.launch(["table3"], runs, 2, devices=devices.cores())
