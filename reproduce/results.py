@@ -102,7 +102,7 @@ def _scale_table(spec: Spec, scale: str, records: list[dict[str, Any]]) -> list[
             f"BLEU: sacreBLEU on detokenized output, beam search as the paper; signature "
             f"`{'`, `'.join(signatures)}`. PPL: per word-piece on the dev split, our BPE "
             "vocabulary. Hardware: " + _hardware(records) + ".",
-            "Devices: " + _layouts(records) + ".", *_reference_line(records), ""]
+            *_devices_line(records), *_reference_line(records), ""]
     header = [""] + [h for h, _, _ in SHAPE_COLUMNS] + [
         "PPL (dev) paper", "PPL (dev) ours", "BLEU (dev) paper", "BLEU (dev) ours",
         "BLEU (test) ours", "params ×10⁶ paper", "params ×10⁶ ours",
@@ -204,7 +204,9 @@ def _layouts(records: list[dict[str, Any]]) -> str:
     (records made before layouts were recorded trained on one device)."""
     counts: dict[str, int] = defaultdict(int)
     for r in records:
-        b = r["batch"]
+        b = r.get("batch") or {}
+        if not {"accumulate", "device_batch_tokens", "effective_tokens_per_step"} <= set(b):
+            continue  # a record without its batch layout says nothing here
         n = b.get("world_size", b.get("devices", 1))
         kind = {"gpu": "GPU", "cpu": "CPU process"}.get(b.get("accelerator", "cpu"), "device")
         counts[f"{n} {kind}{'es' if n > 1 and kind.endswith('s') else 's' if n > 1 else ''}"
@@ -212,6 +214,11 @@ def _layouts(records: list[dict[str, Any]]) -> str:
                f"{b['device_batch_tokens']} tokens = {b['effective_tokens_per_step']} tokens per "
                "step"] += 1
     return "; ".join(f"{k} ({v} run{'s' if v > 1 else ''})" for k, v in sorted(counts.items()))
+
+
+def _devices_line(records: list[dict[str, Any]]) -> list[str]:
+    layouts = _layouts(records)
+    return [f"Devices: {layouts}."] if layouts else []
 
 
 def _hardware(records: list[dict[str, Any]]) -> str:
@@ -284,7 +291,7 @@ def _table2_details(spec: Spec, scale: str, records: list[dict[str, Any]]) -> li
     corpora = sorted({r["data"]["corpus"] for r in records})
     out = [f"## Our runs at scale `{scale}`", "", _scale_note(spec.scales.get(scale), "model "
            "sizes as named"), "", "Corpus: " + " ".join(CORPUS_NOTES.get(c, c) for c in corpora),
-           f"Hardware: {_hardware(records)}.", f"Devices: {_layouts(records)}.", "",
+           f"Hardware: {_hardware(records)}.", *_devices_line(records), "",
            "| variant | tokenized BLEU (paper's convention) | sacreBLEU | cost, paper's method "
            "(FLOPs) | cost, counted (FLOPs) | training time | devices x TFLOPS | tokens/step "
            "(effective) | checkpoints averaged |", "|---|---|---|---|---|---|---|---|---|"]

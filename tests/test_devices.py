@@ -36,6 +36,7 @@ def cli(env, *args, check=True):
 
 def _spec(path: Path, **base) -> Path:
     """A one-variant spec of table `mine`; smoke multiplies train_steps by 0.0003."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("table: mine\nbase: " + json.dumps(base) + "\nvariants: {base: {}}\n")
     return path
 
