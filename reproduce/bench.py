@@ -48,6 +48,7 @@ import torch
 from .config import Config, ConfigError
 from .decoding import beam_search, greedy_search
 from .flops import analytic_flops
+from .machine import cpu_flags, cpu_name
 from .optim import adam_with_schedule
 from .peers import (
     TorchTransformer,
@@ -91,22 +92,12 @@ OTHER = {False: Plan(None, 3, 3, 8, 8, 2), True: Plan(None, 2, 2, 4, 6, 1)}
 
 def machine() -> dict[str, Any]:
     """CPU model, cores, the instruction sets that decide matmul speed, library versions."""
-    cpu, flags = platform.processor() or platform.machine(), set()
-    if Path("/proc/cpuinfo").exists():
-        text = Path("/proc/cpuinfo").read_text()
-        names = [line.split(":", 1)[1].strip() for line in text.splitlines()
-                 if line.startswith("model name")]
-        cpu = names[0] if names else cpu
-        flag_lines = [line.split(":", 1)[1].split() for line in text.splitlines()
-                      if line.startswith("flags")]
-        flags = set(flag_lines[0]) if flag_lines else set()
-    wanted = sorted(f for f in flags if f.startswith(("avx512", "amx")) or f in ("avx2", "fma"))
     try:
         import transformers
         hf = transformers.__version__
     except ImportError:
         hf = None
-    return {"cpu": cpu, "cores": os.cpu_count(), "flags": wanted,
+    return {"cpu": cpu_name(), "cores": os.cpu_count(), "flags": cpu_flags(),
             "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "threads": torch.get_num_threads(), "torch": torch.__version__, "transformers": hf,
             "python": platform.python_version(), "load_average": os.getloadavg()}

@@ -32,18 +32,20 @@ from typing import Any
 
 import torch
 
+from . import machine
 from .claims import rank
 from .config import Config, ConfigError
 from .sweep import PlannedRun
 from .workers import SHARE_ENV
-
-log = logging.getLogger("reproduce")
 
 ACCELERATORS = ("auto", "cpu", "gpu")
 PAYLOAD = "ranks.json"  # in the run's folder: what its ranks train
 # Seconds a rank waits in a collective (or for the others to join) before it gives up. Long enough
 # for a rank to load paper-scale data before the first one; a rank that dies is noticed at once.
 TIMEOUT_ENV = "REPRODUCE_DDP_TIMEOUT"
+
+
+DEVICE_NAMES = {"cpu": ("CPU process", "CPU processes"), "gpu": ("GPU", "GPUs")}  # one, many
 
 
 class RankFailure(RuntimeError):
@@ -62,7 +64,7 @@ class Layout:
         return "ddp" if self.devices > 1 else "single-device"
 
     def describe(self) -> str:
-        one, many = ("GPU", "GPUs") if self.accelerator == "gpu" else ("CPU process", "CPU processes")
+        one, many = DEVICE_NAMES[self.accelerator]
         return (f"{self.devices} {many if self.devices > 1 else one}"
                 + (f" (DDP, {self.backend})" if self.devices > 1 else ""))
 
@@ -78,10 +80,6 @@ def external_ranks() -> bool:
     """Whether this process is one of several a cluster started for one run (SLURM: one task per
     device): then every rank trains in place, and no process group is started here."""
     return int(os.environ.get("SLURM_NTASKS", "1") or 1) > 1
-
-
-def cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def resolve(accelerator: str | None, devices: int | str | None, scale_devices: int | str = 1
@@ -104,9 +102,9 @@ def resolve(accelerator: str | None, devices: int | str | None, scale_devices: i
         n = int(asked)
     if kind == "gpu" and n > gpus:
         raise ConfigError(f"--devices {n}: this machine has {gpus} GPU(s) visible to torch")
-    if kind == "cpu" and n > cores():
+    if kind == "cpu" and n > machine.cores():
         raise ConfigError(f"--devices {n}: on a CPU each device is a process with at least one "
-                          f"core, and this machine has {cores()} core(s)")
+                          f"core, and this machine has {machine.cores()} core(s)")
     return Layout(kind, n)
 
 
@@ -178,8 +176,8 @@ def rank_main(path: str, run_here: Callable[..., Any]) -> int:
         logging.getLogger("reproduce").setLevel(logging.WARNING)
         logging.getLogger("datasets").setLevel(logging.WARNING)
     try:
-        run_here(run, data["split"], data["command"], Path(path).parent, data["extra"],
-                        layout, (data["precision"], data["precision_choice"]))
+        run_here(run, data["split"], data["command"], Path(path).parent, data["extra"], layout,
+                 (data["precision"], data["precision_choice"]))
     except (KeyboardInterrupt, SystemExit):
         raise
     except Exception as e:  # one line here, the traceback in the run's folder

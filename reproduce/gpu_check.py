@@ -27,8 +27,8 @@ import torch
 from .config import Config
 from .flops import BF16_DENSE_TFLOPS, analytic_flops, lookup
 from .model import Transformer
-from .optim import accumulation, adam_with_schedule, output_loss
-from .precision import _batch
+from .optim import accumulation, adam_with_schedule
+from .precision import synthetic_batch, train_step
 from .sweep import load_spec
 
 MODELS = ("base-en-de", "big-en-de")
@@ -44,21 +44,12 @@ def measure(config: Config, device: str, precision: str, steps: int, warmup: int
     torch.manual_seed(0)
     model = Transformer(m).to(device).train()
     optimizer, schedule = adam_with_schedule(model.parameters(), t, m.d_model)
-    batch = {k: v.to(device) for k, v in _batch(m.vocab_size, micro, LENGTH).items()}
+    batch = {k: v.to(device) for k, v in synthetic_batch(m.vocab_size, micro, LENGTH).items()}
     B, S = batch["src"].shape
     T = batch["tgt_in"].shape[1]
-    bf16 = precision == "bf16-mixed"
 
     def step() -> None:
-        for _ in range(accumulate):
-            with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
-                hidden = model.features(batch["src"], batch["tgt_in"])
-                loss, _ = output_loss(hidden, model.embed.weight, batch["tgt_out"], t.eps_ls,
-                                      m.pad_id)
-            (loss / accumulate).backward()
-        optimizer.step()
-        schedule.step()
-        optimizer.zero_grad(set_to_none=True)
+        train_step(model, optimizer, schedule, batch, config, precision, accumulate)
 
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     for _ in range(warmup):

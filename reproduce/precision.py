@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 import torch
 
 from .config import Config
+from .machine import cpu_flags, cpu_name
 from .model import Transformer
 from .optim import adam_with_schedule, output_loss
 
@@ -30,27 +30,6 @@ CHOICES = ("32-true", "bf16-mixed")
 # bf16 rounds more: it must be this much faster per step to be taken (a near tie stays fp32, so a
 # table's variants do not flip between precisions on timing noise).
 BF16_MARGIN = 1.1
-
-
-def cpu_flags() -> list[str]:
-    """The instruction sets that decide matmul speed (avx2, fma, avx512*, amx*), from /proc/cpuinfo."""
-    path = Path("/proc/cpuinfo")
-    if not path.exists():
-        return []
-    for line in path.read_text().splitlines():
-        if line.startswith("flags"):
-            return sorted(f for f in line.split(":", 1)[1].split()
-                          if f.startswith(("avx512", "amx")) or f in ("avx2", "fma"))
-    return []
-
-
-def cpu_name() -> str:
-    path = Path("/proc/cpuinfo")
-    if path.exists():
-        for line in path.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
 
 
 def _matmul_rate(dtype: torch.dtype, n: int = 256, repeats: int = 4) -> float:
@@ -67,13 +46,31 @@ def bf16_matmul_not_slower() -> bool:
     return _matmul_rate(torch.bfloat16) >= _matmul_rate(torch.float32)
 
 
-def _batch(vocab: int, tokens: int, length: int, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Sentences of ``length`` pieces (about the Bible's mean) filling ``tokens`` per side."""
+def synthetic_batch(vocab: int, tokens: int, length: int, seed: int = 0
+                    ) -> dict[str, torch.Tensor]:
+    """Random sentences of ``length`` pieces filling ``tokens`` per side (for timing steps)."""
     g = torch.Generator().manual_seed(seed)
     B = max(1, tokens // length)
     src = torch.randint(4, vocab, (B, length), generator=g)
     tgt = torch.randint(4, vocab, (B, length + 1), generator=g)
     return {"src": src, "tgt_in": tgt[:, :-1], "tgt_out": tgt[:, 1:]}
+
+
+def train_step(model: Transformer, optimizer, schedule, batch: dict[str, torch.Tensor],
+               config: Config, precision: str, accumulate: int = 1) -> None:
+    """One optimizer step outside Lightning, as a run trains: ``accumulate`` forward and backward
+    passes of ``batch`` (the smoothed loss of ``optim.output_loss``, under bf16 autocast for
+    bf16-mixed), then Adam and the schedule."""
+    device = batch["src"].device.type
+    for _ in range(accumulate):
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
+            hidden = model.features(batch["src"], batch["tgt_in"])
+            loss, _ = output_loss(hidden, model.embed.weight, batch["tgt_out"],
+                                  config.train.eps_ls, config.model.pad_id)
+        (loss / accumulate).backward()
+    optimizer.step()
+    schedule.step()
+    optimizer.zero_grad(set_to_none=True)
 
 
 def step_seconds(config: Config, tokens: int, rounds: int = 3,
@@ -84,17 +81,11 @@ def step_seconds(config: Config, tokens: int, rounds: int = 3,
     m, t = config.model, config.train
     model = Transformer(m).train()
     optimizer, schedule = adam_with_schedule(model.parameters(), t, m.d_model)
-    batch = _batch(m.vocab_size, tokens, min(length, t.max_tokens_per_sentence))
+    batch = synthetic_batch(m.vocab_size, tokens, min(length, t.max_tokens_per_sentence))
 
     def step(precision: str) -> float:
         start = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
-            hidden = model.features(batch["src"], batch["tgt_in"])
-            loss, _ = output_loss(hidden, model.embed.weight, batch["tgt_out"], t.eps_ls, m.pad_id)
-        loss.backward()
-        optimizer.step()
-        schedule.step()
-        optimizer.zero_grad(set_to_none=True)
+        train_step(model, optimizer, schedule, batch, config, precision)
         return time.perf_counter() - start
 
     times: dict[str, list[float]] = {p: [] for p in CHOICES}

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .devices import DEVICE_NAMES
 from .sweep import Spec
 
 CORPUS_NOTES = {
@@ -208,9 +209,8 @@ def _layouts(records: list[dict[str, Any]]) -> str:
         if not {"accumulate", "device_batch_tokens", "effective_tokens_per_step"} <= set(b):
             continue  # a record without its batch layout says nothing here
         n = b.get("world_size", b.get("devices", 1))
-        kind = {"gpu": "GPU", "cpu": "CPU process"}.get(b.get("accelerator", "cpu"), "device")
-        counts[f"{n} {kind}{'es' if n > 1 and kind.endswith('s') else 's' if n > 1 else ''}"
-               f"{' (DDP)' if n > 1 else ''} x {b['accumulate']} accumulated x "
+        one, many = DEVICE_NAMES[b.get("accelerator", "cpu")]
+        counts[f"{n} {many + ' (DDP)' if n > 1 else one} x {b['accumulate']} accumulated x "
                f"{b['device_batch_tokens']} tokens = {b['effective_tokens_per_step']} tokens per "
                "step"] += 1
     return "; ".join(f"{k} ({v} run{'s' if v > 1 else ''})" for k, v in sorted(counts.items()))

@@ -21,7 +21,7 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 
-from . import devices, workers
+from . import devices, machine, workers
 from . import precision as precision_choice
 from .claims import rank
 from .config import Config, ConfigError
@@ -64,12 +64,7 @@ def commit() -> dict[str, Any]:
 
 
 def hardware() -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    if Path("/proc/cpuinfo").exists():
-        names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text()
-                 .splitlines() if line.startswith("model name")]
-        cpu = names[0] if names else cpu
-    info = {"cpu": cpu, "cpu_flags": precision_choice.cpu_flags(), "cpu_count": os.cpu_count(),
+    info = {"cpu": machine.cpu_name(), "cpu_flags": machine.cpu_flags(), "cpu_count": os.cpu_count(),
             "torch_threads": torch.get_num_threads(),
             "torch": torch.__version__, "python": platform.python_version(), "gpus": [],
             # Other work on the machine slows a run: the load when the record was written.

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from . import machine
 from .config import ConfigError
 
 ORDER_ENV = "REPRODUCE_RUN_ORDER"  # comma-separated run ids a worker tries first, in order
@@ -65,10 +66,6 @@ def share_cores() -> int | None:
     return threads
 
 
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
 def auto_count(runs: list, tuning: bool = False) -> int:
     """``--workers auto``: how many workers to train ``runs`` with. One, unless this is a CPU (no
     GPU: there a run takes the devices its scale asks for) with several cores for torch, this
@@ -79,7 +76,7 @@ def auto_count(runs: list, tuning: bool = False) -> int:
 
     if tuning or is_worker() or torch.cuda.is_available():
         return 1
-    cores = min(_cores(), torch.get_num_threads())  # OMP_NUM_THREADS=1 keeps one process
+    cores = min(machine.cores(), torch.get_num_threads())  # OMP_NUM_THREADS=1 keeps one process
     if cores < 2:
         return 1
     todo = [run for run in runs if finished(run) is None]
@@ -174,7 +171,7 @@ def launch(argv: Sequence[str], runs: list, n: int, devices: int = 1) -> int:
     if gpus and n * devices > gpus:
         raise ConfigError(f"--workers {n} --devices {devices}: this machine has {gpus} GPU(s), "
                           f"{devices} per worker at most {gpus // devices} worker(s)")
-    cores = _cores()
+    cores = machine.cores()
     if not gpus and n * devices > cores:
         raise ConfigError(f"--workers {n} --devices {devices}: on a CPU each device is a process "
                           f"with at least one core, and this machine has {cores} core(s)")

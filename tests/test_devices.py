@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from reproduce import claims, devices
+from reproduce import claims, devices, machine
 from reproduce.config import ConfigError
 
 pytestmark = pytest.mark.slow
@@ -202,7 +202,7 @@ def test_the_dry_run_shows_devices_accumulation_and_the_effective_batch(tmp_path
 def test_layout_resolution():
     assert devices.resolve("cpu", None, 1) == devices.Layout("cpu", 1)
     assert devices.resolve("cpu", None, "auto").devices == 1  # auto on a CPU: one process
-    if devices.cores() >= 2:
+    if machine.cores() >= 2:
         assert devices.resolve("auto", 2, 1) == devices.Layout("cpu", 2)  # --devices wins
     with pytest.raises(ConfigError, match="--accelerator bogus: allowed values are auto, cpu"):
         devices.resolve("bogus", None)
@@ -265,4 +265,4 @@ def test_workers_times_devices_must_fit_the_cores():
 
     runs = load_spec("table3").plan(["base", "A1"], "smoke", [0])
     with pytest.raises(ConfigError, match=r"--workers 2 --devices \d+: on a CPU each device"):
-        workers.launch(["table3"], runs, 2, devices=devices.cores())
+        workers.launch(["table3"], runs, 2, devices=machine.cores())

@@ -120,14 +120,14 @@ def test_workers_auto_splits_a_cpu_only_for_long_sweeps(tmp_path, monkeypatch):
     monkeypatch.delenv(workers.WORKER_ENV, raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
-    monkeypatch.setattr(workers, "_cores", lambda: 2)
+    monkeypatch.setattr(workers.machine, "cores", lambda: 2)
     spec = load_spec("table3")
     row_a = spec.plan(["base", "A1", "A2", "A3", "A4"], "cpu", [0])  # 5 x 2500 steps
     assert workers.auto_count(row_a) == 2
     assert workers.auto_count(spec.plan(["base", "A1", "A2", "A3", "A4"], "smoke", [0])) == 1
     assert workers.auto_count(row_a, tuning=True) == 1
     assert workers.auto_count(row_a[:1]) == 1
-    monkeypatch.setattr(workers, "_cores", lambda: 16)
+    monkeypatch.setattr(workers.machine, "cores", lambda: 16)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 16)
     assert workers.auto_count(row_a) == 5  # at most one per run
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)  # OMP_NUM_THREADS=1
