@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytorch_lightning as pl
 import torch
 
@@ -30,6 +31,7 @@ class TranslationModule(pl.LightningModule):
         # B*S, B*T, B*S*S, B*T*T, B*T*S summed over micro-batches, and real target tokens.
         self.work = dict.fromkeys(WORK_KEYS, 0)
         self.resumed_from: dict | None = None  # the checkpoint's step and layout, once resumed
+        self._micro_step, self._micro = -1, 0  # dropout's seed: optimizer step, micro-batch
 
     def _losses(self, batch: dict[str, torch.Tensor]):
         hidden = self.model.features(batch["src"], batch["tgt_in"])
@@ -37,6 +39,16 @@ class TranslationModule(pl.LightningModule):
         smoothed, nll = output_loss(hidden, self.model.embed.weight, batch["tgt_out"],
                                     self.config.train.eps_ls, pad)
         return smoothed, nll, (batch["tgt_out"] != pad).sum()
+
+    def on_train_batch_start(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        """Seed dropout from (seed, optimizer step, micro-batch within it, rank), so the masks
+        depend on where the run is, not on how long this process has been running: a run
+        resumed from a checkpoint draws the masks the uninterrupted run drew."""
+        step = self.trainer.global_step
+        self._micro = self._micro + 1 if step == self._micro_step else 0
+        self._micro_step = step
+        torch.manual_seed(int(np.random.SeedSequence(
+            [self.config.train.seed, step, self._micro, self.global_rank]).generate_state(1)[0]))
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         smoothed, nll, n = self._losses(batch)

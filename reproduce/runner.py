@@ -21,7 +21,7 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 
-from . import devices, machine, workers
+from . import checkpoints, devices, files, machine, workers
 from . import precision as precision_choice
 from .claims import rank
 from .config import Config, ConfigError
@@ -46,10 +46,7 @@ def record_path(run: PlannedRun, results: Path | None = None) -> Path:
 
 def write_atomic(path: Path, data: dict[str, Any]) -> None:
     """Write JSON so that a reader sees the old file or the whole new one, never a part."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n")
-    os.replace(tmp, path)
+    files.write_atomic(path, (json.dumps(data, indent=1, sort_keys=False) + "\n").encode())
 
 
 # --- where a run happened --------------------------------------------------------------------
@@ -176,8 +173,8 @@ def retire_stale(run: PlannedRun, work: Path) -> None:
         moved.parent.mkdir(parents=True, exist_ok=True)
         os.replace(path, moved)
         log.warning("%s: its record was made with another config; moved to %s", run.run_id, moved)
-    last = work / "checkpoints" / "last.ckpt"
-    if last.exists():
+    last = checkpoints.newest_readable(work / "checkpoints")
+    if last is not None:
         saved = torch.load(last, map_location="cpu", weights_only=True)
         config = saved.get("hyper_parameters", {}).get("config")
         # Only what shaped the weights counts: a run whose decoding changed (beam, alpha, ...)
@@ -326,13 +323,14 @@ def _train(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=
     every = ({"train_time_interval": timedelta(minutes=c.train.ckpt_every_minutes)}
              if c.train.ckpt_every_minutes else
              {"every_n_train_steps": c.train.ckpt_every_steps or max(1, c.train.train_steps // 10)})
-    ckpt = pl.callbacks.ModelCheckpoint(
+    ckpt = StepCheckpoint(
+        val_every_steps=c.train.val_every_steps,
         dirpath=work / "checkpoints", filename="step{step}", auto_insert_metric_name=False,
         save_last=True, save_top_k=c.train.average_last, monitor="step", mode="max", **every)
     trainer = pl.Trainer(
         max_steps=c.train.train_steps, max_epochs=-1, precision=precision,
         accelerator=layout.accelerator, devices=layout.devices, strategy=_strategy(layout),
-        logger=logger, callbacks=[ckpt, clock, *callbacks],
+        logger=logger, callbacks=[ckpt, clock, *callbacks], plugins=[checkpoints.AtomicCheckpointIO()],
         num_sanity_val_steps=0, log_every_n_steps=10, enable_model_summary=False,
         enable_progress_bar=sys.stderr.isatty(),
         **({"val_check_interval": c.train.val_every_steps, "check_val_every_n_epoch": None}
@@ -341,9 +339,11 @@ def _train(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=
     accumulate, micro = accumulation(c.train.batch_tokens, c.train.device_batch_tokens,
                                      trainer.world_size)
     trainer.accumulate_grad_batches = accumulate
+    if c.train.val_every_steps:  # Lightning counts micro-batches; the config, optimizer steps
+        trainer.val_check_interval = c.train.val_every_steps * accumulate
     data.batch_tokens = micro
-    last = work / "checkpoints" / "last.ckpt"
-    resumed = last.exists()
+    last = checkpoints.newest_readable(work / "checkpoints")
+    resumed = last is not None
     if resumed:
         log.info("%s: resuming from %s", run.run_id, last)
     from pytorch_lightning.utilities.exceptions import SIGTERMException
@@ -357,7 +357,8 @@ def _train(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=
     if trainer.interrupted or trainer.global_step < c.train.train_steps:
         raise RuntimeError(f"{run.run_id}: training stopped at step {trainer.global_step} of "
                            f"{c.train.train_steps}; run the command again to resume")
-    trainer.save_checkpoint(last)  # the final weights, so a crash below resumes at evaluation
+    # The final weights, so a crash below resumes at evaluation.
+    trainer.save_checkpoint(work / "checkpoints" / checkpoints.LAST)
     return trainer, module, clock, resumed, accumulate
 
 
@@ -476,6 +477,38 @@ def planned_summary(run: PlannedRun, overrides: dict[str, Any]) -> str:
 
 
 # --- Lightning helpers ---------------------------------------------------------------------------
+
+
+class StepCheckpoint(pl.callbacks.ModelCheckpoint):
+    """Lightning's ModelCheckpoint, saving only right after an optimizer step, and after the dev
+    evaluation that follows that step when there is one.
+
+    A time-based save in the middle of an accumulated step would lose its micro-batches'
+    gradients and move the accumulation boundary; a save taken just before a dev evaluation is
+    resumed after it, losing that point of the learning curve."""
+
+    def __init__(self, val_every_steps: int = 0, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.val_every_steps = val_every_steps
+        self._step_before: int | None = None
+        self._after_validation: tuple | None = None
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._step_before = trainer.global_step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self._step_before:
+            return  # inside an accumulated step
+        if self.val_every_steps and trainer.global_step % self.val_every_steps == 0:
+            self._after_validation = (outputs, batch, batch_idx)
+            return
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        super().on_validation_end(trainer, pl_module)
+        if self._after_validation is not None and trainer.state.fn == "fit":
+            args, self._after_validation = self._after_validation, None
+            super().on_train_batch_end(trainer, pl_module, *args)
 
 
 class ShareCores(pl.Callback):

@@ -1,0 +1,129 @@
+"""Nothing lost, nothing misleading, through the real CLI at `smoke`: a run killed at any moment
+and resumed writes the metrics of one never interrupted; damaged checkpoints and records are set
+aside in one line; bad data and bad specs are refused in one line naming what is wrong."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+RUN = "mine-base-smoke-seed0"
+
+
+def _env(root: Path) -> dict[str, str]:
+    return {**os.environ, "REPRODUCE_RESULTS": str(root / "results"),
+            "REPRODUCE_RUNS": str(root / "runs"), "OMP_NUM_THREADS": "1"}
+
+
+def cli(env, *args, check=True):
+    out = subprocess.run([sys.executable, "-m", "reproduce", *args], capture_output=True,
+                         text=True, env=env, check=False, timeout=600)
+    if check and out.returncode != 0:
+        raise AssertionError(f"exit {out.returncode}\n{out.stdout}\n{out.stderr}")
+    return out
+
+
+def _spec(path: Path, base: dict | None = None, variants: dict | None = None) -> Path:
+    """A spec of table `mine`; smoke multiplies train_steps by 0.0003 (100000 -> 30 steps)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("table: mine\nbase: " + json.dumps(base or {}) + "\nvariants: "
+                    + json.dumps(variants or {"base": {}}) + "\n")
+    return path
+
+
+def _record(root: Path, run: str = RUN) -> dict:
+    return json.loads((root / "results" / "mine" / f"{run}.json").read_text())
+
+
+def _newest_step(work: Path) -> int:
+    steps = [int(m.group(1)) for p in (work / "checkpoints").glob("step*.ckpt")
+             if (m := re.fullmatch(r"step(\d+)\.ckpt", p.name))]
+    return max(steps, default=-1)
+
+
+def _kill_after(env, args, work: Path, step: int) -> None:
+    """Start the command and kill -9 its whole process group once a checkpoint of ``step`` or
+    later is on disk (the kill lands a little after: wherever it lands, resuming must not tell)."""
+    proc = subprocess.Popen([sys.executable, "-m", "reproduce", *args], env=env, text=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    deadline = time.time() + 300
+    while _newest_step(work) < step:
+        if proc.poll() is not None:
+            raise AssertionError(f"finished before step {step}: {proc.stderr.read()}")
+        assert time.time() < deadline
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def _comparable(record: dict) -> dict:
+    m = record["metrics"]
+    keep = ("dev_ppl", "dev_nll", "dev_bleu", "test_bleu", "dev_bleu_tokenized",
+            "test_bleu_tokenized", "train_steps")
+    return {"metrics": {k: m[k] for k in keep},
+            "curve": {k: [[p[0], p[2]] for p in v] for k, v in record["curve"].items()},
+            "outputs": [e["output"] for e in record["bleu"]["test"]["examples"]]}
+
+
+@pytest.mark.parametrize("base", [
+    {},
+    # 2 micro-batches a step, a checkpoint every 0.12 s: saves come due between micro-batches
+    {"device_batch_tokens": 512, "ckpt_every_minutes": 0.002},
+], ids=["every-3-steps", "accumulated-time-based"])
+def test_a_run_killed_at_several_moments_and_resumed_equals_one_never_interrupted(tmp_path, base):
+    """Dropout on (the default p_drop), three kills: early, mid-epoch, during evaluation."""
+    spec = _spec(tmp_path / "mine.yaml", base)
+    args = ["table3", "--spec", str(spec), "--scale", "smoke"]
+    clean, broken = tmp_path / "clean", tmp_path / "broken"
+    cli(_env(clean), *args)
+    work = broken / "runs" / "mine" / RUN
+    for step in (4, 16, 30):  # 30: the last step, so the kill lands in evaluation
+        _kill_after(_env(broken), args, work, step)
+        assert not (broken / "results" / "mine" / f"{RUN}.json").exists()
+    cli(_env(broken), *args)
+    resumed = _record(broken)
+    assert resumed["resumed"]
+    assert _comparable(resumed) == _comparable(_record(clean))
+    # Dev every val_every_steps (10 at smoke) optimizer steps, however many micro-batches each.
+    assert [p[0] for p in resumed["curve"]["dev_ppl"]] == [10, 20, 30]
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+@pytest.mark.parametrize("damage", ["last", "all"])
+def test_a_damaged_checkpoint_is_set_aside_and_the_run_resumes_from_a_readable_one(tmp_path,
+                                                                                   damage):
+    spec = _spec(tmp_path / "mine.yaml", {"average_last": 2})  # two step checkpoints kept
+    args = ["table3", "--spec", str(spec), "--scale", "smoke"]
+    clean, broken = tmp_path / "clean", tmp_path / "broken"
+    cli(_env(clean), *args)
+    work = broken / "runs" / "mine" / RUN
+    _kill_after(_env(broken), args, work, 16)
+    checkpoints, newest = work / "checkpoints", _newest_step(work)
+    hit = [checkpoints / "last.ckpt"] + (list(checkpoints.glob("step*.ckpt"))
+                                         if damage == "all" else [])
+    for path in hit:
+        _truncate(path)
+    out = cli(_env(broken), *args)
+    assert "Traceback" not in out.stderr + out.stdout
+    for path in hit:
+        assert f"{path}: not a readable checkpoint" in out.stdout
+    assert sorted(p.name.split(".ckpt")[0] for p in (checkpoints / "damaged").iterdir()) == \
+        sorted(p.stem for p in hit)
+    record = _record(broken)
+    assert record["resumed"] == (damage == "last")
+    if damage == "last":
+        assert record["resumed_from"]["step"] == newest  # the step checkpoint beside last.ckpt
+    # From an older checkpoint or from nothing, the run still ends where the clean one did.
+    assert _comparable(record) == _comparable(_record(clean))
