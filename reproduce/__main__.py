@@ -11,6 +11,7 @@ import warnings
 
 from . import devices, workers
 from .config import ConfigError
+from .records import DamagedRecords
 from .sweep import load_spec
 
 TABLES = {"table2": "Table 2: BLEU and training cost, base and big, EN-DE and EN-FR",
@@ -96,8 +97,11 @@ def _train_and_render(args: argparse.Namespace, argv: list[str], spec, runs, sca
 
     layout = devices.resolve(args.accelerator, args.devices, spec.scale(scale).devices)
     if args.render:
-        runs = []
-    elif args.launcher == "slurm":
+        if _render(spec, results_dir() / f"{spec.table}.md", log=log):
+            raise DamagedRecords(f"{spec.table}: damaged record(s) set aside (above); the table "
+                                 "shows the rest; the sweep command redoes their runs")
+        return
+    if args.launcher == "slurm":
         _submit(args, argv, spec, runs, scale)
         return
     elif args.dry_run:
@@ -105,7 +109,15 @@ def _train_and_render(args: argparse.Namespace, argv: list[str], spec, runs, sca
 
         print(f"each run on {layout.describe()}; estimates from a measured training step on this "
               "machine (no data, no network):")
+        from .runner import plan_state
+
         for run in runs:
+            state = plan_state(run)
+            if state == "done":
+                print(f"  {run.run_id}: done (its record is kept; not run again)")
+                continue
+            if state.startswith("redo: "):
+                print(f"  {run.run_id}: will be redone: {state[6:]}")
             print("  " + estimate(run.run_id, run.config, layout.devices))
         return
     _quiet_libraries()
@@ -141,16 +153,21 @@ def _train_and_render(args: argparse.Namespace, argv: list[str], spec, runs, sca
             _render(spec, results_dir() / f"{spec.table}.md", log=log)
 
 
-def _render(spec, out, log: bool) -> None:
-    """Render ``out`` (and Tables 2-3's figures, logged to W&B with the table) from records."""
-    from .results import RENDERERS, load_records
+def _render(spec, out, log: bool) -> list[str]:
+    """Render ``out`` (and Tables 2-3's figures, logged to W&B with the table) from records;
+    return a line per damaged record set aside (the rest are rendered)."""
+    from .records import load_records
+    from .results import RENDERERS
     from .runner import results_dir
 
     out.parent.mkdir(parents=True, exist_ok=True)
     render = RENDERERS.get(spec.table, RENDERERS["table3"])
-    records = load_records(spec.table, results_dir())
+    damaged: list[str] = []
+    records = load_records(spec.table, results_dir(), damaged)
+    for line in damaged:
+        print(f"warning: {line}", file=sys.stderr)
     out.write_text(render(spec, records))
-    print(f"rendered {out}")
+    print(f"rendered {out}" + (f" without {len(damaged)} damaged record(s)" if damaged else ""))
     if records and spec.table in ("table2", "table3"):
         from .plots import plot_table
 
@@ -163,6 +180,7 @@ def _render(spec, out, log: bool) -> None:
 
             where = log_table(spec, records, out, figures, runs_dir() / spec.table / "tables")
             print(f"logged the table to W&B ({where['mode']}, {where['dir']})")
+    return damaged
 
 
 def _run_table4(args: argparse.Namespace, argv: list[str]) -> None:
@@ -337,8 +355,11 @@ def main(argv: list[str] | None = None) -> int:
             from .runner import results_dir, runs_dir
             from .status import report
 
-            print(report(results_dir(), runs_dir(), verbose=args.all))
-            return 0
+            damaged: list[str] = []
+            print(report(results_dir(), runs_dir(), verbose=args.all, damaged=damaged))
+            for line in damaged:
+                print(f"warning: {line}", file=sys.stderr)
+            return 1 if damaged else 0
         if args.command == "attention":
             from .attention import draw
             from .runner import results_dir, runs_dir
@@ -363,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except devices.RankFailure as e:
+    except (devices.RankFailure, DamagedRecords) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0

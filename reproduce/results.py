@@ -7,7 +7,6 @@ import math
 import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from .devices import DEVICE_NAMES
@@ -27,17 +26,6 @@ SHAPE_COLUMNS = [("N", "model", "N"), ("d_model", "model", "d_model"), ("d_ff", 
                  ("h", "model", "h"), ("d_k", "model", "d_k"), ("d_v", "model", "d_v"),
                  ("P_drop", "model", "p_drop"), ("eps_ls", "train", "eps_ls"),
                  ("train steps", "train", "train_steps")]
-
-
-def load_records(table: str, results: Path) -> list[dict[str, Any]]:
-    """Every finished run's record for one table (files that fail to parse are reported)."""
-    records = []
-    for path in sorted((results / table).glob("*.json")):
-        try:
-            records.append(json.loads(path.read_text()))
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: not a valid record ({e})") from None
-    return records
 
 
 def _mean_std(values: list[float], digits: int) -> str:

@@ -21,7 +21,7 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 
-from . import checkpoints, devices, files, machine, workers
+from . import checkpoints, devices, files, machine, records, workers
 from . import precision as precision_choice
 from .claims import rank
 from .config import Config, ConfigError
@@ -122,10 +122,32 @@ def default_scale() -> str:
 
 
 def load_record(path: Path) -> dict[str, Any] | None:
+    """The record at ``path``, or None when there is none or it is damaged (then set aside, in
+    one line: the run is redone)."""
     try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
+        return records.read_record(path)
+    except records.DamagedRecord as e:
+        try:
+            moved = records.set_aside(path)
+        except FileNotFoundError:
+            return None
+        log.warning("%s; moved to %s; the run will be redone", e, moved)
         return None
+
+
+def plan_state(run: PlannedRun) -> str:
+    """What the sweep command will do with ``run``, without changing anything: ``done`` (a
+    record of its config), ``redo: ...`` (a record it will not trust, and why) or ``train``."""
+    path = record_path(run)
+    try:
+        record = records.read_record(path)
+    except records.DamagedRecord as e:
+        return f"redo: {e}"
+    if record is None:
+        return "train"
+    if same_config(record.get("config"), run.config):
+        return "done"
+    return f"redo: {path} was made with another config (it will move to superseded/)"
 
 
 def same_config(stored: dict[str, Any] | None, config: Config, training_only: bool = False) -> bool:

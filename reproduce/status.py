@@ -16,15 +16,18 @@ from pathlib import Path
 from typing import Any
 
 from .claims import holder
-from .results import load_records
+from .records import load_records
 from .runner import same_config
 from .sweep import load_spec, shipped_specs
 
 
-def table_status(table: str, results: Path, runs: Path) -> list[dict[str, Any]]:
-    """One row per scale: the run ids in each state and the cost of the finished ones."""
+def table_status(table: str, results: Path, runs: Path,
+                 damaged: list[str] | None = None) -> list[dict[str, Any]]:
+    """One row per scale: the run ids in each state and the cost of the finished ones. Damaged
+    records are set aside (``records.load_records``; a line each in ``damaged``): their runs
+    count as stopped or missing."""
     spec = load_spec(table)
-    records = {r["run_id"]: r for r in load_records(spec.table, results)}
+    records = {r["run_id"]: r for r in load_records(spec.table, results, damaged)}
     folders = {p.name: p for p in (runs / spec.table).glob(f"{spec.table}-*") if p.is_dir()}
     seen: dict[str, set[int]] = defaultdict(set)
     for run_id in set(records) | set(folders):
@@ -60,10 +63,11 @@ def table_status(table: str, results: Path, runs: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def report(results: Path, runs: Path, verbose: bool = False) -> str:
+def report(results: Path, runs: Path, verbose: bool = False,
+           damaged: list[str] | None = None) -> str:
     lines = []
     for path in shipped_specs():
-        rows = table_status(path.stem, results, runs)
+        rows = table_status(path.stem, results, runs, damaged)
         if not rows:
             lines.append(f"{path.stem}: nothing run yet")
             continue

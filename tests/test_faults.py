@@ -127,3 +127,42 @@ def test_a_damaged_checkpoint_is_set_aside_and_the_run_resumes_from_a_readable_o
         assert record["resumed_from"]["step"] == newest  # the step checkpoint beside last.ckpt
     # From an older checkpoint or from nothing, the run still ends where the clean one did.
     assert _comparable(record) == _comparable(_record(clean))
+
+
+def test_a_damaged_record_is_named_set_aside_and_its_run_redone(tmp_path):
+    env = _env(tmp_path)
+    spec = _spec(tmp_path / "mine.yaml")
+    args = ["table3", "--spec", str(spec), "--scale", "smoke"]
+    cli(env, *args)
+    path = tmp_path / "results" / "mine" / f"{RUN}.json"
+    good = path.read_bytes()
+    damaged = tmp_path / "results" / "mine" / "damaged"
+
+    _truncate(path)
+    out = cli(env, *args, "--dry-run")  # says what it will do, changes nothing
+    assert f"{RUN}: will be redone: {path}: damaged record (not valid JSON" in out.stdout
+    assert path.exists() and not damaged.exists()
+
+    out = cli(env, *args, "--render", check=False)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert f"warning: {path}: damaged record (not valid JSON" in out.stderr
+    assert "its run will be redone" in out.stderr
+    assert (tmp_path / "results" / "mine.md").exists()  # the rest is rendered
+    assert not path.exists() and len(list(damaged.iterdir())) == 1
+
+    path.write_text('{"run_id": "x"}')  # JSON, but not a record
+    # status reads the shipped specs' tables: a damaged record of table3 is named there
+    table3 = tmp_path / "results" / "table3"
+    table3.mkdir()
+    (table3 / "table3-base-smoke-seed0.json").write_text("{")
+    out = cli(env, "status", check=False)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert f"{table3 / 'table3-base-smoke-seed0.json'}: damaged record" in out.stderr
+
+    out = cli(env, *args)  # the run command redoes it and says why
+    assert f"{path}: damaged record (not a run's record" in out.stdout
+    assert "the run will be redone" in out.stdout
+    record = _record(tmp_path)
+    assert record["metrics"] == json.loads(good)["metrics"] | {
+        k: record["metrics"][k] for k in ("train_seconds", "train_cpu_seconds")}
+    assert len(list(damaged.iterdir())) == 2

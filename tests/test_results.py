@@ -3,7 +3,8 @@
 import json
 from pathlib import Path
 
-from reproduce.results import load_records, render_table3
+from reproduce.records import load_records
+from reproduce.results import render_table3
 from reproduce.runner import write_atomic
 from reproduce.sweep import load_spec
 
