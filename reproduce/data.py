@@ -83,6 +83,9 @@ _CORPORA = {
     "wsj-parse-semi": _Corpus("en", "tree", treebank=True, needs_extra_trees=True),
 }
 CORPORA = tuple(_CORPORA)
+# Your own parallel data: corpus "local-<source>-<target>" with data_dir (language codes are the
+# keys of its {"translation": {...}} rows). Rendered as local files, never as a named corpus.
+_LOCAL = re.compile(r"local-([a-z]{2,8}(?:_[a-z]+)?)-([a-z]{2,8}(?:_[a-z]+)?)")
 SPLITS = ("train", "dev", "test")
 # Split names of the Hub datasets and of local files: <data_dir>/<name>.jsonl.
 _FILE_SPLITS = {"train": "train", "dev": "validation", "test": "test"}
@@ -716,9 +719,12 @@ def _first(pairs: list[tuple[str, str]], limit: int | None) -> list[tuple[str, s
 
 
 def _corpus(name: str) -> _Corpus:
-    if name not in _CORPORA:
-        raise DataError(f"unknown corpus {name!r}; choose one of {', '.join(CORPORA)}")
-    return _CORPORA[name]
+    if name in _CORPORA:
+        return _CORPORA[name]
+    if match := _LOCAL.fullmatch(name):
+        return _Corpus(match.group(1), match.group(2))
+    raise DataError(f"unknown corpus {name!r}; choose one of {', '.join(CORPORA)}, or "
+                    "local-<source>-<target> (e.g. local-en-ja) for your own files in data_dir")
 
 
 def _check_split(split: str) -> None:
@@ -792,13 +798,18 @@ def _translation_dataset(
     file_split = _FILE_SPLITS[split]
     if data_dir is not None:
         path = _local_file(corpus, data_dir, file_split)
+        if not path.read_bytes().strip():
+            raise DataError(f"{path}: empty; it needs one JSON object per line, "
+                            f'{{"translation": {{"{spec.source}": ..., "{spec.target}": ...}}}}')
         try:
             dataset = _load_dataset("json", data_files={file_split: str(path)}, split=file_split)
         except datasets.exceptions.DatasetGenerationError as exc:
             raise DataError(f"{path}: not valid JSON lines ({exc.__cause__ or exc})") from exc
         return dataset, str(path)
     if spec.hub is None:
-        raise DataError(f"corpus {corpus!r} has no Hub source; pass data_dir with local files")
+        raise DataError(f"corpus {corpus!r} reads local files: set data_dir to a folder with "
+                        "train.jsonl, validation.jsonl and test.jsonl whose rows are "
+                        f'{{"translation": {{"{spec.source}": ..., "{spec.target}": ...}}}}')
     name, config = spec.hub
     origin = f"{name} ({config}, {file_split})"
     with _hub_access() as offline:
@@ -819,6 +830,20 @@ def _load_dataset(*args: Any, **kwargs: Any) -> datasets.Dataset:
     import datasets
 
     return datasets.load_dataset(*args, **kwargs)
+
+
+def local_files(corpus: str, data_dir: str) -> dict[str, dict[str, Any]]:
+    """What a run on local files read: per split, the file, its size and its SHA-256."""
+    out = {}
+    for split, file_split in _FILE_SPLITS.items():
+        path = _local_file(corpus, data_dir, file_split)
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        out[split] = {"file": str(path), "bytes": path.stat().st_size,
+                      "sha256": digest.hexdigest()}
+    return out
 
 
 def _local_file(corpus: str, data_dir: str | Path, file_split: str) -> Path:

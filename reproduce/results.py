@@ -28,6 +28,27 @@ SHAPE_COLUMNS = [("N", "model", "N"), ("d_model", "model", "d_model"), ("d_ff", 
                  ("train steps", "train", "train_steps")]
 
 
+def _corpus_note(records: list[dict[str, Any]]) -> str:
+    """What the runs were trained on: a shipped corpus by its note; local files (``data_dir``)
+    as what they are, whatever the spec called them."""
+    notes = []
+    for corpus in sorted({r["data"]["corpus"] for r in records if not r["data"].get("files")}):
+        notes.append(CORPUS_NOTES.get(corpus, corpus))
+    local = {(r["data"]["corpus"], r["data"]["data_dir"], json.dumps(r["data"]["files"])): r
+             for r in records if r["data"].get("files")}
+    for (corpus, where, _), r in sorted(local.items()):
+        d = r["data"]
+        sizes = ", ".join(f"{split} {d[f'{split}_pairs']} pairs (sha256 "
+                          f"{d['files'][split]['sha256'][:12]})" for split in ("dev", "test"))
+        called = ("" if corpus.startswith("local-") else
+                  f" The spec calls it `{corpus}`; these files were not checked to be that "
+                  "corpus, so the paper's numbers beside them compare with other data.")
+        notes.append(f"local files in `{where}` ({corpus.split('-', 1)[-1].upper()}: train "
+                     f"{d['train_pairs']} pairs used (sha256 {d['files']['train']['sha256'][:12]}),"
+                     f" {sizes}).{called}")
+    return " ".join(notes)
+
+
 def _mean_std(values: list[float], digits: int) -> str:
     if not values:
         return ""
@@ -84,10 +105,9 @@ def _scale_table(spec: Spec, scale: str, records: list[dict[str, Any]]) -> list[
     runs = defaultdict(list)
     for r in records:
         runs[r["variant"]].append(r)
-    corpora = sorted({r["data"]["corpus"] for r in records})
     signatures = sorted({r["bleu"]["dev"]["sacrebleu"]["signature"] for r in records})
     out = [f"## Scale `{scale}`", "", _scale_note(sc, "the cells below are the paper's"), "",
-            "Corpus: " + " ".join(CORPUS_NOTES.get(c, c) for c in corpora),
+            "Corpus: " + _corpus_note(records),
             f"BLEU: sacreBLEU on detokenized output, beam search as the paper; signature "
             f"`{'`, `'.join(signatures)}`. PPL: per word-piece on the dev split, our BPE "
             "vocabulary. Hardware: " + _hardware(records) + ".",
@@ -276,9 +296,8 @@ def render_table2(spec: Spec, records: list[dict[str, Any]]) -> str:
 
 
 def _table2_details(spec: Spec, scale: str, records: list[dict[str, Any]]) -> list[str]:
-    corpora = sorted({r["data"]["corpus"] for r in records})
     out = [f"## Our runs at scale `{scale}`", "", _scale_note(spec.scales.get(scale), "model "
-           "sizes as named"), "", "Corpus: " + " ".join(CORPUS_NOTES.get(c, c) for c in corpora),
+           "sizes as named"), "", "Corpus: " + _corpus_note(records),
            f"Hardware: {_hardware(records)}.", *_devices_line(records), "",
            "| variant | tokenized BLEU (paper's convention) | sacreBLEU | cost, paper's method "
            "(FLOPs) | cost, counted (FLOPs) | training time | devices x TFLOPS | tokens/step "

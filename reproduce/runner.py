@@ -287,7 +287,7 @@ def run_here(run: PlannedRun, split: str, command: str, work: Path,
         "data": {"corpus": c.data.corpus, "train_pairs": data.num_train_pairs,
                  "dropped_train_pairs": data.dropped, "dev_pairs": len(data.dev_pairs),
                  "test_pairs": len(data.test_pairs), "vocab_size": tokenizer.vocab_size,
-                 "reference_ppl": data.reference_perplexities()},
+                 "reference_ppl": data.reference_perplexities(), **_local_data(c)},
         "batch": {"accelerator": layout.accelerator, "strategy": layout.strategy,
                   "devices": layout.devices, "world_size": trainer.world_size,
                   "accumulate": accumulate,
@@ -329,6 +329,16 @@ def build_data(c: Config):
                            d.max_eval_pairs or None, d.data_dir or None, c.train.seed,
                            extra_trees=d.extra_trees or None, linearization=d.linearization)
     return tokenizer, data
+
+
+def _local_data(c: Config) -> dict[str, Any]:
+    """Where a run's own parallel files are and what they hold (path, size, SHA-256 per split),
+    so its table names them instead of the corpus the spec called them."""
+    from .data import is_treebank, local_files
+
+    if not c.data.data_dir or is_treebank(c.data.corpus):
+        return {}
+    return {"data_dir": c.data.data_dir, "files": local_files(c.data.corpus, c.data.data_dir)}
 
 
 def _train(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=(),

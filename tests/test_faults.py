@@ -166,3 +166,60 @@ def test_a_damaged_record_is_named_set_aside_and_its_run_redone(tmp_path):
     assert record["metrics"] == json.loads(good)["metrics"] | {
         k: record["metrics"][k] for k in ("train_seconds", "train_cpu_seconds")}
     assert len(list(damaged.iterdir())) == 2
+
+
+def _local_corpus(folder: Path, n: int = 300) -> Path:
+    import random
+
+    rng = random.Random(0)
+    words = ["".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=rng.randint(2, 8)))
+             for _ in range(400)]
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, count in (("train", n), ("validation", 20), ("test", 20)):
+        with open(folder / f"{name}.jsonl", "w") as f:
+            for _ in range(count):
+                en = " ".join(rng.choices(words, k=8))
+                f.write(json.dumps({"translation": {"en": en, "xx": en[::-1]}}) + "\n")
+    return folder
+
+
+@pytest.mark.parametrize("corpus", ["local-en-xx", "wmt14-en-de"])
+def test_local_files_are_named_as_what_they_are_never_as_the_papers_corpus(tmp_path, corpus):
+    data = _local_corpus(tmp_path / "mydata")
+    if corpus == "wmt14-en-de":  # the same files under the paper's corpus name
+        for path in data.iterdir():
+            path.write_text(path.read_text().replace('"xx"', '"de"'))
+    spec = _spec(tmp_path / "mine.yaml", {"corpus": corpus, "data_dir": str(data)})
+    cli(_env(tmp_path), "table3", "--spec", str(spec), "--scale", "smoke")
+    record = _record(tmp_path)
+    files = record["data"]["files"]
+    assert files["train"]["file"] == str(data / "train.jsonl")
+    import hashlib
+
+    assert files["test"]["sha256"] == hashlib.sha256((data / "test.jsonl").read_bytes()).hexdigest()
+    table = (tmp_path / "results" / "mine.md").read_text()
+    corpus_line = next(line for line in table.splitlines() if line.startswith("Corpus:"))
+    assert f"local files in `{data}`" in corpus_line
+    assert files["train"]["sha256"][:12] in corpus_line and "dev 20 pairs" in corpus_line
+    assert "as the paper" not in corpus_line and "WMT14" not in corpus_line
+    assert ("not checked to be that corpus" in corpus_line) == (corpus == "wmt14-en-de")
+
+
+def test_empty_data_files_and_a_local_corpus_without_files_are_one_line(tmp_path):
+    data = _local_corpus(tmp_path / "mydata")
+    (data / "validation.jsonl").write_text("\n")
+    env = _env(tmp_path)
+    spec = _spec(tmp_path / "mine.yaml", {"corpus": "local-en-xx", "data_dir": str(data)})
+    out = cli(env, "table3", "--spec", str(spec), "--scale", "smoke", check=False)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines()[-1] == (
+        f'error: {data / "validation.jsonl"}: empty; it needs one JSON object per line, '
+        '{"translation": {"en": ..., "xx": ...}}')
+    (data / "train.jsonl").write_text("")
+    out = cli(env, "table3", "--spec", str(spec), "--scale", "smoke", check=False)
+    assert out.stderr.strip().splitlines()[-1].startswith(f"error: {data / 'train.jsonl'}: empty")
+    spec = _spec(tmp_path / "mine.yaml", {"corpus": "local-en-xx"})
+    out = cli(env, "table3", "--spec", str(spec), "--scale", "smoke", check=False)
+    assert out.returncode == 2
+    assert "error: corpus 'local-en-xx' reads local files: set data_dir" in out.stderr
+    assert not (tmp_path / "results" / "mine").exists()
