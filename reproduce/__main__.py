@@ -58,10 +58,19 @@ def _run_table(args: argparse.Namespace, argv: list[str]) -> None:
     sc = spec.scale(scale)
     print(f"{spec.table}: {len(runs)} run(s) at scale `{scale}`"
           f"{'' if args.scale else ' (default for this machine; --scale to change)'}: {sc.about}")
+    _overridden_line(spec, scale)
     for run in runs:
         print("  " + planned_summary(run, spec.variants[run.variant].overrides))
     tuning = spec.search_space(scale) if args.tune else None
     _train_and_render(args, argv, spec, runs, scale, tuning, _bleu_line, log=not args.dry_run)
+
+
+def _overridden_line(spec, scale: str) -> None:
+    """Say where the scale replaces a value the spec's base set (the record keeps both)."""
+    if overridden := spec.scale_overrides(scale):
+        print(f"  scale `{scale}` replaces the spec's base: " + ", ".join(
+            f"{k} {v['spec']} -> {v['scale']}" for k, v in overridden.items())
+            + " (a scale sets these for every run; recorded as scale_overrode)")
 
 
 def _bleu_line(m: dict) -> str:
@@ -204,6 +213,7 @@ def _run_table4(args: argparse.Namespace, argv: list[str]) -> None:
     print(f"{spec.table}: {len(runs)} run(s) at scale `{scale}`"
           f"{'' if args.scale else ' (default for this machine; --scale to change)'}: "
           f"{spec.scale(scale).about}")
+    _overridden_line(spec, scale)
     print("  data: " + (f"Penn Treebank WSJ at {args.treebank}" if args.treebank else
                         "NLTK's WSJ sample (NLTK_DATA); --treebank DIR for the full WSJ"))
     todo = []

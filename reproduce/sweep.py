@@ -77,6 +77,8 @@ class PlannedRun:
     config: Config
     paper: dict[str, Any] = field(default_factory=dict)
     tag: str = ""  # tells apart runs of one variant on other data or with tuned settings
+    # Settings of the spec's base that the scale replaced: {key: {"spec": v, "scale": v}}.
+    overridden: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def run_id(self) -> str:
@@ -147,10 +149,30 @@ class Spec:
             config = config.overrides(vocab_size=sc.vocab[corpus])
         return config
 
+    def scale_overrides(self, scale: str) -> dict[str, dict[str, Any]]:
+        """What ``scale`` sets over a different value the spec's ``base`` gave:
+        ``{key: {"spec": value, "scale": value}}`` (the scale wins; the plan and record say so)."""
+        sc = self.scale(scale)
+        base = {k.split(".", 1)[-1]: v for k, v in self.base.items()}
+        sets = dict(sc.overrides)
+        corpus = apply_overrides(PRESETS[self.preset], self.base).data.corpus
+        if sc.corpus.get(corpus, corpus) in sc.vocab:
+            sets["vocab_size"] = sc.vocab[sc.corpus.get(corpus, corpus)]
+        out = {}
+        for key in sorted(set(base) & set(sets)):
+            section = FIELDS[key][0]
+            ours, scales = (getattr(getattr(apply_overrides(PRESETS[self.preset], {key: v}),
+                                            section), key) for v in (base[key], sets[key]))
+            if ours != scales:
+                out[key] = {"spec": ours, "scale": scales}
+        return out
+
     def plan(self, variants: list[str], scale: str, seeds: list[int]) -> list[PlannedRun]:
+        overridden = self.scale_overrides(scale)
         return [
             PlannedRun(self.table, self.row_of(v), v, scale, seed,
-                       self.resolve(v, scale).overrides(seed=seed), self.variants[v].paper)
+                       self.resolve(v, scale).overrides(seed=seed), self.variants[v].paper,
+                       overridden=overridden)
             for v in variants for seed in seeds
         ]
 
@@ -205,6 +227,22 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     except yaml.YAMLError as e:
         raise SpecError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
     return _mapping(data, str(path))
+
+
+def _check_variants_against(scales: dict[str, Any], variants: dict[str, Variant],
+                            spec: Path) -> None:
+    """A variant may not vary what a shared scale sets for every run (the scale would silently
+    win): the error names the spec's variant and key, and the scale that sets it."""
+    for name, raw in scales.items():
+        sets = {k.split(".", 1)[-1] for k in (raw or {}).get("set") or {}}
+        for variant in variants.values():
+            clash = sorted(sets & {k.split(".", 1)[-1] for k in variant.overrides})
+            if clash:
+                raise SpecError(
+                    f"{spec.name}: variants.{variant.name}.set: {', '.join(clash)} is set by "
+                    f"scale `{name}` for every run (scales.yaml: scales.{name}.set), so no variant"
+                    f" may vary it; a row may vary any key no scale sets (scales set "
+                    f"{', '.join(sorted(sets))})")
 
 
 def load_scales(path: Path, data: dict[str, Any], varied: set[str]) -> dict[str, Scale]:
@@ -309,6 +347,7 @@ def load_spec(table_or_path: str | Path) -> Spec:
     own = _mapping(data.get("scales"), f"{path.name}: scales")
     # A spec's own scale replaces the shared one of the same name, which is then not checked.
     shared = {k: v for k, v in _read_yaml(SWEEPS_DIR / "scales.yaml").items() if k not in own}
+    _check_variants_against(shared, variants, path)
     scales = load_scales(SWEEPS_DIR / "scales.yaml", shared, varied)
     scales.update(load_scales(path, own, varied))
     cited = data.get("cited") or []

@@ -189,9 +189,14 @@ def test_local_files_are_named_as_what_they_are_never_as_the_papers_corpus(tmp_p
     if corpus == "wmt14-en-de":  # the same files under the paper's corpus name
         for path in data.iterdir():
             path.write_text(path.read_text().replace('"xx"', '"de"'))
-    spec = _spec(tmp_path / "mine.yaml", {"corpus": corpus, "data_dir": str(data)})
-    cli(_env(tmp_path), "table3", "--spec", str(spec), "--scale", "smoke")
+    # lr_scale: smoke sets it for every run; said in the plan and kept in the record
+    spec = _spec(tmp_path / "mine.yaml", {"corpus": corpus, "data_dir": str(data),
+                                          "lr_scale": 100000})
+    out = cli(_env(tmp_path), "table3", "--spec", str(spec), "--scale", "smoke")
+    assert "scale `smoke` replaces the spec's base: lr_scale 100000.0 -> 0.1" in out.stdout
     record = _record(tmp_path)
+    assert record["scale_overrode"] == {"lr_scale": {"spec": 100000.0, "scale": 0.1}}
+    assert record["config"]["train"]["lr_scale"] == 0.1
     files = record["data"]["files"]
     assert files["train"]["file"] == str(data / "train.jsonl")
     import hashlib
@@ -223,3 +228,13 @@ def test_empty_data_files_and_a_local_corpus_without_files_are_one_line(tmp_path
     assert out.returncode == 2
     assert "error: corpus 'local-en-xx' reads local files: set data_dir" in out.stderr
     assert not (tmp_path / "results" / "mine").exists()
+
+
+def test_a_variant_varying_what_a_scale_sets_is_blamed_on_the_variant(tmp_path):
+    spec = _spec(tmp_path / "mine.yaml", variants={"base": {}, "hot": {"set": {"lr_scale": 2}}})
+    out = cli(_env(tmp_path), "table3", "--spec", str(spec), "--scale", "smoke", check=False)
+    assert out.returncode == 2
+    [line] = out.stderr.strip().splitlines()
+    assert line.startswith("error: mine.yaml: variants.hot.set: lr_scale is set by scale `cpu` "
+                           "for every run (scales.yaml: scales.cpu.set), so no variant may vary it")
+    assert "scales.yaml: scales.cpu.set: lr_scale varied by a row" not in line
