@@ -45,8 +45,10 @@ def sacre_bleu(hypotheses: list[str], references: list[str]) -> dict:
     """Corpus sacreBLEU on detokenized text, with its signature (the modern standard)."""
     metric = sacrebleu.metrics.BLEU()
     score = metric.corpus_score(hypotheses, [references])
+    # verbose: n-gram precisions, brevity penalty and lengths, as sacrebleu's command line prints
     return {"kind": "sacrebleu", "score": round(score.score, 2),
-            "signature": str(metric.get_signature()), "sentences": len(hypotheses)}
+            "signature": str(metric.get_signature()), "sentences": len(hypotheses),
+            "verbose": score.format(width=2)}
 
 
 def parse_scores(model: Transformer, tokenizer, batches: Iterable[tuple[list[int], torch.Tensor]],

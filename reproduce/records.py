@@ -9,12 +9,16 @@ exit non-zero.
 
 from __future__ import annotations
 
+import gzip
+import hashlib
 import json
 import logging
 import os
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from .files import write_atomic
 
 log = logging.getLogger("reproduce")
 
@@ -78,3 +82,28 @@ def load_records(table: str, results: Path,
             else:
                 damaged.append(line)
     return records
+
+
+OUTPUTS = "outputs"
+
+
+def _lines(texts: list[str]) -> bytes:
+    """One sentence a line (a line break inside one would shift every line after it)."""
+    return gzip.compress("".join(t.replace("\n", " ") + "\n" for t in texts).encode(), mtime=0)
+
+
+def write_outputs(folder: Path, run_id: str, split: str, hypotheses: list[str],
+                  references: list[str]) -> dict[str, str]:
+    """Keep a split's outputs beside the records, so anyone can recompute its BLEU:
+    ``outputs/<run_id>.<split>.hyp.gz`` and the references once per content,
+    ``outputs/refs/<sha256>.ref.gz``. Returns the two paths relative to ``folder`` (the table's
+    records folder); for example
+    ``sacrebleu <(zcat REF) -i <(zcat HYP)`` gives the recorded sacreBLEU."""
+    refs = _lines(references)
+    digest = hashlib.sha256(gzip.decompress(refs)).hexdigest()[:16]
+    ref_path = Path(OUTPUTS) / "refs" / f"{digest}.ref.gz"
+    hyp_path = Path(OUTPUTS) / f"{run_id}.{split}.hyp.gz"
+    if not (folder / ref_path).exists():
+        write_atomic(folder / ref_path, refs)
+    write_atomic(folder / hyp_path, _lines(hypotheses))
+    return {"hypotheses": str(hyp_path), "references": str(ref_path)}

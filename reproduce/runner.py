@@ -266,7 +266,8 @@ def run_here(run: PlannedRun, split: str, command: str, work: Path,
     dev = trainer.validate(module, datamodule=data, verbose=False)[0]  # shards, gathered
     if not zero:
         return None  # rank 0 decodes every sentence and writes the record
-    scores, headline = task_scores(module.model, tokenizer, data, c)
+    scores, headline = task_scores(module.model, tokenizer, data, c,
+                                   outputs=(record_path(run).parent, run.run_id))
     from .model import count_parameters
 
     metrics = {
@@ -435,19 +436,28 @@ def _bleu(model, tokenizer, data, pairs, c: Config, lang: str) -> dict[str, Any]
                      len(sources), c.decode)
     return {"sacrebleu": sacre_bleu(hyps, refs), "tokenized": tokenized_bleu(hyps, refs, lang),
             "examples": [{"source": s, "reference": t, "output": h}
-                         for s, t, h in list(zip(sources, refs, hyps, strict=True))[:3]]}
+                         for s, t, h in list(zip(sources, refs, hyps, strict=True))[:3]],
+            "hypotheses": hyps, "references": refs}
 
 
-def task_scores(model, tokenizer, data, c: Config,
-                splits: tuple[str, ...] = ("dev", "test")) -> tuple[dict[str, Any], dict[str, Any]]:
+def task_scores(model, tokenizer, data, c: Config, splits: tuple[str, ...] = ("dev", "test"),
+                outputs: tuple[Path, str] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """The task's evaluation: (record entries, headline metrics). Translation: both BLEUs of each
-    split. Parsing (treebank corpora, Table 4): EVALB precision, recall and F1 of each split."""
+    split, and with ``outputs`` (the records folder, the run id) every hypothesis kept there.
+    Parsing (treebank corpora, Table 4): EVALB precision, recall and F1 of each split."""
     from .data import is_treebank, treebank_trees
 
     pairs = {"dev": data.dev_pairs, "test": data.test_pairs}
     if not is_treebank(c.data.corpus):
         lang = c.data.corpus.rsplit("-", 1)[-1]
         bleu = {name: _bleu(model, tokenizer, data, pairs[name], c, lang) for name in splits}
+        if outputs is not None:  # every output kept beside the record (records.write_outputs)
+            for name, b in bleu.items():
+                b["outputs"] = records.write_outputs(*outputs, name, b.pop("hypotheses"),
+                                                     b.pop("references"))
+        else:
+            for b in bleu.values():
+                del b["hypotheses"], b["references"]
         return {"bleu": bleu}, {
             **{f"{n}_bleu": bleu[n]["sacrebleu"]["score"] for n in splits},
             **{f"{n}_bleu_tokenized": bleu[n]["tokenized"]["score"] for n in splits}}
@@ -643,8 +653,11 @@ def _finish_wandb(logger, metrics: dict[str, Any]) -> dict[str, Any]:
     experiment = logger.experiment
     for key, value in metrics.items():
         experiment.summary[f"final/{key}"] = value
+    where = Path(experiment.dir).resolve()
+    # Relative to the project when inside it: the record is read on other machines.
     info = {"id": experiment.id, "mode": "offline" if experiment.offline else "online",
-            "dir": experiment.dir, "url": None if experiment.offline else experiment.url}
+            "dir": str(where.relative_to(REPO)) if where.is_relative_to(REPO) else str(where),
+            "url": None if experiment.offline else experiment.url}
     experiment.finish()
     return info
 

@@ -238,3 +238,36 @@ def test_a_variant_varying_what_a_scale_sets_is_blamed_on_the_variant(tmp_path):
     assert line.startswith("error: mine.yaml: variants.hot.set: lr_scale is set by scale `cpu` "
                            "for every run (scales.yaml: scales.cpu.set), so no variant may vary it")
     assert "scales.yaml: scales.cpu.set: lr_scale varied by a row" not in line
+
+
+def test_kept_outputs_give_the_recorded_bleu_through_sacrebleus_command_line(tmp_path):
+    """Also: the hardware a speed depends on, and a W&B folder that is not this machine's path."""
+    import gzip
+
+    env = _env(tmp_path)
+    cli(env, "table3", "--spec", str(_spec(tmp_path / "mine.yaml")), "--scale", "smoke")
+    record = _record(tmp_path)
+    folder = tmp_path / "results" / "mine"
+    sacrebleu = Path(sys.executable).with_name("sacrebleu")
+    for split in ("dev", "test"):
+        bleu = record["bleu"][split]
+        files = {k: folder / v for k, v in bleu["outputs"].items()}
+        plain = {}
+        for kind, path in files.items():
+            plain[kind] = tmp_path / f"{split}.{kind}.txt"
+            plain[kind].write_bytes(gzip.decompress(path.read_bytes()))
+        hyps = plain["hypotheses"].read_text().splitlines()
+        assert len(hyps) == bleu["sacrebleu"]["sentences"] == record["data"][f"{split}_pairs"]
+        assert [e["output"] for e in bleu["examples"]] == hyps[:3]
+        out = subprocess.run([str(sacrebleu), str(plain["references"]), "-i",
+                              str(plain["hypotheses"]), "-w", "2"],
+                             capture_output=True, text=True, check=True)
+        cli_score = json.loads(out.stdout)
+        # Smoke BLEU is about 0: the n-gram counts and lengths are what tell the files are right.
+        assert f"BLEU = {cli_score['score']:.2f} {cli_score['verbose_score']}" == \
+            bleu["sacrebleu"]["verbose"]
+        assert cli_score["signature"] == bleu["sacrebleu"]["signature"]
+    assert set(record["hardware"]) >= {"cpu", "cpu_flags", "gpus"}
+    assert isinstance(record["hardware"]["cpu_flags"], list)
+    assert not Path(record["wandb"]["dir"]).is_absolute() or \
+        not Path(record["wandb"]["dir"]).is_relative_to(Path(__file__).parent.parent)
