@@ -258,7 +258,7 @@ def _submit(args: argparse.Namespace, argv: list[str], spec, runs, scale: str) -
     executor = launch.executor_for(runs_dir() / spec.table / "slurm", scale, todo, args.gpus,
                                    args.partition)
     jobs = launch.submit(executor, str(spec.path), todo, spec.split,
-                         "python -m reproduce " + " ".join(argv), args.gpus)
+                         workers.command(argv), args.gpus)
     for run, job in zip(todo, jobs, strict=True):
         print(f"  {run.run_id}: job {job.job_id}")
 
@@ -384,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "bench":
             from .bench import run
 
-            return run(args, "python -m reproduce " + " ".join(argv))
+            return run(args, workers.command(argv))
         if getattr(args, "params", False):
             _params(args)
         elif args.command == "table4":

@@ -23,6 +23,7 @@ from typing import Any
 import pytorch_lightning as pl
 
 from .config import FIELDS, ConfigError
+from .masking import mask
 from .sweep import Knob, PlannedRun, Tuning
 
 log = logging.getLogger("reproduce")
@@ -123,7 +124,8 @@ def _storage(url: str):
                 retry = {"failed_trial_callback": storages.RetryFailedTrialCallback(max_retry=2)}
             return storages.RDBStorage(url, heartbeat_interval=60, grace_period=180, **retry)
     except Exception as e:  # sqlalchemy's URL, driver and connection errors, as one line
-        raise ConfigError(f"--storage {url!r}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+        raise ConfigError(mask(f"--storage {url!r}: {type(e).__name__}: "
+                               f"{str(e).splitlines()[0]}")) from None
 
 
 def tune(run: PlannedRun, tuning: Tuning, trials: int, storage: str | None = None,
@@ -143,8 +145,8 @@ def tune(run: PlannedRun, tuning: Tuning, trials: int, storage: str | None = Non
     study.sampler = optuna.samplers.TPESampler(
         seed=hash((seed, len(study.trials), os.getpid() if storage else 0)) % 2**32)
     done = len(study.trials)
-    log.info("%s: study %r in %s, %d trial(s) so far, %d more", run.run_id, run.run_id, url, done,
-             trials)
+    log.info("%s: study %r in %s, %d trial(s) so far, %d more", run.run_id, run.run_id,
+             mask(url), done, trials)
 
     def objective(trial) -> float:
         candidate = with_settings(run, suggest(trial, tuning.knobs))
@@ -161,11 +163,11 @@ def tune(run: PlannedRun, tuning: Tuning, trials: int, storage: str | None = Non
     states = [t.state for t in study.trials]
     complete = states.count(optuna.trial.TrialState.COMPLETE)
     if not complete:
-        raise ConfigError(f"{run.run_id}: no finished trial in study {run.run_id!r} ({url}); "
+        raise ConfigError(f"{run.run_id}: no finished trial in study {run.run_id!r} ({mask(url)}); "
                           "run --tune with more --trials")
     best = study.best_trial
     summary = {
-        "study": run.run_id, "storage": url, "metric": tuning.metric,
+        "study": run.run_id, "storage": mask(url), "metric": tuning.metric,
         "direction": tuning.direction, "split": "dev", "best_trial": best.number,
         "best_value": best.value, "best_params": best.params,
         "n_trials": len(states), "complete": complete,

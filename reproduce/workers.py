@@ -34,6 +34,7 @@ import torch
 
 from . import machine
 from .config import ConfigError
+from .masking import mask
 
 ORDER_ENV = "REPRODUCE_RUN_ORDER"  # comma-separated run ids a worker tries first, in order
 WORKER_ENV = "REPRODUCE_WORKER"  # set in workers: train and record, leave the table to the parent
@@ -107,7 +108,7 @@ def _write_share(path: Path, active: int, cores: int) -> None:
 
 def command(argv: Sequence[str]) -> str:
     """The command a record stores: the user's, also when a worker of ``--workers`` made it."""
-    return os.environ.get(COMMAND_ENV) or "python -m reproduce " + " ".join(argv)
+    return mask(os.environ.get(COMMAND_ENV) or "python -m reproduce " + " ".join(argv))
 
 
 def reorder(runs: list) -> list:

@@ -54,3 +54,41 @@ def test_table3_study_persists_and_resumes(tmp_path):
     assert record["config"]["model"]["h"] == 16  # what the row varies is untouched
     run(1)
     assert len(optuna.load_study(study_name="table3-A3-smoke-seed0", storage=storage).trials) == 3
+
+
+def test_a_storage_password_is_never_written(tmp_path, monkeypatch, capsys):
+    """A record, its W&B run, the logs and the table name the study's URL as user:***@host."""
+    from reproduce import tuning
+    from reproduce.__main__ import main
+    from reproduce.masking import mask
+
+    assert mask("x postgresql://me:s3cr:et@db.example:5432/optuna y") == \
+        "x postgresql://me:***@db.example:5432/optuna y"
+    assert mask("sqlite:////runs/optuna.db") == "sqlite:////runs/optuna.db"
+    secret_url = "postgresql://me:hunter2@db.example/optuna"
+    out = subprocess.run([sys.executable, "-m", "reproduce", "table3", "--variant", "A3", "--scale",
+                          "smoke", "--tune", "--trials", "1", "--storage",
+                          "postgresql://me:hunter2@127.0.0.1:9/optuna"],
+                         capture_output=True, text=True, check=False,
+                         env={**os.environ, "REPRODUCE_RESULTS": str(tmp_path / "r0"),
+                              "REPRODUCE_RUNS": str(tmp_path / "r0")})
+    assert out.returncode == 2 and "me:***@127.0.0.1" in out.stderr
+    assert "hunter2" not in out.stdout + out.stderr
+
+    # A database that answers, reached through a URL with a password (optuna's sqlite cannot
+    # take one: the URL is what we check, the storage behind it is a local file).
+    real = tuning._storage
+    monkeypatch.setattr(tuning, "_storage",
+                        lambda url: real(f"sqlite:///{tmp_path / 'optuna.db'}"))
+    monkeypatch.setenv("REPRODUCE_RESULTS", str(tmp_path / "results"))
+    monkeypatch.setenv("REPRODUCE_RUNS", str(tmp_path / "runs"))
+    assert main(["table3", "--variant", "A3", "--scale", "smoke", "--tune", "--trials", "1",
+                 "--storage", secret_url, "--workers", "1"]) == 0
+    printed = capsys.readouterr()
+    assert "hunter2" not in printed.out + printed.err
+    written = [p for folder in ("results", "runs") for p in (tmp_path / folder).rglob("*")
+               if p.is_file() and b"hunter2" in p.read_bytes()]
+    assert written == []
+    (record,) = [json.loads(p.read_text()) for p in (tmp_path / "results" / "table3").glob("*.json")]
+    assert record["tuning"]["storage"] == "postgresql://me:***@db.example/optuna"
+    assert "--storage postgresql://me:***@db.example/optuna" in record["command"]
