@@ -14,7 +14,6 @@ only: ~150x slower) trains in fp32 without timing a step.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 import torch
 
 from .config import Config
+from .files import write_atomic
 from .machine import cpu_flags, cpu_name
 from .model import Transformer
 from .optim import adam_with_schedule, output_loss
@@ -140,11 +140,8 @@ def choose(config: Config, micro_tokens: int, cache: Path | None,
                  "seconds_per_step": seconds}
     entry.update(cpu=cpu_name(), cpu_flags=cpu_flags(), threads=threads)
     if cache:
-        cache.parent.mkdir(parents=True, exist_ok=True)
         table = {**_read(cache), key: entry}
-        tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(table, indent=1) + "\n")
-        os.replace(tmp, cache)
+        write_atomic(cache, (json.dumps(table, indent=1) + "\n").encode())
     return entry["chosen"], {**entry, "cached": False}
 
 

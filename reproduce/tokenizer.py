@@ -9,13 +9,13 @@ from __future__ import annotations
 import io
 import os
 import re
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import sentencepiece as spm
 
 from reproduce.data import DataError
+from reproduce.files import write_atomic
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 
@@ -133,7 +133,7 @@ def train_tokenizer(
     if path.is_file():
         return load_tokenizer(path)
     model = _train(texts, vocab_size, corpus, tuple(symbols), hard_vocab_limit)
-    _write_atomically(path, model)
+    write_atomic(path, model)
     return load_tokenizer(path)
 
 
@@ -170,22 +170,6 @@ def _train(texts: Iterable[str], vocab_size: int, corpus: str, symbols: tuple[st
             f" allows at most {too_high.group(1)}; use a smaller vocab_size or more text"
         ) from exc
     return model.getvalue()
-
-
-def _write_atomically(path: Path, content: bytes) -> None:
-    # A temporary file in the same folder, renamed over the target: an interrupted run (or a
-    # concurrent one) never leaves a half-written model under the real name.
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
-    try:
-        with os.fdopen(handle, "wb") as file:
-            file.write(content)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
 
 
 def _threads() -> int:
