@@ -319,6 +319,12 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="per table and scale: runs done, running, stopped and "
                         "missing, and the cost so far")
     st.add_argument("--all", action="store_true", help="also list the missing runs")
+    v = sub.add_parser("verify", help="re-run a record's run from nothing in a scratch folder and "
+                       "compare every metric and hash with the record (reproduce/verify.py)")
+    v.add_argument("record", help="a record, e.g. results/table3/table3-base-cpu-seed0.json")
+    v.add_argument("--steps", type=int, help="train the first N steps only and compare the "
+                   "learning curve there")
+    v.add_argument("--scratch", help="the scratch folder (default: a new temporary one)")
     at = sub.add_parser("attention", help="attention maps of a trained run for one sentence "
                         "(results/attention-<run>.png), as the paper's Figures 3-5")
     at.add_argument("--run", required=True, help="a run id, e.g. table3-base-cpu-seed0")
@@ -370,6 +376,14 @@ def main(argv: list[str] | None = None) -> int:
             for line in damaged:
                 print(f"warning: {line}", file=sys.stderr)
             return 1 if damaged else 0
+        if args.command == "verify":
+            from pathlib import Path
+
+            from .verify import verify
+
+            _quiet_libraries()
+            return verify(Path(args.record), args.steps,
+                          Path(args.scratch) if args.scratch else None)
         if args.command == "attention":
             from .attention import draw
             from .runner import results_dir, runs_dir

@@ -580,6 +580,7 @@ class TranslationData(pl.LightningDataModule):
         self.linearization = linearization
         self.seed = seed
         self.dropped = 0
+        self.sha256: dict[str, str] = {}  # per split, of the pairs used (``pairs_sha256``)
         self.dev_pairs: list[tuple[str, str]] = []
         self.test_pairs: list[tuple[str, str]] = []
         self._train: _Encoded | None = None
@@ -606,6 +607,8 @@ class TranslationData(pl.LightningDataModule):
         train = _first(pairs["train"], self.max_train_pairs)
         self.dev_pairs = _first(pairs["dev"], self.max_eval_pairs)
         self.test_pairs = _first(pairs["test"], self.max_eval_pairs)
+        self.sha256 = {split: pairs_sha256(p) for split, p in
+                       (("train", train), ("dev", self.dev_pairs), ("test", self.test_pairs))}
         encoded = _Encoded.encode(self.tokenizer, train)
         fits = torch.from_numpy((encoded.lengths <= self.max_tokens_per_sentence).all(axis=1))
         self.dropped = len(encoded) - int(fits.sum())
@@ -830,6 +833,14 @@ def _load_dataset(*args: Any, **kwargs: Any) -> datasets.Dataset:
     import datasets
 
     return datasets.load_dataset(*args, **kwargs)
+
+
+def pairs_sha256(pairs: Sequence[tuple[str, str]]) -> str:
+    """A fingerprint of sentence pairs: SHA-256 of ``source TAB target`` lines (one per pair)."""
+    digest = hashlib.sha256()
+    for source, target in pairs:
+        digest.update(f"{source}\t{target}\n".encode())
+    return digest.hexdigest()
 
 
 def local_files(corpus: str, data_dir: str) -> dict[str, dict[str, Any]]:

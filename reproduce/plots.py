@@ -1,7 +1,9 @@
 """Figures rendered from run records (PNG, beside the Markdown tables in ``results/``).
 
-Like ``results.py``, pure functions of the records: BLEU against parameters for each scale (ours
-beside the paper's), and the learning curves every record carries.
+Like ``results.py``, pure functions of the records. Table 3: per row, each variant's change
+from base, the paper's beside ours (relative, so a 5-PPL model and a 37-PPL one share an axis),
+with our seed noise and the verdict. Table 2: BLEU against parameters. Both: the learning curves
+every record carries.
 """
 
 from __future__ import annotations
@@ -30,9 +32,119 @@ def _by_scale(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
 
 
 def plot_table(spec: Spec, records: list[dict[str, Any]], directory: Path) -> list[Path]:
-    """Write ``<table>-<scale>.png`` per scale with records: dev BLEU against parameters (mean
-    over seeds, error bars = std) next to the paper's figures, and the dev-PPL learning curves.
-    Returns the files written."""
+    """The figures of a table, per scale with records; returns the files written. Table 3:
+    ``table3-<scale>.png`` (changes from base, ``plot_changes``) and ``table3-<scale>-curves.png``;
+    Table 2: ``table2-<scale>.png`` (BLEU against parameters, and the curves)."""
+    if spec.table != "table3":
+        return _plot_bleu_params(spec, records, directory)
+    written = []
+    for scale, recs in sorted(_by_scale(records).items()):
+        written.append(plot_changes(spec, recs, directory / f"{spec.table}-{scale}.png", scale))
+        written.append(_plot_curves(spec, recs, directory / f"{spec.table}-{scale}-curves.png",
+                                    scale))
+    return written
+
+
+VERDICT_MARKS = {"yes": "✓ agrees", "no": "✗ opposite", "no effect": "≈ within noise",
+                 "n/a": "? no verdict"}
+
+
+def plot_changes(spec: Spec, records: list[dict[str, Any]], path: Path, scale: str) -> Path:
+    """One panel per row (A, B, ...) and metric (PPL left, BLEU right): each variant's change
+    from base in % of base, the paper's (grey) above ours (colour, mean over seeds; error bar:
+    2 standard errors of the difference, as the verdict uses), the verdict at the right."""
+    import math
+    import statistics
+
+    from .results import compare_to_base
+
+    plt = _pyplot()
+    runs: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in records:
+        runs[r["variant"]].append(r)
+    rows = [(row, [n for n in names if n in spec.variants]) for row, names in spec.rows.items()]
+    heights = [max(1, len(names)) for _, names in rows]
+    fig, axes = plt.subplots(len(rows), 2, figsize=(12, 1.2 + 0.62 * sum(heights)),
+                             squeeze=False, gridspec_kw={"height_ratios": heights})
+    for m, (key, paper_key, label) in enumerate((("dev_ppl", "ppl", "dev PPL"),
+                                                 ("dev_bleu", "bleu", "dev BLEU"))):
+        base_ours = [r["metrics"][key] for r in runs.get("base", [])]
+        base_paper = spec.variants["base"].paper.get(paper_key) if "base" in spec.variants else None
+        for k, (row, names) in enumerate(rows):
+            ax = axes[k][m]
+            ax.axvline(0, color="black", linewidth=0.6)
+            for i, name in enumerate(names):
+                paper = spec.variants[name].paper.get(paper_key)
+                if paper is not None and base_paper:
+                    ax.barh(i - 0.2, 100 * (paper - base_paper) / base_paper, 0.38, color="0.65",
+                            label="paper")
+                ours = [r["metrics"][key] for r in runs.get(name, [])]
+                verdict = compare_to_base(spec, runs, name, key, paper_key).verdict
+                mark = "no run"
+                if ours and base_ours:
+                    b = statistics.mean(base_ours)
+                    err = None
+                    if len(ours) > 1 and len(base_ours) > 1:
+                        err = 200 * math.sqrt(statistics.variance(ours) / len(ours) +
+                                              statistics.variance(base_ours) / len(base_ours)) / b
+                    ax.barh(i + 0.2, 100 * (statistics.mean(ours) - b) / b, 0.38, xerr=err,
+                            capsize=3, color=f"C{m}", label="ours")
+                    mark = f"{VERDICT_MARKS[verdict]} (n={len(ours)})"
+                ax.annotate(mark, (1.01, i), xycoords=("axes fraction", "data"), va="center",
+                            fontsize=7)
+            ax.set_yticks(range(len(names)), names, fontsize=8)
+            ax.margins(x=0.08)
+            ax.invert_yaxis()
+            ax.set_title(f"({row}) {label}", fontsize=9, loc="left")
+            ax.tick_params(axis="x", labelsize=7)
+        axes[-1][m].set_xlabel(f"change from base, % of base {label} "
+                               + ("(right is worse)" if key == "dev_ppl" else "(right is better)"),
+                               fontsize=8)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    unique = dict(zip(labels, handles, strict=True))
+    fig.legend(unique.values(), unique.keys(), loc="upper right", fontsize=8)
+    n_base = len(runs.get("base", []))
+    fig.suptitle(f"{spec.table} at scale `{scale}`: each variant's change from base, the paper's "
+                 f"(grey) and ours (colour; error bar: our seed noise, 2 SE; base n={n_base})",
+                 fontsize=10, x=0.45)
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
+    fig.subplots_adjust(wspace=0.45)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _plot_curves(spec: Spec, records: list[dict[str, Any]], path: Path, scale: str) -> Path:
+    """Dev PPL during training, one line per run, one panel per row (base in each)."""
+    plt = _pyplot()
+    rows = list(spec.rows.items())
+    fig, axes = plt.subplots(1, len(rows), figsize=(3.2 * len(rows), 3.6), squeeze=False,
+                             sharey=True)
+    for ax, (row, names) in zip(axes[0], rows, strict=True):
+        for r in sorted(records, key=lambda r: (r["variant"], r["seed"])):
+            if r["variant"] not in ("base", *names):
+                continue
+            curve = r.get("curve", {}).get("dev_ppl") or []
+            if curve:
+                ax.plot([c[0] for c in curve], [c[2] for c in curve], marker=".",
+                        color="black" if r["variant"] == "base" else None,
+                        linewidth=0.8, label=f"{r['variant']} s{r['seed']}")
+        ax.set(title=f"({row})", xlabel="step", yscale="log")
+        if ax.lines:
+            ax.legend(fontsize=6)
+    axes[0][0].set_ylabel("dev PPL")
+    fig.suptitle(f"{spec.table} at scale `{scale}`: dev PPL during training", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _plot_bleu_params(spec: Spec, records: list[dict[str, Any]], directory: Path) -> list[Path]:
+    """Table 2: dev BLEU against parameters (mean over seeds, error bars = std) next to the
+    paper's figures, and the dev-PPL learning curves."""
     plt = _pyplot()
     written = []
     for scale, recs in sorted(_by_scale(records).items()):

@@ -100,43 +100,58 @@ def render_table3(spec: Spec, records: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _configuration(spec: Spec, variant: str) -> str:
+    """The paper's settings of a variant as one cell (at the paper's sizes): all of base's, only
+    what a variant changes otherwise (the paper's layout: unlisted values equal base)."""
+    headers = [h for h, _, _ in SHAPE_COLUMNS]
+    cells = _shape_cells(spec, variant)
+    if cells and cells[0].endswith(" positions"):
+        return cells[0]
+    return ", ".join(f"{h} {c}" if h != "train steps" else f"{c} steps"
+                     for h, c in zip(headers, cells, strict=False) if c)
+
+
 def _scale_table(spec: Spec, scale: str, records: list[dict[str, Any]]) -> list[str]:
     sc = spec.scales.get(scale)
     runs = defaultdict(list)
     for r in records:
         runs[r["variant"]].append(r)
     signatures = sorted({r["bleu"]["dev"]["sacrebleu"]["signature"] for r in records})
-    out = [f"## Scale `{scale}`", "", _scale_note(sc, "the cells below are the paper's"), "",
-            "Corpus: " + _corpus_note(records),
-            f"BLEU: sacreBLEU on detokenized output, beam search as the paper; signature "
-            f"`{'`, `'.join(signatures)}`. PPL: per word-piece on the dev split, our BPE "
-            "vocabulary. Hardware: " + _hardware(records) + ".",
-            *_devices_line(records), *_reference_line(records), ""]
-    header = [""] + [h for h, _, _ in SHAPE_COLUMNS] + [
-        "PPL (dev) paper", "PPL (dev) ours", "BLEU (dev) paper", "BLEU (dev) ours",
-        "BLEU (test) ours", "params ×10⁶ paper", "params ×10⁶ ours",
-        "ΔPPL paper", "ΔPPL ours", "ΔBLEU paper", "ΔBLEU ours", "sign agrees (PPL; BLEU)"]
+    out = [f"## Scale `{scale}`", "", _scale_note(sc, "the configurations below are the paper's"),
+           ""]
+    header = ["", "configuration (paper's sizes)", "PPL paper", "PPL ours", "ΔPPL paper / ours",
+              "BLEU paper", "BLEU ours", "ΔBLEU paper / ours", "verdict PPL; BLEU"]
     out += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    details = ["| | seeds | BLEU (test) ours | params ×10⁶ paper / ours | our d_model, d_ff, h, "
+               "d_k, d_v | training hours (each) |", "|---|---|---|---|---|---|"]
     groups = [("base", ["base"])] + list(spec.rows.items())
     tally: dict[str, Counter[str]] = {"PPL": Counter(), "BLEU": Counter()}
     for row, names in groups:
         for i, name in enumerate(n for n in names if n in spec.variants):
             paper, ours = spec.variants[name].paper, runs.get(name, [])
-            label = (f"({row})" if row != "base" else "base") if i == 0 else ""
+            label = name if row == "base" or i else f"({row}) {name}"
             metric = [[r["metrics"][k] for r in ours] for k in ("dev_ppl", "dev_bleu", "test_bleu")]
-            cells = [label] + _shape_cells(spec, name) + [
-                _fmt(paper.get("ppl")), _mean_std(metric[0], 2), _fmt(paper.get("bleu")),
-                _mean_std(metric[1], 1), _mean_std(metric[2], 1), _fmt(paper.get("params_m")),
-                _params([r["metrics"]["params"] for r in ours])]
             verdicts = [compare_to_base(spec, runs, name, key, paper_key)
                         for key, paper_key in (("dev_ppl", "ppl"), ("dev_bleu", "bleu"))]
             for v in verdicts:
                 tally[v.metric][v.verdict] += name != "base"
-            cells += [c for v in verdicts for c in (v.paper_cell, v.ours_cell)]
-            cells.append("" if name == "base" else "; ".join(v.verdict for v in verdicts))
+            delta = ["" if name == "base" else f"{v.paper_cell or '–'} / {v.ours_cell or '–'}"
+                     for v in verdicts]
+            cells = [label, _configuration(spec, name), _fmt(paper.get("ppl")),
+                     _mean_std(metric[0], 2), delta[0], _fmt(paper.get("bleu")),
+                     _mean_std(metric[1], 1), delta[1],
+                     "" if name == "base" else "; ".join(v.verdict for v in verdicts)]
             out.append("| " + " | ".join(cells) + " |")
-    out += ["", f"{sum(len(v) for v in runs.values())} runs recorded at this scale; commands and "
-            "configs are in each record.", ""]
+            if ours:
+                m = ours[0]["config"]["model"]
+                details.append(
+                    f"| {name} | {', '.join(str(r['seed']) for r in ours)} | "
+                    f"{_mean_std(metric[2], 1)} | {_fmt(paper.get('params_m')) or '–'} / "
+                    f"{_params([r['metrics']['params'] for r in ours])} | "
+                    f"{m['d_model']}, {m['d_ff']}, {m['h']}, {m['d_k']}, {m['d_v']} | "
+                    + ", ".join(f"{r['metrics']['train_seconds'] / 3600:.2f}" for r in ours)
+                    + " |")
+    out += [""]
     for metric, counts in tally.items():
         judged = sum(counts[k] for k in ("yes", "no", "no effect"))
         out.append(f"- {metric}: {counts['yes']} of {judged} variants with a verdict change in the "
@@ -144,11 +159,38 @@ def _scale_table(spec: Spec, scale: str, records: list[dict[str, Any]]) -> list[
                    f"change by less than our seed noise; {counts['n/a']} have no verdict (no "
                    "record of them or of base at this scale, or one seed, which gives no noise "
                    "estimate).")
-    out += ["", "Δ: change from base (variant − base). *sign agrees*: `yes` when our change has "
-            "the paper's sign and exceeds our seed noise (2 standard errors of the difference of "
-            "means, from the seeds of the variant and of base); `no effect` when it is within "
-            "that noise; `n/a` with fewer than 2 seeds of either.", ""]
+    out += ["", "PPL and BLEU are on the dev split; ours are mean ± std (n seeds). Δ: change from "
+            "base (variant − base), the paper's / ours, with our seed noise (±: 2 standard errors "
+            "of the difference of means). *verdict*: `yes` when our change has the paper's sign "
+            "and exceeds that noise; `no` when it exceeds it with the other sign; `no effect` "
+            "when it is within it; `n/a` with fewer than 2 seeds of either.", "",
+            "Corpus: " + _corpus_note(records),
+            f"BLEU: sacreBLEU on detokenized output, beam search as the paper; signature "
+            f"`{'`, `'.join(signatures)}`. PPL: per word-piece on the dev split, our BPE "
+            "vocabulary.", *_reference_line(records), *_devices_line(records),
+            _cost_line(records), "",
+            f"Details of our {sum(len(v) for v in runs.values())} runs (commands and configs are "
+            "in each record):", "", *details, ""]
     return out
+
+
+def _cost_line(records: list[dict[str, Any]]) -> str:
+    """What the table's runs took, and where: worker-hours per CPU or GPU kind, with the CPU
+    flags that decide its speed (our machines differ)."""
+    by_where: dict[str, list[float]] = defaultdict(list)
+    for r in records:
+        h = r["hardware"]
+        if h.get("gpus"):
+            where = f"{len(h['gpus'])}x {h['gpus'][0]}"
+        else:
+            flags = set(h.get("cpu_flags") or [])
+            known = ", ".join(f for f in ("avx2", "avx512f", "avx512_bf16") if f in flags)
+            amx = "AMX" if any(f.startswith("amx") for f in flags) else "no AMX"
+            where = (f"{h['cpu']} ({known}, {amx}; {h.get('torch_threads', '?')} thread(s))"
+                     if flags else f"{h['cpu']} (flags not recorded)")
+        by_where[where].append(r["metrics"]["train_seconds"] * r.get("cost", {}).get("devices", 1))
+    return "Cost: " + "; ".join(f"{sum(v) / 3600:.1f} worker-hours of training for {len(v)} runs "
+                                f"on {where}" for where, v in sorted(by_where.items())) + "."
 
 
 def _reference_line(records: list[dict[str, Any]]) -> list[str]:

@@ -256,8 +256,8 @@ def run_here(run: PlannedRun, split: str, command: str, work: Path,
     pl.seed_everything(c.train.seed, workers=True, verbose=False)
     tokenizer, data = build_data(c)
     zero = rank() == 0
-    logger = _wandb_logger(run, work, precision) if zero else False
-    trainer, module, clock, resumed, accumulate = _train(run, work, data, logger, precision,
+    logger = wandb_logger(run, work, precision) if zero else False
+    trainer, module, clock, resumed, accumulate = fit(run, work, data, logger, precision,
                                                          layout=layout)
     work_done = module.total_work()  # a collective: every rank
     workers.share_cores()  # decoding too uses the cores of workers that have ended
@@ -289,6 +289,7 @@ def run_here(run: PlannedRun, split: str, command: str, work: Path,
         "data": {"corpus": c.data.corpus, "train_pairs": data.num_train_pairs,
                  "dropped_train_pairs": data.dropped, "dev_pairs": len(data.dev_pairs),
                  "test_pairs": len(data.test_pairs), "vocab_size": tokenizer.vocab_size,
+                 "sha256": data.sha256, "vocab_sha256": tokenizer.sha256,
                  "reference_ppl": data.reference_perplexities(), **_local_data(c)},
         "batch": {"accelerator": layout.accelerator, "strategy": layout.strategy,
                   "devices": layout.devices, "world_size": trainer.world_size,
@@ -343,7 +344,7 @@ def _local_data(c: Config) -> dict[str, Any]:
     return {"data_dir": c.data.data_dir, "files": local_files(c.data.corpus, c.data.data_dir)}
 
 
-def _train(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=(),
+def fit(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=(),
            layout: Layout = ONE_DEVICE):
     """Fit with Lightning on ``layout`` (resuming from the last checkpoint if there is one)."""
     from .lit import TranslationModule
@@ -627,7 +628,7 @@ class TrainClock(pl.Callback):
         self.curve = state.get("curve", self.curve)
 
 
-def _wandb_logger(run: PlannedRun, work: Path, precision: str):
+def wandb_logger(run: PlannedRun, work: Path, precision: str):
     """W&B, offline unless an API key is set (sync later with `wandb sync`)."""
     from pytorch_lightning.loggers import WandbLogger
 

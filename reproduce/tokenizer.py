@@ -6,6 +6,7 @@ the file instead of retraining, so every experiment on a corpus sees the same se
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import re
@@ -47,6 +48,11 @@ class Tokenizer:
             )
         self._sp = processor
         self.path = path
+
+    @property
+    def sha256(self) -> str:
+        """A fingerprint of the vocabulary: SHA-256 of the serialized sentencepiece model."""
+        return hashlib.sha256(self._sp.serialized_model_proto()).hexdigest()
 
     @property
     def vocab_size(self) -> int:

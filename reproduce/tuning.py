@@ -93,10 +93,10 @@ def train_and_score(run: PlannedRun, callbacks=()) -> dict[str, Any]:
     pl.seed_everything(c.train.seed, workers=True, verbose=False)
     tokenizer, data = runner.build_data(c)
     work = runner.runs_dir() / run.table / run.run_id
-    logger = runner._wandb_logger(run, work, precision)
+    logger = runner.wandb_logger(run, work, precision)
     try:
         try:
-            trainer, module, *_ = runner._train(run, work, data, logger, precision, callbacks)
+            trainer, module, *_ = runner.fit(run, work, data, logger, precision, callbacks)
         except optuna.TrialPruned:
             shutil.rmtree(work / "checkpoints", ignore_errors=True)  # never resumed nor reused
             raise

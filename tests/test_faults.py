@@ -271,3 +271,32 @@ def test_kept_outputs_give_the_recorded_bleu_through_sacrebleus_command_line(tmp
     assert isinstance(record["hardware"]["cpu_flags"], list)
     assert not Path(record["wandb"]["dir"]).is_absolute() or \
         not Path(record["wandb"]["dir"]).is_relative_to(Path(__file__).parent.parent)
+
+
+def test_verify_reruns_a_record_in_scratch_and_finds_the_same_numbers(tmp_path):
+    env = _env(tmp_path)
+    cli(env, "table3", "--spec", str(_spec(tmp_path / "mine.yaml")), "--scale", "smoke")
+    path = tmp_path / "results" / "mine" / f"{RUN}.json"
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    scratch = tmp_path.parent / f"{tmp_path.name}-scratch"
+    out = cli(env, "verify", str(path), "--scratch", str(scratch))
+    assert "verified: the re-run gives the recorded numbers" in out.stdout
+    assert "data: the same" in out.stdout and "vocabulary: the same" in out.stdout
+    assert re.search(r"dev_ppl\s+([\d.]+)\s+\1\s+\+0", out.stdout)
+    assert "learning curve: " in out.stdout and "all equal" in out.stdout
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before  # nothing of ours touched
+    assert (scratch / "results" / "mine" / f"{RUN}.json").exists()
+
+    out = cli(env, "verify", str(path), "--steps", "12",
+              "--scratch", str(tmp_path.parent / f"{tmp_path.name}-steps"))
+    assert re.search(r"learning curve: (\d+) common point\(s\), all equal", out.stdout)
+    assert "verified: the first 12 steps give the recorded learning curve" in out.stdout
+    assert int(re.search(r"(\d+) common", out.stdout).group(1)) >= 12
+
+    record = json.loads(path.read_text())
+    record["metrics"]["dev_ppl"] += 1.0
+    path.write_text(json.dumps(record))
+    out = cli(env, "verify", str(path), "--scratch", str(tmp_path.parent / f"{tmp_path.name}-x"),
+              check=False)
+    assert out.returncode == 1
+    assert "NOT the recorded numbers" in out.stdout and re.search(r"dev_ppl .* -1\b", out.stdout)

@@ -12,7 +12,9 @@ from reproduce.sweep import load_spec
 def record(variant, scale="smoke", seed=0, ppl=9.5, bleu=1.5, params=123456):
     return {"run_id": f"table3-{variant}-{scale}-seed{seed}", "table": "table3", "variant": variant,
             "scale": scale, "seed": seed, "data": {"corpus": "bible-en-de"},
-            "metrics": {"dev_ppl": ppl, "dev_bleu": bleu, "test_bleu": bleu + 1, "params": params},
+            "metrics": {"dev_ppl": ppl, "dev_bleu": bleu, "test_bleu": bleu + 1, "params": params,
+                        "train_seconds": 60.0},
+            "config": {"model": {"d_model": 32, "d_ff": 128, "h": 8, "d_k": 4, "d_v": 4}},
             "bleu": {"dev": {"sacrebleu": {"signature": "nrefs:1|tok:13a"}}},
             "hardware": {"cpu": "test CPU", "gpus": []}}
 
@@ -27,25 +29,31 @@ def test_record_round_trip_is_atomic(tmp_path):
     assert json.loads(path.read_text())["seed"] == 1
 
 
-def _row(table: str, first_cell_after_label: str) -> list[str]:
+def _row(table: str, variant: str) -> list[str]:
+    """The main table's cells of ``variant`` (its first cell is the name, after a row label)."""
     for line in table.splitlines():
         cells = [c.strip() for c in line.strip("|").split("|")]
-        if len(cells) > 2 and cells[4:7] == first_cell_after_label.split(","):
+        if len(cells) == 9 and cells[0].split(" ")[-1] == variant:
             return cells
-    raise AssertionError(f"no row {first_cell_after_label}")
+    raise AssertionError(f"no row {variant}")
 
 
 def test_rendering_puts_ours_beside_the_papers():
     spec = load_spec("table3")
     table = render_table3(spec, [record("base", ppl=7.25, bleu=3.0, params=2_500_000),
                                  record("A1", ppl=8.5)])
-    base = _row(table, "8,64,64")
-    assert base[0] == "base" and base[10:17] == ["4.92", "7.25", "25.8", "3.0", "4.0", "65", "2.50"]
-    a1 = _row(table, "1,512,512")
-    assert a1[0] == "(A)" and a1[10:13] == ["5.29", "8.50", "24.9"]
-    a2 = _row(table, "4,128,128")
-    assert a2[11] == "" and a2[13] == ""  # no record: our cells stay empty
+    base = _row(table, "base")
+    assert base[0] == "base" and base[2:4] == ["4.92", "7.25"] and base[5:7] == ["25.8", "3.0"]
+    assert base[1].startswith("N 6, d_model 512, d_ff 2048, h 8, d_k 64")
+    a1 = _row(table, "A1")
+    assert a1[:4] == ["(A) A1", "h 1, d_k 512, d_v 512", "5.29", "8.50"] and a1[5] == "24.9"
+    a2 = _row(table, "A2")
+    assert a2[3] == "" and a2[6] == "" and a2[4] == "+0.08 / –"  # no record: ours stay empty
+    assert _row(table, "E")[1] == "learned positions"
+    details = table.split("Details of our 2 runs")[1]
+    assert "| base | 0 | 4.0 | 65 / 2.50 |" in details and "| A2 |" not in details
     assert "Not comparable with WMT" in table and "nrefs:1|tok:13a" in table
+    assert "Cost: 0.0 worker-hours of training for 2 runs on" in table
 
 
 def test_scales_are_never_mixed_and_seeds_are_summarised():
@@ -73,16 +81,15 @@ def test_changes_from_base_agree_only_beyond_seed_noise():
              [(0, 11.0, 3.6), (1, 11.1, 3.7), (2, 11.2, 3.8)]]
     recs += [record("D1", "cpu", 0, ppl=9.0, bleu=3.5)]             # one seed: no verdict
     table = render_table3(spec, recs)
-    a1 = _row(table, "1,512,512")
-    assert a1[-5:] == ["+0.37", "+2.00 (±0.16)", "-0.90", "-1.00 (±0.16)", "yes; yes"]
-    assert _row(table, "4,128,128")[-1] == "no effect; no effect"
-    c3 = [line for line in table.splitlines() if line.startswith("|  | 8 |")][0]
-    assert c3.endswith("| -0.04 | +1.00 (±0.16) | -0.30 | +0.60 (±0.16) | no; no |")
+    a1 = _row(table, "A1")
+    assert [a1[4], a1[7], a1[8]] == ["+0.37 / +2.00 (±0.16)", "-0.90 / -1.00 (±0.16)", "yes; yes"]
+    assert _row(table, "A2")[-1] == "no effect; no effect"
+    c3 = _row(table, "C3")
+    assert [c3[4], c3[7], c3[8]] == ["-0.04 / +1.00 (±0.16)", "-0.30 / +0.60 (±0.16)", "no; no"]
     assert "- PPL: 1 of 3 variants with a verdict" in table
     assert "1 go the other way; 1 change by less than our seed noise" in table
     assert "; 16 have no verdict" in table
-    d1 = [line for line in table.splitlines() if "| 0.0 |" in line][0]
-    assert d1.rstrip(" |").endswith("n/a; n/a")
+    assert _row(table, "D1")[-1] == "n/a; n/a"
 
 
 def test_the_table_and_its_figure_go_to_wandb_offline(tmp_path):
@@ -96,7 +103,7 @@ def test_the_table_and_its_figure_go_to_wandb_offline(tmp_path):
     rows = table_rows(spec, recs)
     assert rows[0][:5] == ["A1", "cpu", 0, 8.0, 2.0] and rows[0][10:12] == [5.29, 24.9]
     figures = plot_table(spec, recs, tmp_path)
-    assert [p.name for p in figures] == ["table3-cpu.png"]
+    assert [p.name for p in figures] == ["table3-cpu.png", "table3-cpu-curves.png"]
     md = tmp_path / "table3.md"
     md.write_text(render_table3(spec, recs))
     where = log_table(spec, recs, md, figures, tmp_path / "wandb")
