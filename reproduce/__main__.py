@@ -192,6 +192,37 @@ def _render(spec, out, log: bool) -> list[str]:
     return damaged
 
 
+def _publish(args: argparse.Namespace) -> int:
+    """``publish``: the committed records of one table (and scale) as W&B runs (dashboard.py)."""
+    from .dashboard import publish
+    from .plots import plot_table
+    from .records import load_records
+    from .runner import results_dir, runs_dir
+
+    _quiet_libraries()
+    spec = load_spec(args.table)
+    damaged: list[str] = []
+    records = [r for r in load_records(spec.table, results_dir(), damaged)
+               if args.scale in (None, r["scale"])]
+    for line in damaged:
+        print(f"warning: {line}", file=sys.stderr)
+    if not records:
+        raise ConfigError(f"{spec.table}: no records" + (f" at scale {args.scale!r}"
+                                                         if args.scale else "") + " to publish")
+    markdown = results_dir() / f"{spec.table}.md"
+    if not markdown.exists():
+        _render(spec, markdown, log=False)
+    figures = plot_table(spec, records, runs_dir() / spec.table / "published" / "figures") \
+        if spec.table in ("table2", "table3") else []
+    out = publish(spec, records, markdown, figures, runs_dir() / spec.table / "published")
+    print(f"{spec.table}: {len(out['published'])} record(s) logged to W&B ({out['mode']}), "
+          f"{len(out['unchanged'])} already published unchanged; table "
+          + (f"logged ({out['table']['dir']})" if out["table"] else "unchanged"))
+    if out["mode"] == "offline":
+        print(f"  sync with: wandb sync {runs_dir() / spec.table / 'published' / 'wandb'}")
+    return 1 if damaged else 0
+
+
 def _run_table4(args: argparse.Namespace, argv: list[str]) -> None:
     """Table 4: the parser's rows, on the user's treebank or NLTK's sample, tuned or not."""
     from .data import missing_input
@@ -319,6 +350,11 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="per table and scale: runs done, running, stopped and "
                         "missing, and the cost so far")
     st.add_argument("--all", action="store_true", help="also list the missing runs")
+    pb = sub.add_parser("publish", help="log every committed record of a table as a W&B run "
+                        "(config, curve, metrics, examples, cost) plus the table and figures; "
+                        "idempotent; offline unless WANDB_API_KEY is set")
+    pb.add_argument("--table", required=True, choices=sorted(TABLES))
+    pb.add_argument("--scale", help="only the records of this scale")
     v = sub.add_parser("verify", help="re-run a record's run from nothing in a scratch folder and "
                        "compare every metric and hash with the record (reproduce/verify.py)")
     v.add_argument("record", help="a record, e.g. results/table3/table3-base-cpu-seed0.json")
@@ -376,6 +412,8 @@ def main(argv: list[str] | None = None) -> int:
             for line in damaged:
                 print(f"warning: {line}", file=sys.stderr)
             return 1 if damaged else 0
+        if args.command == "publish":
+            return _publish(args)
         if args.command == "verify":
             from pathlib import Path
 

@@ -345,14 +345,14 @@ def _local_data(c: Config) -> dict[str, Any]:
 
 
 def fit(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=(),
-           layout: Layout = ONE_DEVICE):
+           layout: Layout = ONE_DEVICE, curve_every: int | None = None):
     """Fit with Lightning on ``layout`` (resuming from the last checkpoint if there is one)."""
     from .lit import TranslationModule
     from .optim import accumulation
 
     c = run.config
     module = TranslationModule(c.to_dict())
-    clock = TrainClock(every=0 if sys.stderr.isatty() else 50)
+    clock = TrainClock(every=0 if sys.stderr.isatty() else 50, curve_every=curve_every)
     if os.environ.get(workers.SHARE_ENV):  # a --workers worker on a CPU
         callbacks = [*callbacks, ShareCores()]
     every = ({"train_time_interval": timedelta(minutes=c.train.ckpt_every_minutes)}
@@ -571,7 +571,8 @@ class TrainClock(pl.Callback):
     """Training wall time, summed over resumed sessions (kept inside the checkpoints); prints a
     progress line every `every` steps where there is no progress bar (logs, nohup, CI)."""
 
-    def __init__(self, every: int = 0) -> None:
+    def __init__(self, every: int = 0, curve_every: int | None = None) -> None:
+        self.curve_every = curve_every  # default: about 20 points or more over the run
         self.before = 0.0
         self.start: float | None = None
         self.cpu_before, self.cpu_start = 0.0, None
@@ -581,7 +582,7 @@ class TrainClock(pl.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
-        curve_every = max(1, min(50, trainer.max_steps // 20))  # about 20 points or more
+        curve_every = self.curve_every or max(1, min(50, trainer.max_steps // 20))
         if step % curve_every or not (loss := trainer.callback_metrics.get("train/loss")):
             return
         if self.curve["train_loss"] and self.curve["train_loss"][-1][0] == step:

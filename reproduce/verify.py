@@ -153,7 +153,8 @@ def verify(path: Path, steps: int | None = None, scratch: Path | None = None) ->
                 lines += _hash_lines(record, fresh)
                 old_curve, new_curve = record.get("curve", {}), fresh["curve"]
             else:
-                old_curve, new_curve = record.get("curve", {}), _train_only(run)
+                old_curve = record.get("curve", {})
+                new_curve = _train_only(run, _cadence(old_curve.get("train_loss", [])))
                 lines, same = [], True
             common = sorted(set(_curve_points(old_curve, steps or 10**12))
                             & set(_curve_points(new_curve, steps or 10**12)))
@@ -178,7 +179,12 @@ def verify(path: Path, steps: int | None = None, scratch: Path | None = None) ->
     return 1
 
 
-def _train_only(run: PlannedRun) -> dict[str, list]:
+def _cadence(points: list[list[float]]) -> int | None:
+    """Every how many steps a recorded curve has a point (so a shorter re-run keeps the same)."""
+    return int(points[1][0] - points[0][0]) if len(points) > 1 else None
+
+
+def _train_only(run: PlannedRun, curve_every: int | None) -> dict[str, list]:
     """The learning curve of ``run``'s steps, trained without evaluation or record."""
     import pytorch_lightning as pl
 
@@ -186,5 +192,5 @@ def _train_only(run: PlannedRun) -> dict[str, list]:
     pl.seed_everything(c.train.seed, workers=True, verbose=False)
     _, data = runner.build_data(c)
     work = runner.runs_dir() / run.table / run.run_id
-    clock = runner.fit(run, work, data, False, c.train.precision)[2]
+    clock = runner.fit(run, work, data, False, c.train.precision, curve_every=curve_every)[2]
     return clock.curve
