@@ -81,7 +81,9 @@ def plot_changes(spec: Spec, records: list[dict[str, Any]], path: Path, scale: s
                 ours = [r["metrics"][key] for r in runs.get(name, [])]
                 verdict = compare_to_base(spec, runs, name, key, paper_key).verdict
                 mark = "no run"
-                if ours and base_ours:
+                if ours and base_ours and not statistics.mean(base_ours):
+                    mark = "base is 0: no relative change"
+                elif ours and base_ours:
                     b = statistics.mean(base_ours)
                     err = None
                     if len(ours) > 1 and len(base_ours) > 1:

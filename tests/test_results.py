@@ -155,3 +155,13 @@ def test_publish_logs_each_record_once_and_again_only_when_it_changed(tmp_path, 
     assert len(list(published.glob("wandb/offline-run-*"))) == len(runs) + 2  # the run, the table
     assert json.loads((published / "published.json").read_text())["table3-A1-cpu-seed0"]["id"] \
         != ledger["table3-A1-cpu-seed0"]["id"]
+
+
+def test_the_changes_figure_survives_a_base_of_zero_bleu(tmp_path):
+    """Smoke runs score BLEU 0: no relative change to draw, and no crash."""
+    from reproduce.plots import plot_table
+
+    recs = [record("base", bleu=0.0), record("A1", bleu=0.0), record("A1", seed=1, bleu=0.0)]
+    paths = plot_table(load_spec("table3"), recs, tmp_path)
+    assert [p.name for p in paths] == ["table3-smoke.png", "table3-smoke-curves.png"]
+    assert all(p.stat().st_size > 10_000 for p in paths)
