@@ -10,7 +10,7 @@ import sys
 import warnings
 
 from . import devices, workers
-from .config import ConfigError
+from .errors import ConfigError
 from .records import DamagedRecords
 from .sweep import load_spec
 
@@ -400,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
         _quiet_libraries()
         return devices.rank_main(argv[1], run_here)
     args = build_parser().parse_args(argv)
-    from .data import DataError
+    from .errors import DataError
 
     try:
         if args.command == "status":

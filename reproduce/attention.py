@@ -69,8 +69,9 @@ def attention_weights(model: Transformer, src: Tensor, tgt_in: Tensor) -> dict[s
 
 def draw(run_id: str, sentence: str | None, layer: int | None, results: Path, runs: Path) -> Path:
     """Load a finished or running run's last checkpoint and write its attention figure."""
-    from .data import DataError, tokenizer_name
+    from .data import tokenizer_name
     from .decoding import beam_search
+    from .errors import DataError
     from .lit import TranslationModule
     from .plots import plot_attention
     from .tokenizer import cache_dir, load_tokenizer, model_path

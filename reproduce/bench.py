@@ -45,8 +45,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from .config import Config, ConfigError
+from .config import Config
 from .decoding import beam_search, greedy_search
+from .errors import ConfigError
 from .flops import analytic_flops
 from .machine import cpu_flags, cpu_name
 from .optim import adam_with_schedule

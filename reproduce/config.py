@@ -15,10 +15,7 @@ import dataclasses
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
-
-class ConfigError(ValueError):
-    """A config that cannot be built; the message is one line naming the field and what is allowed."""
-
+from .errors import ConfigError
 
 POSITIONS = ("sinusoidal", "learned")
 # Initialization (the paper states none): "xavier" is Xavier-uniform for every matrix (tensor2tensor's

@@ -40,6 +40,8 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+from .errors import DataError, ParsingDataError
+
 if TYPE_CHECKING:
     import datasets
 
@@ -55,10 +57,6 @@ warnings.filterwarnings(
 
 
 PAD_BATCH = "pad_batch"  # the key of an evaluation batch that only keeps ranks in step
-
-
-class DataError(ValueError):
-    """A corpus, file or setting that cannot be used; the one-line message says what is allowed."""
 
 
 @dataclass(frozen=True)
@@ -205,7 +203,7 @@ def missing_input(corpus: str, extra_trees: str | None) -> str | None:
 @lru_cache(maxsize=8)
 def treebank_trees(split: str, data_dir: str | None = None) -> tuple:
     """Gold trees of a treebank split (cached: dev and test are read again to score)."""
-    from .parsing import ParsingDataError, load_treebank
+    from .parsing import load_treebank
 
     _check_split(split)
     try:
@@ -220,7 +218,7 @@ def treebank_trees(split: str, data_dir: str | None = None) -> tuple:
 
 def _treebank_pairs(corpus: str, split: str, data_dir: str | None,
                     extra_trees: str | None, linearization: str) -> list[tuple[str, str]]:
-    from .parsing import ParsingDataError, linearize, read_trees, words
+    from .parsing import linearize, read_trees, words
 
     why = missing_input(corpus, extra_trees)
     if why:

@@ -34,7 +34,8 @@ import torch
 
 from . import machine
 from .claims import rank
-from .config import Config, ConfigError
+from .config import Config
+from .errors import ConfigError
 from .sweep import PlannedRun
 from .workers import SHARE_ENV
 

@@ -56,6 +56,7 @@ from nltk.corpus.reader import BracketParseCorpusReader
 from nltk.tree import Tree
 
 from .config import LINEARIZATIONS
+from .errors import ParsingDataError
 
 SPLITS = ("train", "dev", "test")
 
@@ -85,10 +86,6 @@ EVALB_EQUAL = {"PRT": "ADVP"}
 
 _COINDEX = re.compile(r"(?:[-=]\d+)+$")
 _FUNCTION_TAG = re.compile(r"[-=]")
-
-
-class ParsingDataError(ValueError):
-    """A treebank that cannot be found or read."""
 
 
 # ---------------------------------------------------------------------------------------------

@@ -24,8 +24,9 @@ import torch
 from . import checkpoints, devices, files, machine, records, workers
 from . import precision as precision_choice
 from .claims import rank
-from .config import Config, ConfigError
+from .config import Config
 from .devices import ONE_DEVICE, Layout
+from .errors import ConfigError
 from .sweep import PlannedRun
 
 REPO = Path(__file__).resolve().parent.parent

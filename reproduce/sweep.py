@@ -14,14 +14,11 @@ from typing import Any
 
 import yaml
 
-from .config import BASE, FIELDS, PRESETS, Config, ConfigError, apply_overrides
+from .config import BASE, FIELDS, PRESETS, Config, apply_overrides
+from .errors import ConfigError, SpecError
 
 SWEEPS_DIR = Path(__file__).resolve().parent.parent / "sweeps"
 WIDTH_FIELDS = ("d_model", "d_ff", "d_k", "d_v")
-
-
-class SpecError(ConfigError):
-    """A sweep spec that cannot be used; the message names the file and the key."""
 
 
 @dataclass(frozen=True)

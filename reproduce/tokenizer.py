@@ -15,7 +15,7 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from reproduce.data import DataError
+from reproduce.errors import DataError
 from reproduce.files import write_atomic
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3

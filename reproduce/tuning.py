@@ -22,7 +22,8 @@ from typing import Any
 
 import pytorch_lightning as pl
 
-from .config import FIELDS, ConfigError
+from .config import FIELDS
+from .errors import ConfigError
 from .masking import mask
 from .sweep import Knob, PlannedRun, Tuning
 

@@ -21,8 +21,9 @@ from typing import Any
 import torch
 
 from . import machine, records, runner
-from .config import Config, ConfigError
-from .sweep import PlannedRun, SpecError, load_spec
+from .config import Config
+from .errors import ConfigError, SpecError
+from .sweep import PlannedRun, load_spec
 
 # Metrics that measure the machine, not the model: never compared.
 TIMING = ("train_seconds", "train_cpu_seconds")

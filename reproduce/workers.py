@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from . import machine
-from .config import ConfigError
+from .errors import ConfigError
 from .masking import mask
 
 ORDER_ENV = "REPRODUCE_RUN_ORDER"  # comma-separated run ids a worker tries first, in order

@@ -6,8 +6,9 @@ import sys
 
 import pytest
 
-from reproduce.config import BASE, BIG, PARSING, Config, ConfigError, ModelConfig, apply_overrides
-from reproduce.sweep import SpecError, load_spec, shipped_specs
+from reproduce.config import BASE, BIG, PARSING, Config, ModelConfig, apply_overrides
+from reproduce.errors import ConfigError, SpecError
+from reproduce.sweep import load_spec, shipped_specs
 
 from .test_model import independent_count
 

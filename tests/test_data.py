@@ -20,12 +20,12 @@ from reproduce.data import (
     BIBLE_TRAIN_BOOKS,
     CORPORA,
     SPLITS,
-    DataError,
     TranslationData,
     batch_by_tokens,
     load_bible_verses,
     load_pairs,
 )
+from reproduce.errors import DataError
 from reproduce.tokenizer import Tokenizer, cache_dir, load_tokenizer, train_tokenizer
 
 torch.set_num_threads(1)

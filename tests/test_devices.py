@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from reproduce import claims, devices, machine
-from reproduce.config import ConfigError
+from reproduce.errors import ConfigError
 
 pytestmark = pytest.mark.slow
 

@@ -9,12 +9,12 @@ import nltk
 import pytest
 from nltk.tree import Tree
 
+from reproduce.errors import ParsingDataError
 from reproduce.parsing import (
     PTB_TAGS,
     SAMPLE_FILES,
     SAMPLE_SENTENCES,
     SPLITS,
-    ParsingDataError,
     bracket_f1,
     delinearize,
     evalb,

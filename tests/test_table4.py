@@ -11,10 +11,11 @@ from nltk.tree import Tree
 
 from reproduce.__main__ import main
 from reproduce.config import PARSING
-from reproduce.data import DataError, load_pairs, missing_input, tokenizer_name, tree_symbols
+from reproduce.data import load_pairs, missing_input, tokenizer_name, tree_symbols
+from reproduce.errors import DataError, SpecError
 from reproduce.parsing import bracket_f1, delinearize, linearize, tag_pos, words
 from reproduce.results import render_table4
-from reproduce.sweep import SpecError, load_spec
+from reproduce.sweep import load_spec
 from reproduce.tokenizer import train_tokenizer
 
 # PTB .mrg style: an unlabelled root, function tags, co-indices, traces, punctuation.

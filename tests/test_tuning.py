@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from reproduce.sweep import SpecError, load_spec
+from reproduce.errors import SpecError
+from reproduce.sweep import load_spec
 
 pytestmark = pytest.mark.slow
 

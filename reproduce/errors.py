@@ -1,0 +1,19 @@
+"""The errors a user sees as one line (``error: ...``, exit 2): what is wrong and what is allowed."""
+
+from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    """A config that cannot be built; the message is one line naming the field and what is allowed."""
+
+
+class DataError(ValueError):
+    """A corpus, file or setting that cannot be used; the one-line message says what is allowed."""
+
+
+class SpecError(ConfigError):
+    """A sweep spec that cannot be used; the message names the file and the key."""
+
+
+class ParsingDataError(ValueError):
+    """A treebank that cannot be found or read."""
