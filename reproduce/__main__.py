@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
-import warnings
 
 from . import devices, workers
 from .errors import ConfigError
+from .logs import quiet_libraries
 from .records import DamagedRecords
 from .sweep import load_spec
 
@@ -37,15 +36,6 @@ def _params(args: argparse.Namespace) -> None:
         print(f"{r['variant']:8} {r['N']:>2} {r['d_model']:>7} {r['d_ff']:>5} {r['h']:>3} "
               f"{r['d_k']:>4} {r['d_v']:>4} {r['positions']:>10} {r['params'] / 1e6:>9.1f} "
               f"{paper:>9}")
-
-
-def _quiet_libraries() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
-    for name in ("pytorch_lightning", "lightning", "lightning.pytorch", "lightning_fabric"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
-    warnings.filterwarnings("ignore", message=".*on_validation_epoch_end.*sync_dist.*")
-    warnings.filterwarnings("ignore", message=".*all_gather is deprecated.*")
 
 
 def _run_table(args: argparse.Namespace, argv: list[str]) -> None:
@@ -129,7 +119,7 @@ def _train_and_render(args: argparse.Namespace, argv: list[str], spec, runs, sca
                 print(f"  {run.run_id}: will be redone: {state[6:]}")
             print("  " + estimate(run.run_id, run.config, layout.devices))
         return
-    _quiet_libraries()
+    quiet_libraries()
     command = workers.command(argv)
     try:
         n = args.workers
@@ -199,7 +189,7 @@ def _publish(args: argparse.Namespace) -> int:
     from .records import load_records
     from .runner import results_dir, runs_dir
 
-    _quiet_libraries()
+    quiet_libraries()
     spec = load_spec(args.table)
     damaged: list[str] = []
     records = [r for r in load_records(spec.table, results_dir(), damaged)
@@ -397,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["_rank-run"] and len(argv) == 2:  # one rank of a multi-device run (devices.py)
         from .runner import run_here
 
-        _quiet_libraries()
+        quiet_libraries()
         return devices.rank_main(argv[1], run_here)
     args = build_parser().parse_args(argv)
     from .errors import DataError
@@ -419,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
 
             from .verify import verify
 
-            _quiet_libraries()
+            quiet_libraries()
             return verify(Path(args.record), args.steps,
                           Path(args.scratch) if args.scratch else None)
         if args.command == "attention":

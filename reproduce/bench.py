@@ -35,7 +35,6 @@ import os
 import platform
 import statistics
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -49,6 +48,7 @@ from .config import Config
 from .decoding import beam_search, greedy_search
 from .errors import ConfigError
 from .flops import analytic_flops
+from .logs import quiet_libraries
 from .machine import cpu_flags, cpu_name
 from .optim import adam_with_schedule
 from .peers import (
@@ -266,15 +266,6 @@ class Result:
 
 
 # --- training ------------------------------------------------------------------------------------
-
-
-def _quiet_lightning() -> None:
-    for name in ("pytorch_lightning", "lightning", "lightning.pytorch", "lightning_fabric"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
-    warnings.filterwarnings("ignore", message=".*GPU available but not used.*")
-    warnings.filterwarnings("ignore", message=".*no `val_dataloader`.*")
-    warnings.filterwarnings("ignore", message=".*LeafSpec.*is deprecated.*")
 
 
 def _compile_stats() -> dict[str, int]:
@@ -554,7 +545,7 @@ def run(args: argparse.Namespace, command: str) -> int:
 
     if args.checkpoint and not Path(args.checkpoint).is_file():
         raise ConfigError(f"--checkpoint {args.checkpoint}: no such file")
-    _quiet_lightning()
+    quiet_libraries(logging.ERROR)
     if args.threads:
         torch.set_num_threads(args.threads)
     info: dict[str, Any] = {"machine": machine(),

@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from .logs import quiet_libraries
 from .sweep import PlannedRun, load_spec
 
 # Resources per scale: GPUs and tasks per node, CPUs per task, memory, time limit. The paper's
@@ -43,11 +44,10 @@ def run_one(spec_path: str, variant: str, scale: str, seed: int, split: str, com
     plan the run afresh from the spec and execute it."""
     import torch
 
-    from .__main__ import _quiet_libraries
     from .devices import Layout
     from .runner import execute, finished
 
-    _quiet_libraries()
+    quiet_libraries()
     run = load_spec(spec_path).plan([variant], scale, [seed])[-1]
     if finished(run) is not None:
         return f"{run.run_id}: finished earlier"

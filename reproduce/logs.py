@@ -1,0 +1,24 @@
+"""What the command line prints: our progress lines on stdout, the libraries' chatter silenced
+(one list, used by every command that trains)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import warnings
+
+LIBRARY_LOGGERS = ("pytorch_lightning", "lightning", "lightning.pytorch", "lightning_fabric")
+# Warnings that say nothing to a user of this harness: our loaders batch in the main process by
+# design, ranks sync dev metrics we already gathered, and a torch/lightning deprecation notice.
+IGNORED_WARNINGS = (".*does not have many workers.*", ".*on_validation_epoch_end.*sync_dist.*",
+                    ".*all_gather is deprecated.*", ".*GPU available but not used.*",
+                    ".*no `val_dataloader`.*", ".*LeafSpec.*is deprecated.*")
+
+
+def quiet_libraries(level: int = logging.WARNING) -> None:
+    """Our log lines (logger ``reproduce``) as plain lines on stdout; libraries at ``level``."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+    for name in LIBRARY_LOGGERS:
+        logging.getLogger(name).setLevel(level)
+    for message in IGNORED_WARNINGS:
+        warnings.filterwarnings("ignore", message=message)
