@@ -30,23 +30,23 @@ ROOT = Path(__file__).resolve().parents[1]
 def decoder(root: Path, run_id: str, sentences: int, batch_tokens: int | None = None):
     """(callable decoding the sentences with the `reproduce` package under `root`, description,
     source tokens per batch). The tokenizer and data are the run's evaluation's
-    (``runner.build_data``); batches are ``runner.decode_batch_tokens`` unless `batch_tokens` is given
+    (``training.build_data``); batches are ``runner.decode_batch_tokens`` unless `batch_tokens` is given
     (an older checkout is handed this one's, so both decode the same batches)."""
     for name in [m for m in sys.modules if m == "reproduce" or m.startswith("reproduce.")]:
         del sys.modules[name]
     sys.path.insert(0, str(root))
     try:
-        from reproduce import runner
+        from reproduce import records, runner, training
         from reproduce.data import is_treebank
         from reproduce.evaluate import translate
         from reproduce.lit import TranslationModule
     finally:
         sys.path.pop(0)
     table = run_id.split("-", 1)[0]
-    ckpt = runner.runs_dir() / table / run_id / "checkpoints" / "last.ckpt"
+    ckpt = records.runs_dir() / table / run_id / "checkpoints" / "last.ckpt"
     module = TranslationModule.load_from_checkpoint(ckpt, map_location="cpu")
     c, model = module.config, module.model.eval()
-    tokenizer, data = runner.build_data(c)
+    tokenizer, data = training.build_data(c)
     data.setup()  # reads the splits (as the run's training did before its evaluation)
     sources = [s for s, _ in data.dev_pairs[:sentences]]
     parsing = is_treebank(c.data.corpus)

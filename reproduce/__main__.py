@@ -39,7 +39,8 @@ def _params(args: argparse.Namespace) -> None:
 
 
 def _run_table(args: argparse.Namespace, argv: list[str]) -> None:
-    from .runner import default_scale, planned_summary
+    from .machine import default_scale
+    from .runner import planned_summary
 
     spec = load_spec(args.spec or args.table)
     scale = args.scale or default_scale()
@@ -92,7 +93,8 @@ def _train_and_render(args: argparse.Namespace, argv: list[str], spec, runs, sca
     """Train ``runs`` (tuned first with ``tuning``), here or in ``--workers`` processes, then render
     the table from the records; ``--render`` only renders, ``--dry-run`` only estimates and
     ``--launcher slurm`` submits instead."""
-    from .runner import execute, results_dir
+    from .records import results_dir
+    from .runner import execute
 
     layout = devices.resolve(args.accelerator, args.devices, spec.scale(scale).devices)
     if args.render:
@@ -108,7 +110,7 @@ def _train_and_render(args: argparse.Namespace, argv: list[str], spec, runs, sca
 
         print(f"each run on {layout.describe()}; estimates from a measured training step on this "
               "machine (no data, no network):")
-        from .runner import plan_state
+        from .records import plan_state
 
         for run in runs:
             state = plan_state(run)
@@ -155,9 +157,8 @@ def _train_and_render(args: argparse.Namespace, argv: list[str], spec, runs, sca
 def _render(spec, out, log: bool) -> list[str]:
     """Render ``out`` (and Tables 2-3's figures, logged to W&B with the table) from records;
     return a line per damaged record set aside (the rest are rendered)."""
-    from .records import load_records
+    from .records import load_records, results_dir
     from .results import RENDERERS
-    from .runner import results_dir
 
     out.parent.mkdir(parents=True, exist_ok=True)
     render = RENDERERS.get(spec.table, RENDERERS["table3"])
@@ -175,7 +176,7 @@ def _render(spec, out, log: bool) -> list[str]:
             print(f"plotted {path}")
         if log:
             from .dashboard import log_table
-            from .runner import runs_dir
+            from .records import runs_dir
 
             where = log_table(spec, records, out, figures, runs_dir() / spec.table / "tables")
             print(f"logged the table to W&B ({where['mode']}, {where['dir']})")
@@ -186,8 +187,7 @@ def _publish(args: argparse.Namespace) -> int:
     """``publish``: the committed records of one table (and scale) as W&B runs (dashboard.py)."""
     from .dashboard import publish
     from .plots import plot_table
-    from .records import load_records
-    from .runner import results_dir, runs_dir
+    from .records import load_records, results_dir, runs_dir
 
     quiet_libraries()
     spec = load_spec(args.table)
@@ -216,7 +216,8 @@ def _publish(args: argparse.Namespace) -> int:
 def _run_table4(args: argparse.Namespace, argv: list[str]) -> None:
     """Table 4: the parser's rows, on the user's treebank or NLTK's sample, tuned or not."""
     from .data import missing_input
-    from .runner import default_scale, planned_summary, with_data
+    from .machine import default_scale
+    from .runner import planned_summary, with_data
 
     spec = load_spec(args.spec or args.table)
     scale = args.scale or default_scale()
@@ -259,7 +260,7 @@ def _run_table4(args: argparse.Namespace, argv: list[str]) -> None:
 def _submit(args: argparse.Namespace, argv: list[str], spec, runs, scale: str) -> None:
     """--launcher slurm: one array task per run without a record (reproduce/launch.py)."""
     from . import launch
-    from .runner import finished, runs_dir
+    from .records import finished, runs_dir
 
     todo = [run for run in runs if finished(run) is None]
     print(f"submission plan: {len(todo)} of {len(runs)} run(s) have no record; one SLURM array "
@@ -394,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if args.command == "status":
-            from .runner import results_dir, runs_dir
+            from .records import results_dir, runs_dir
             from .status import report
 
             damaged: list[str] = []
@@ -414,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
                           Path(args.scratch) if args.scratch else None)
         if args.command == "attention":
             from .attention import draw
-            from .runner import results_dir, runs_dir
+            from .records import results_dir, runs_dir
 
             print(f"plotted {draw(args.run, args.sentence, args.layer, results_dir(), runs_dir())}")
             return 0

@@ -540,7 +540,7 @@ def render(info: dict[str, Any], sections: list[dict[str, Any]], command: str) -
 
 def run(args: argparse.Namespace, command: str) -> int:
     """``python -m reproduce bench``: measure, print and write the report; 1 if a check failed."""
-    from .runner import resolve_precision
+    from .precision import resolve_precision
     from .sweep import load_spec
 
     if args.checkpoint and not Path(args.checkpoint).is_file():

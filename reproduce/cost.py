@@ -12,7 +12,7 @@ import torch
 from .config import Config
 from .model import Transformer, build_on_meta, count_parameters
 from .optim import accumulation, output_loss
-from .runner import resolve_precision
+from .precision import resolve_precision
 from .sweep import Spec
 
 

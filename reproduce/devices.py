@@ -36,8 +36,8 @@ from . import machine
 from .claims import rank
 from .config import Config
 from .errors import ConfigError
+from .machine import SHARE_ENV
 from .sweep import PlannedRun
-from .workers import SHARE_ENV
 
 ACCELERATORS = ("auto", "cpu", "gpu")
 PAYLOAD = "ranks.json"  # in the run's folder: what its ranks train

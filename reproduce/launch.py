@@ -45,7 +45,8 @@ def run_one(spec_path: str, variant: str, scale: str, seed: int, split: str, com
     import torch
 
     from .devices import Layout
-    from .runner import execute, finished
+    from .records import finished
+    from .runner import execute
 
     quiet_libraries()
     run = load_spec(spec_path).plan([variant], scale, [seed])[-1]

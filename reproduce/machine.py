@@ -1,14 +1,22 @@
-"""This machine's CPU, read once for every module that needs it: its name, the instruction sets
-that decide matmul speed (records, precision choice, benchmarks) and the cores this process may
-use (workers, devices)."""
+"""Where a run happens, read once for every module that needs it: the CPU's name, the instruction
+sets that decide matmul speed (records, precision choice, benchmarks), the cores this process may
+use (workers, devices), the GPUs, the commit, and this machine's sustained matmul rate."""
 
 from __future__ import annotations
 
 import os
 import platform
+import subprocess
+import time
 from pathlib import Path
+from typing import Any
+
+import torch
 
 CPUINFO = Path("/proc/cpuinfo")
+REPO = Path(__file__).resolve().parent.parent
+# Set in a --workers worker on a CPU: a file "<workers still running> <cores they share>" (workers.py)
+SHARE_ENV = "REPRODUCE_WORKER_SHARE"
 
 
 def _cpuinfo_field(name: str) -> str | None:
@@ -34,3 +42,37 @@ def cpu_flags() -> list[str]:
 def cores() -> int:
     """Cores this process may run on (its affinity, as taskset or SLURM set it)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def commit() -> dict[str, Any]:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True,
+                              check=False).stdout.strip()
+    return {"sha": git("rev-parse", "HEAD") or None,
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+
+
+def hardware() -> dict[str, Any]:
+    info = {"cpu": cpu_name(), "cpu_flags": cpu_flags(), "cpu_count": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__, "python": platform.python_version(), "gpus": [],
+            # Other work on the machine slows a run: the load when the record was written.
+            "load_average": [round(x, 2) for x in os.getloadavg()]}
+    if torch.cuda.is_available():
+        info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return info
+
+
+def default_scale() -> str:
+    """The scale that fits this machine: the paper's on a GPU, `cpu` otherwise."""
+    return "paper" if torch.cuda.is_available() else "cpu"
+
+
+def measured_tflops(n: int = 1024, repeats: int = 8) -> float:
+    """This CPU's sustained fp32 matmul rate, in TFLOPS (the paper's method needs one)."""
+    a = torch.randn(n, n)
+    a @ a
+    start = time.perf_counter()
+    for _ in range(repeats):
+        a @ a
+    return round(2 * n ** 3 * repeats / (time.perf_counter() - start) / 1e12, 4)

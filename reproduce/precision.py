@@ -14,6 +14,7 @@ only: ~150x slower) trains in fp32 without timing a step.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -21,11 +22,15 @@ from typing import Any
 import torch
 
 from .config import Config
+from .devices import ONE_DEVICE, Layout
 from .files import write_atomic
 from .machine import cpu_flags, cpu_name
 from .model import Transformer
-from .optim import adam_with_schedule, output_loss
+from .optim import accumulation, adam_with_schedule, output_loss
+from .records import runs_dir
+from .sweep import PlannedRun
 
+log = logging.getLogger("reproduce")
 CHOICES = ("32-true", "bf16-mixed")
 # bf16 rounds more: it must be this much faster per step to be taken (a near tie stays fp32, so a
 # table's variants do not flip between precisions on timing noise).
@@ -149,3 +154,41 @@ def cached(config: Config, micro_tokens: int, cache: Path) -> str | None:
     """The precision ``choose`` took for ``config`` here at this thread count, if it ran before."""
     known = _read(cache).get(_key(config, micro_tokens, torch.get_num_threads()))
     return known["chosen"] if known else None
+
+
+def resolve_precision(precision: str, config: Config | None = None) -> str:
+    """``auto``: bf16 mixed precision where it trains faster, else fp32. With ``config``, the
+    answer ``precision.choose`` cached for its model on this machine, if any; a training run
+    itself calls ``choose``, which times the step when nothing is cached. Without one (or nothing
+    cached), a bf16 matmul no slower than fp32 counts as bf16: a guess, for estimates only."""
+    if precision != "auto":
+        return precision
+    if torch.cuda.is_available():
+        return "bf16-mixed" if torch.cuda.is_bf16_supported() else "32-true"
+    if config is not None:
+        micro = accumulation(config.train.batch_tokens, config.train.device_batch_tokens, 1)[1]
+        known = cached(config, micro, runs_dir() / "precision.json")
+        if known:
+            return known
+    return "bf16-mixed" if bf16_matmul_not_slower() else "32-true"
+
+
+def choose_precision(run: PlannedRun, layout: Layout = ONE_DEVICE) -> tuple[str, dict[str, Any]]:
+    """The precision ``run`` trains with on ``layout`` and how it was chosen (``precision.choose``:
+    for ``auto`` on a CPU, a timed fp32 and bf16-mixed step of its model at the micro-batch and
+    threads of one rank, cached)."""
+    c = run.config
+    micro = accumulation(c.train.batch_tokens, c.train.device_batch_tokens, layout.devices)[1]
+    threads = torch.get_num_threads()
+    if layout.accelerator == "cpu" and layout.devices > 1:
+        torch.set_num_threads(max(1, threads // layout.devices))  # as each rank will have
+    try:
+        precision, chosen = choose(c, micro, runs_dir() / "precision.json")
+    finally:
+        torch.set_num_threads(threads)
+    if c.train.precision == "auto":
+        seconds = chosen.get("seconds_per_step")
+        timed = (", ".join(f"{p} {s:.3f} s/step" for p, s in seconds.items()) if seconds else "")
+        log.info("%s: precision auto -> %s (%s%s%s)", run.run_id, precision, chosen["how"],
+                 f": {timed}" if timed else "", ", cached" if chosen.get("cached") else "")
+    return precision, chosen

@@ -1,4 +1,6 @@
-"""Reading run records (``results/<table>/<run_id>.json``), damaged ones included.
+"""Run records (``results/<table>/<run_id>.json``): where they live, writing them atomically,
+reading them (damaged ones included), whether one is a finished run of a config, retiring those of
+an earlier config, and the outputs kept beside them.
 
 A record that does not parse, or parses to something that is not a run's record (a truncated
 copy, a file edited by hand, a merge conflict), is never taken for a result and never blocks the
@@ -14,13 +16,21 @@ import hashlib
 import json
 import logging
 import os
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from .checkpoints import newest_readable
+from .config import Config
+from .errors import ConfigError
 from .files import write_atomic
+from .sweep import PlannedRun
 
 log = logging.getLogger("reproduce")
+REPO = Path(__file__).resolve().parent.parent
 
 DAMAGED = "damaged"
 REQUIRED = ("run_id", "config", "metrics")
@@ -107,3 +117,111 @@ def write_outputs(folder: Path, run_id: str, split: str, hypotheses: list[str],
         write_atomic(folder / ref_path, refs)
     write_atomic(folder / hyp_path, _lines(hypotheses))
     return {"hypotheses": str(hyp_path), "references": str(ref_path)}
+
+
+def results_dir() -> Path:
+    return Path(os.environ.get("REPRODUCE_RESULTS", REPO / "results"))
+
+
+def runs_dir() -> Path:
+    return Path(os.environ.get("REPRODUCE_RUNS", REPO / "runs"))
+
+
+def record_path(run: PlannedRun, results: Path | None = None) -> Path:
+    return (results or results_dir()) / run.table / f"{run.run_id}.json"
+
+
+def write_record(path: Path, data: dict[str, Any]) -> None:
+    """Write JSON so that a reader sees the old file or the whole new one, never a part."""
+    write_atomic(path, (json.dumps(data, indent=1, sort_keys=False) + "\n").encode())
+
+
+def load_record(path: Path) -> dict[str, Any] | None:
+    """The record at ``path``, or None when there is none or it is damaged (then set aside, in
+    one line: the run is redone)."""
+    try:
+        return read_record(path)
+    except DamagedRecord as e:
+        try:
+            moved = set_aside(path)
+        except FileNotFoundError:
+            return None
+        log.warning("%s; moved to %s; the run will be redone", e, moved)
+        return None
+
+
+def plan_state(run: PlannedRun) -> str:
+    """What the sweep command will do with ``run``, without changing anything: ``done`` (a
+    record of its config), ``redo: ...`` (a record it will not trust, and why) or ``train``."""
+    path = record_path(run)
+    try:
+        record = read_record(path)
+    except DamagedRecord as e:
+        return f"redo: {e}"
+    if record is None:
+        return "train"
+    if same_config(record.get("config"), run.config):
+        return "done"
+    return f"redo: {path} was made with another config (it will move to superseded/)"
+
+
+def same_config(stored: dict[str, Any] | None, config: Config, training_only: bool = False) -> bool:
+    """Whether a config stored in a record or checkpoint is ``config``: the stored dict (through
+    JSON, as a record holds it) is rebuilt with ``Config.from_dict`` and compared as a Config.
+
+    A field added to the config since the record was written counts at its default, which is
+    what that run did (new fields default to the old behaviour); a field since removed, or any
+    stored value that no longer validates, makes the stored config a different one.
+    ``training_only``: what a checkpoint of ``config`` may differ in and still be resumed as one:
+    decoding settings (weights do not depend on them) and ``train_steps`` (the learning-rate
+    schedule does not depend on it either, so a run given more steps continues exactly where it
+    stopped; the caller checks that the checkpoint is not past the new step count).
+    """
+    if stored is None:
+        return False
+    try:
+        rebuilt = Config.from_dict(json.loads(json.dumps(stored)))
+    except (ConfigError, TypeError, AttributeError):
+        return False
+    if training_only:
+        rebuilt = replace(rebuilt, decode=config.decode,
+                          train=replace(rebuilt.train, train_steps=config.train.train_steps))
+    return rebuilt == config
+
+
+def finished(run: PlannedRun) -> dict[str, Any] | None:
+    """The record of ``run`` if it finished with exactly ``run``'s resolved config, else None.
+
+    A record made under other settings (a scale or spec edited since) is not this run: it is
+    retired by ``execute`` when the run is redone, never shown as this run's result."""
+    record = load_record(record_path(run))
+    return record if record is not None and same_config(record.get("config"), run.config) else None
+
+
+def retire_stale(run: PlannedRun, work: Path) -> None:
+    """Move aside what an earlier config of ``run`` left: its record (to
+    ``results/<table>/superseded/``) and its checkpoints (to ``<work>/superseded-<time>/``), so a
+    changed config neither reuses nor resumes them, and nothing is deleted."""
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    path = record_path(run)
+    record = load_record(path)
+    if record is not None and not same_config(record.get("config"), run.config):
+        moved = path.parent / "superseded" / f"{run.run_id}.{stamp}.json"
+        moved.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(path, moved)
+        log.warning("%s: its record was made with another config; moved to %s", run.run_id, moved)
+    last = newest_readable(work / "checkpoints")
+    if last is not None:
+        saved = torch.load(last, map_location="cpu", weights_only=True)
+        config = saved.get("hyper_parameters", {}).get("config")
+        # Only what shaped the weights counts: a run whose decoding changed (beam, alpha, ...)
+        # keeps its checkpoints and is evaluated again without retraining; one given more steps
+        # trains on from its last checkpoint.
+        behind = int(saved.get("global_step", 0)) <= run.config.train.train_steps
+        if config is not None and not (behind and same_config(config, run.config,
+                                                              training_only=True)):
+            moved = work / f"superseded-{stamp}"
+            moved.mkdir(parents=True, exist_ok=True)
+            os.replace(work / "checkpoints", moved / "checkpoints")
+            log.warning("%s: its checkpoints were made with another config; moved to %s",
+                        run.run_id, moved)

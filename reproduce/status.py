@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .claims import holder
-from .records import load_records
-from .runner import same_config
+from .records import load_records, same_config
 from .sweep import load_spec, shipped_specs
 
 

@@ -32,7 +32,7 @@ log = logging.getLogger("reproduce")
 
 def default_storage() -> str:
     """SQLite in the runs folder: one file holds every study of this checkout."""
-    from .runner import runs_dir
+    from .records import runs_dir
 
     runs_dir().mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{runs_dir() / 'optuna.db'}"
@@ -87,17 +87,17 @@ def train_and_score(run: PlannedRun, callbacks=()) -> dict[str, Any]:
     """Train ``run`` (resuming its checkpoint if any) and return its dev metrics, no test split."""
     import optuna
 
-    from . import runner
+    from . import precision, records, runner, training
 
     c = run.config
-    precision, _ = runner.choose_precision(run)
+    precision, _ = precision.choose_precision(run)
     pl.seed_everything(c.train.seed, workers=True, verbose=False)
-    tokenizer, data = runner.build_data(c)
-    work = runner.runs_dir() / run.table / run.run_id
-    logger = runner.wandb_logger(run, work, precision)
+    tokenizer, data = training.build_data(c)
+    work = records.runs_dir() / run.table / run.run_id
+    logger = training.wandb_logger(run, work, precision)
     try:
         try:
-            trainer, module, *_ = runner.fit(run, work, data, logger, precision, callbacks)
+            trainer, module, *_ = training.fit(run, work, data, logger, precision, callbacks)
         except optuna.TrialPruned:
             shutil.rmtree(work / "checkpoints", ignore_errors=True)  # never resumed nor reused
             raise

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from . import machine, records, runner
+from . import machine, records, runner, training
 from .config import Config
 from .errors import ConfigError, SpecError
 from .sweep import PlannedRun, load_spec
@@ -61,7 +61,7 @@ def _spec_line(record: dict[str, Any]) -> str:
         [run] = spec.plan([record["variant"]], record["scale"], [record["seed"]])
     except (SpecError, ConfigError, ValueError, KeyError):
         return "config: no shipped spec plans this run; the record's own config is used"
-    if runner.same_config(record["config"], run.config):
+    if records.same_config(record["config"], run.config):
         return "config: the same as sweeps/ resolves it today"
     return ("config: DIFFERENT from what sweeps/ resolves today (the sweep command would redo "
             "this run); the record's own config is used")
@@ -69,7 +69,7 @@ def _spec_line(record: dict[str, Any]) -> str:
 
 def _environment_differences(record: dict[str, Any]) -> list[str]:
     """What differs between where the record was made and here (reasons numbers may differ)."""
-    now = {"commit": runner.commit(), "hardware": runner.hardware()}
+    now = {"commit": machine.commit(), "hardware": machine.hardware()}
     out = []
     was, is_ = record.get("commit", {}), now["commit"]
     if was.get("sha") != is_["sha"]:
@@ -191,7 +191,7 @@ def _train_only(run: PlannedRun, curve_every: int | None) -> dict[str, list]:
 
     c = run.config
     pl.seed_everything(c.train.seed, workers=True, verbose=False)
-    _, data = runner.build_data(c)
-    work = runner.runs_dir() / run.table / run.run_id
-    clock = runner.fit(run, work, data, False, c.train.precision, curve_every=curve_every)[2]
+    _, data = training.build_data(c)
+    work = records.runs_dir() / run.table / run.run_id
+    clock = training.fit(run, work, data, False, c.train.precision, curve_every=curve_every)[2]
     return clock.curve

@@ -33,13 +33,16 @@ from pathlib import Path
 import torch
 
 from . import machine
+from .averaging import checkpoint_step, last_checkpoints
+from .cost import step_seconds
 from .errors import ConfigError
+from .machine import SHARE_ENV
 from .masking import mask
+from .records import finished, runs_dir
 
 ORDER_ENV = "REPRODUCE_RUN_ORDER"  # comma-separated run ids a worker tries first, in order
 WORKER_ENV = "REPRODUCE_WORKER"  # set in workers: train and record, leave the table to the parent
 COMMAND_ENV = "REPRODUCE_COMMAND"  # the user's command, stored in each record
-SHARE_ENV = "REPRODUCE_WORKER_SHARE"  # a file "<workers still running> <cores they share>"
 # Fewer training steps than this left between a sweep's runs: one process (a worker takes ~10 s
 # to start, and a 30-step `smoke` run a few seconds to train).
 AUTO_MIN_STEPS = 1000
@@ -73,7 +76,6 @@ def auto_count(runs: list, tuning: bool = False) -> int:
     process is not itself a worker, nothing is tuned first, and two or more runs without a record
     have ``AUTO_MIN_STEPS`` training steps left between them; then one worker per core, at most
     one per run (the cores follow the work as workers end)."""
-    from .runner import finished
 
     if tuning or is_worker() or torch.cuda.is_available():
         return 1
@@ -89,8 +91,6 @@ def auto_count(runs: list, tuning: bool = False) -> int:
 def steps_left(run) -> int:
     """Training steps a run still needs: all of them, less those of its latest checkpoint
     (``step<N>.ckpt``), which it resumes from."""
-    from .averaging import checkpoint_step, last_checkpoints
-    from .runner import runs_dir
 
     steps = run.config.train.train_steps
     try:
@@ -163,8 +163,6 @@ def launch(argv: Sequence[str], runs: list, n: int, devices: int = 1) -> int:
     ``devices`` devices of its worker's own (GPUs: worker k gets the k-th block of ``devices``;
     a CPU: its share of the cores, split between its ranks); returns 0 if every worker succeeded,
     else a failed one's status (positive). Each worker's output lines are prefixed ``[wK]``."""
-    from .cost import step_seconds
-    from .runner import finished
 
     if n < 1:
         raise ConfigError(f"--workers {n}: must be at least 1")

@@ -68,12 +68,12 @@ def test_two_processes_train_one_run_with_one_record_one_wandb_run_one_table(tmp
     assert claims.holder(work) is None
     assert "Traceback" not in out.stderr
     # The dev perplexity gathered over the ranks' shards is that of one process over all of dev.
-    from reproduce import runner
+    from reproduce import training
     from reproduce.lit import TranslationModule
     from reproduce.sweep import load_spec
 
     run = load_spec("table3").plan(["base"], "smoke", [0])[0]
-    _, data = runner.build_data(run.config)
+    _, data = training.build_data(run.config)
     data.setup()
     module = TranslationModule.load_from_checkpoint(work / "checkpoints" / "last.ckpt")
     import pytorch_lightning as pl

@@ -3,9 +3,8 @@
 import json
 from pathlib import Path
 
-from reproduce.records import load_records
+from reproduce.records import load_records, write_record
 from reproduce.results import render_table3
-from reproduce.runner import write_atomic
 from reproduce.sweep import load_spec
 
 
@@ -22,10 +21,10 @@ def record(variant, scale="smoke", seed=0, ppl=9.5, bleu=1.5, params=123456):
 def test_record_round_trip_is_atomic(tmp_path):
     r = record("A1")
     path = tmp_path / "table3" / "x.json"
-    write_atomic(path, r)
+    write_record(path, r)
     assert load_records("table3", tmp_path) == [r]
     assert [p.name for p in path.parent.iterdir()] == ["x.json"]  # no temp file left behind
-    write_atomic(path, {**r, "seed": 1})
+    write_record(path, {**r, "seed": 1})
     assert json.loads(path.read_text())["seed"] == 1
 
 
@@ -137,7 +136,7 @@ def test_publish_logs_each_record_once_and_again_only_when_it_changed(tmp_path, 
         r.update(row=r["variant"] if r["variant"] == "base" else "A",
                  curve={"train_loss": [[50, 10.0, 6.1], [100, 20.0, 5.2]],
                         "dev_ppl": [[100, 20.0, 80.0]]})
-        write_atomic(tmp_path / "results" / "table3" / f"{r['run_id']}.json", r)
+        write_record(tmp_path / "results" / "table3" / f"{r['run_id']}.json", r)
     published = tmp_path / "runs" / "table3" / "published"
 
     assert main(["publish", "--table", "table3", "--scale", "cpu"]) == 0
@@ -150,7 +149,7 @@ def test_publish_logs_each_record_once_and_again_only_when_it_changed(tmp_path, 
     assert sorted(published.glob("wandb/offline-run-*")) == runs
 
     recs[1]["metrics"]["dev_ppl"] = 8.5  # a record that changed is a new W&B run
-    write_atomic(tmp_path / "results" / "table3" / "table3-A1-cpu-seed0.json", recs[1])
+    write_record(tmp_path / "results" / "table3" / "table3-A1-cpu-seed0.json", recs[1])
     assert main(["publish", "--table", "table3", "--scale", "cpu"]) == 0
     assert len(list(published.glob("wandb/offline-run-*"))) == len(runs) + 2  # the run, the table
     assert json.loads((published / "published.json").read_text())["table3-A1-cpu-seed0"]["id"] \

@@ -8,7 +8,7 @@ import shutil
 import pytest
 import torch
 
-from reproduce import runner, status
+from reproduce import records, status
 from reproduce.sweep import load_spec
 
 
@@ -24,8 +24,8 @@ def _run():
 
 
 def _record(run, config):
-    path = runner.record_path(run)
-    runner.write_atomic(path, {"run_id": run.run_id, "config": config.to_dict(),
+    path = records.record_path(run)
+    records.write_record(path, {"run_id": run.run_id, "config": config.to_dict(),
                                "metrics": {"train_seconds": 1.0}})
     return path
 
@@ -33,17 +33,17 @@ def _record(run, config):
 def test_a_record_of_the_same_config_is_finished(dirs):
     run = _run()
     _record(run, run.config)
-    assert runner.finished(run)["run_id"] == run.run_id
+    assert records.finished(run)["run_id"] == run.run_id
 
 
 def test_a_record_written_before_a_field_existed_counts_it_at_its_default(dirs):
     run = _run()
     stored = run.config.to_dict()
     del stored["model"]["init"]  # as records made before model.init was added
-    assert runner.same_config(stored, run.config)
-    assert not runner.same_config(stored, run.config.overrides(init="depth-scaled"))
+    assert records.same_config(stored, run.config)
+    assert not records.same_config(stored, run.config.overrides(init="depth-scaled"))
     stored["model"]["removed_field"] = 1  # a field this version no longer has: another config
-    assert not runner.same_config(stored, run.config)
+    assert not records.same_config(stored, run.config)
 
 
 def test_a_record_of_another_config_is_stale_and_retired_not_deleted(dirs):
@@ -55,11 +55,11 @@ def test_a_record_of_another_config_is_stale_and_retired_not_deleted(dirs):
     (work / "checkpoints").mkdir(parents=True)
     torch.save({"hyper_parameters": {"config": old.to_dict()}}, work / "checkpoints" / "last.ckpt")
 
-    assert runner.finished(run) is None
+    assert records.finished(run) is None
     rows = status.table_status("table3", results, runs)
     assert rows[0]["stale"] == [run.run_id] and rows[0]["done"] == []
 
-    runner.retire_stale(run, work)
+    records.retire_stale(run, work)
     assert not path.exists() and not (work / "checkpoints").exists()
     [moved] = (results / "table3" / "superseded").glob(f"{run.run_id}.*.json")
     assert json.loads(moved.read_text())["config"] == old.to_dict()
@@ -74,7 +74,7 @@ def test_checkpoints_of_the_same_config_stay_to_be_resumed(dirs):
     (work / "checkpoints").mkdir(parents=True)
     torch.save({"hyper_parameters": {"config": run.config.to_dict()}},
                work / "checkpoints" / "last.ckpt")
-    runner.retire_stale(run, work)
+    records.retire_stale(run, work)
     assert (work / "checkpoints" / "last.ckpt").exists()
 
 
@@ -85,8 +85,8 @@ def test_table4_spec_asks_for_tags_and_an_old_xx_run_is_not_resumed_as_one():
     assert config.data.linearization == "tags"
     old = config.to_dict()
     del old["data"]["linearization"]
-    assert not runner.same_config(old, config)
-    assert runner.same_config(old, config.overrides(linearization="xx"))
+    assert not records.same_config(old, config)
+    assert records.same_config(old, config.overrides(linearization="xx"))
 
 
 def test_a_decoding_change_redoes_the_record_but_keeps_the_checkpoints(dirs):
@@ -97,9 +97,9 @@ def test_a_decoding_change_redoes_the_record_but_keeps_the_checkpoints(dirs):
     work = runs / "table3" / run.run_id
     (work / "checkpoints").mkdir(parents=True)
     torch.save({"hyper_parameters": {"config": old.to_dict()}}, work / "checkpoints" / "last.ckpt")
-    assert runner.finished(run) is None  # the metrics depend on decoding: evaluate again
-    assert runner.same_config(old.to_dict(), run.config, training_only=True)
-    runner.retire_stale(run, work)
+    assert records.finished(run) is None  # the metrics depend on decoding: evaluate again
+    assert records.same_config(old.to_dict(), run.config, training_only=True)
+    records.retire_stale(run, work)
     assert not path.exists()
     assert (work / "checkpoints" / "last.ckpt").exists()  # the weights do not: no retraining
 
@@ -114,10 +114,10 @@ def test_more_steps_train_on_from_the_checkpoint_fewer_start_over(dirs):
         torch.save({"hyper_parameters": {"config": run.config.to_dict()}, "global_step": steps},
                    work / "checkpoints" / "last.ckpt")
         longer = dataclasses.replace(run, config=run.config.overrides(train_steps=new_steps))
-        runner.retire_stale(longer, work)
+        records.retire_stale(longer, work)
         assert (work / "checkpoints" / "last.ckpt").exists() == kept
         if kept:  # other training settings still count
             other = dataclasses.replace(run, config=longer.config.overrides(warmup_steps=7))
-            runner.retire_stale(other, work)
+            records.retire_stale(other, work)
             assert not (work / "checkpoints").exists()
         shutil.rmtree(work)

@@ -112,7 +112,7 @@ def test_worker_argv_and_order(monkeypatch):
 def test_workers_auto_splits_a_cpu_only_for_long_sweeps(tmp_path, monkeypatch):
     import torch
 
-    from reproduce import runner, workers
+    from reproduce import workers
     from reproduce.sweep import load_spec
 
     monkeypatch.setenv("REPRODUCE_RESULTS", str(tmp_path / "results"))
@@ -134,9 +134,9 @@ def test_workers_auto_splits_a_cpu_only_for_long_sweeps(tmp_path, monkeypatch):
     assert workers.auto_count(row_a) == 1
     monkeypatch.setattr(torch, "get_num_threads", lambda: 16)
     left = {row_a[0].run_id}  # the others have records
-    monkeypatch.setattr(runner, "finished", lambda run: None if run.run_id in left else {})
+    monkeypatch.setattr(workers, "finished", lambda run: None if run.run_id in left else {})
     assert workers.auto_count(row_a) == 1
-    monkeypatch.setattr(runner, "finished", lambda run: None)
+    monkeypatch.setattr(workers, "finished", lambda run: None)
     monkeypatch.setenv(workers.WORKER_ENV, "1")  # a worker never starts workers
     assert workers.auto_count(row_a) == 1
     monkeypatch.delenv(workers.WORKER_ENV)
