@@ -35,7 +35,7 @@ import torch
 from . import machine
 from .claims import rank
 from .config import Config
-from .errors import ConfigError
+from .errors import ConfigError, RankFailure
 from .machine import SHARE_ENV
 from .sweep import PlannedRun
 
@@ -47,10 +47,6 @@ TIMEOUT_ENV = "REPRODUCE_DDP_TIMEOUT"
 
 
 DEVICE_NAMES = {"cpu": ("CPU process", "CPU processes"), "gpu": ("GPU", "GPUs")}  # one, many
-
-
-class RankFailure(RuntimeError):
-    """A multi-device run stopped because one of its ranks failed or was killed."""
 
 
 @dataclass(frozen=True)

@@ -17,3 +17,11 @@ class SpecError(ConfigError):
 
 class ParsingDataError(ValueError):
     """A treebank that cannot be found or read."""
+
+
+class DamagedRecords(Exception):
+    """Damaged records were set aside while rendering or counting: the command exits non-zero."""
+
+
+class RankFailure(RuntimeError):
+    """A multi-device run stopped because one of its ranks failed or was killed."""

@@ -44,10 +44,6 @@ class DamagedRecord(ValueError):
         self.path = path
 
 
-class DamagedRecords(Exception):
-    """Damaged records were set aside while rendering or counting: the command exits non-zero."""
-
-
 def read_record(path: Path) -> dict[str, Any] | None:
     """The record at ``path``; None if there is none; ``DamagedRecord`` if it is not one."""
     try:

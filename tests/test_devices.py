@@ -200,6 +200,9 @@ def test_the_dry_run_shows_devices_accumulation_and_the_effective_batch(tmp_path
 
 
 def test_layout_resolution():
+    from reproduce.__main__ import ACCELERATORS
+
+    assert ACCELERATORS == list(devices.ACCELERATORS)
     assert devices.resolve("cpu", None, 1) == devices.Layout("cpu", 1)
     assert devices.resolve("cpu", None, "auto").devices == 1  # auto on a CPU: one process
     if machine.cores() >= 2:

@@ -1,0 +1,317 @@
+"""The commands behind the CLI: sweep a table (train, evaluate, record, render), render it, submit
+it to SLURM, and the tools around the records (status, verify, publish, attention, bench).
+
+Each command takes the parsed arguments and the raw argv and returns an exit status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from . import devices, launch, workers
+from .attention import draw
+from .bench import run as run_bench
+from .cost import estimate, parameter_rows
+from .dashboard import log_table
+from .dashboard import publish as publish_records
+from .data import missing_input
+from .errors import ConfigError, DamagedRecords
+from .gpu_check import run as check_gpu
+from .logs import quiet_libraries
+from .machine import default_scale
+from .plots import plot_table
+from .records import finished, load_records, plan_state, results_dir, runs_dir
+from .results import RENDERERS
+from .runner import execute, planned_summary, run_here, with_data
+from .status import report as status_report
+from .sweep import load_spec
+from .tuning import tune
+from .verify import verify as verify_record
+
+
+def params(args: argparse.Namespace) -> None:
+
+    rows = parameter_rows(load_spec(args.table), args.vocab_size)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return
+    print(f"Table 3 parameter counts at the paper's sizes, shared vocabulary {args.vocab_size} "
+          "(tied source/target/softmax embedding; biases and LayerNorms included).")
+    print("The paper's column fits a tied vocabulary of about 41000 better than 37000 "
+          "(--vocab-size 41000 to compare).\n")
+    header = f"{'variant':8} {'N':>2} {'d_model':>7} {'d_ff':>5} {'h':>3} {'d_k':>4} {'d_v':>4} "
+    print(header + f"{'positions':>10} {'ours (M)':>9} {'paper (M)':>9}")
+    for r in rows:
+        paper = "" if r["paper_params_m"] is None else f"{r['paper_params_m']:>9}"
+        print(f"{r['variant']:8} {r['N']:>2} {r['d_model']:>7} {r['d_ff']:>5} {r['h']:>3} "
+              f"{r['d_k']:>4} {r['d_v']:>4} {r['positions']:>10} {r['params'] / 1e6:>9.1f} "
+              f"{paper:>9}")
+
+
+def run_table(args: argparse.Namespace, argv: list[str]) -> None:
+    from .runner import planned_summary
+
+    spec = load_spec(args.spec or args.table)
+    scale = args.scale or default_scale()
+    names = spec.select(args.row, args.variant)
+    runs = spec.plan(names, scale, args.seeds)
+    sc = spec.scale(scale)
+    print(f"{spec.table}: {len(runs)} run(s) at scale `{scale}`"
+          f"{'' if args.scale else ' (default for this machine; --scale to change)'}: {sc.about}")
+    _overridden_line(spec, scale)
+    for run in runs:
+        print("  " + planned_summary(run, spec.variants[run.variant].overrides))
+    tuning = spec.search_space(scale) if args.tune else None
+    _train_and_render(args, argv, spec, runs, scale, tuning, _bleu_line, log=not args.dry_run)
+
+
+def _overridden_line(spec, scale: str) -> None:
+    """Say where the scale replaces a value the spec's base set (the record keeps both)."""
+    if overridden := spec.scale_overrides(scale):
+        print(f"  scale `{scale}` replaces the spec's base: " + ", ".join(
+            f"{k} {v['spec']} -> {v['scale']}" for k, v in overridden.items())
+            + " (a scale sets these for every run; recorded as scale_overrode)")
+
+
+def _bleu_line(m: dict) -> str:
+    return (f"dev PPL {m['dev_ppl']}, dev BLEU {m['dev_bleu']}, test BLEU {m['test_bleu']}, "
+            f"{m['params'] / 1e6:.2f}M params, {m['train_seconds']:.0f} s training")
+
+
+def _f1_line(m: dict) -> str:
+    return (f"dev F1 {m['dev_f1']}, test F1 {m['test_f1']} (P {m['test_precision']}, R "
+            f"{m['test_recall']}), dev PPL {m['dev_ppl']}, {m['params'] / 1e6:.2f}M params, "
+            f"{m['train_seconds']:.0f} s training")
+
+
+def _train_and_render(args: argparse.Namespace, argv: list[str], spec, runs, scale: str, tuning,
+                      report, log: bool) -> None:
+    """Train ``runs`` (tuned first with ``tuning``), here or in ``--workers`` processes, then render
+    the table from the records; ``--render`` only renders, ``--dry-run`` only estimates and
+    ``--launcher slurm`` submits instead."""
+
+    layout = devices.resolve(args.accelerator, args.devices, spec.scale(scale).devices)
+    if args.render:
+        if render(spec, results_dir() / f"{spec.table}.md", log=log):
+            raise DamagedRecords(f"{spec.table}: damaged record(s) set aside (above); the table "
+                                 "shows the rest; the sweep command redoes their runs")
+        return
+    if args.launcher == "slurm":
+        submit(args, argv, spec, runs, scale)
+        return
+    elif args.dry_run:
+
+        print(f"each run on {layout.describe()}; estimates from a measured training step on this "
+              "machine (no data, no network):")
+
+        for run in runs:
+            state = plan_state(run)
+            if state == "done":
+                print(f"  {run.run_id}: done (its record is kept; not run again)")
+                continue
+            if state.startswith("redo: "):
+                print(f"  {run.run_id}: will be redone: {state[6:]}")
+            print("  " + estimate(run.run_id, run.config, layout.devices))
+        return
+    quiet_libraries()
+    command = workers.command(argv)
+    try:
+        n = args.workers
+        if n == "auto":
+            n = 1 if layout.devices > 1 else workers.auto_count(runs, tuning=bool(tuning))
+            if n > 1:
+                print(f"--workers auto: {n} worker processes (one per core, at most one per "
+                      "run; --workers 1 trains in this process)")
+        if n > 1 and runs:
+            if workers.launch(argv, runs, n, layout.devices):
+                raise SystemExit(1)
+            runs = []
+        for run in workers.reorder(runs):
+            extra = None
+            if tuning:
+
+                run, summary = tune(run, tuning, args.trials, args.storage, run.seed)
+                extra = {"tuning": summary}
+                print(f"{summary['study']}: best of {summary['n_trials']} trial(s): "
+                      f"{summary['metric']} {summary['best_value']:.3f} with "
+                      f"{summary['best_params']}")
+            record = execute(run, spec.split, command, extra, layout)
+            if record is None:
+                print(f"{run.run_id}: another worker is training it")
+                continue
+            print(f"{run.run_id}: {report(record['metrics'])}")
+    finally:
+        if not workers.is_worker():  # workers leave the table to the process that started them
+            render(spec, results_dir() / f"{spec.table}.md", log=log)
+
+
+def render(spec, out, log: bool) -> list[str]:
+    """Render ``out`` (and Tables 2-3's figures, logged to W&B with the table) from records;
+    return a line per damaged record set aside (the rest are rendered)."""
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    render = RENDERERS.get(spec.table, RENDERERS["table3"])
+    damaged: list[str] = []
+    records = load_records(spec.table, results_dir(), damaged)
+    for line in damaged:
+        print(f"warning: {line}", file=sys.stderr)
+    out.write_text(render(spec, records))
+    print(f"rendered {out}" + (f" without {len(damaged)} damaged record(s)" if damaged else ""))
+    if records and spec.table in ("table2", "table3"):
+
+        figures = plot_table(spec, records, results_dir())
+        for path in figures:
+            print(f"plotted {path}")
+        if log:
+            from .records import runs_dir
+
+            where = log_table(spec, records, out, figures, runs_dir() / spec.table / "tables")
+            print(f"logged the table to W&B ({where['mode']}, {where['dir']})")
+    return damaged
+
+
+def publish(args: argparse.Namespace, argv: list[str]) -> int:
+    """``publish``: the committed records of one table (and scale) as W&B runs (dashboard.py)."""
+    from .plots import plot_table
+
+    quiet_libraries()
+    spec = load_spec(args.table)
+    damaged: list[str] = []
+    records = [r for r in load_records(spec.table, results_dir(), damaged)
+               if args.scale in (None, r["scale"])]
+    for line in damaged:
+        print(f"warning: {line}", file=sys.stderr)
+    if not records:
+        raise ConfigError(f"{spec.table}: no records" + (f" at scale {args.scale!r}"
+                                                         if args.scale else "") + " to publish")
+    markdown = results_dir() / f"{spec.table}.md"
+    if not markdown.exists():
+        render(spec, markdown, log=False)
+    figures = plot_table(spec, records, runs_dir() / spec.table / "published" / "figures") \
+        if spec.table in ("table2", "table3") else []
+    out = publish_records(spec, records, markdown, figures, runs_dir() / spec.table / "published")
+    print(f"{spec.table}: {len(out['published'])} record(s) logged to W&B ({out['mode']}), "
+          f"{len(out['unchanged'])} already published unchanged; table "
+          + (f"logged ({out['table']['dir']})" if out["table"] else "unchanged"))
+    if out["mode"] == "offline":
+        print(f"  sync with: wandb sync {runs_dir() / spec.table / 'published' / 'wandb'}")
+    return 1 if damaged else 0
+
+
+def run_table4(args: argparse.Namespace, argv: list[str]) -> None:
+    """Table 4: the parser's rows, on the user's treebank or NLTK's sample, tuned or not."""
+    from .machine import default_scale
+
+    spec = load_spec(args.spec or args.table)
+    scale = args.scale or default_scale()
+    for flag, path, what in (("--treebank", args.treebank, "the Penn Treebank's parsed/mrg/wsj"),
+                             ("--silver", args.silver, "bracketed trees, a file or a folder")):
+        if path and not os.path.exists(path):
+            raise ConfigError(f"{flag} {path!r}: no such file or folder ({what})")
+    runs = [with_data(run, args.treebank, args.silver)
+            for run in spec.plan(spec.select(args.row, args.variant), scale, args.seeds)]
+    tuning = spec.search_space(scale) if args.tune else None
+    if args.trials < 1:
+        raise ConfigError(f"--trials {args.trials}: must be at least 1")
+    if getattr(args, "launcher", "local") != "local":
+        raise ConfigError(f"--launcher {args.launcher}: table4 runs locally only, for now")
+    print(f"{spec.table}: {len(runs)} run(s) at scale `{scale}`"
+          f"{'' if args.scale else ' (default for this machine; --scale to change)'}: "
+          f"{spec.scale(scale).about}")
+    _overridden_line(spec, scale)
+    print("  data: " + (f"Penn Treebank WSJ at {args.treebank}" if args.treebank else
+                        "NLTK's WSJ sample (NLTK_DATA); --treebank DIR for the full WSJ"))
+    todo = []
+    for run in runs:
+        print("  " + planned_summary(run, spec.variants[run.variant].overrides))
+        why = missing_input(run.config.data.corpus, run.config.data.extra_trees)
+        if why:
+            print(f"    not run: {why}")
+        else:
+            todo.append(run)
+    if tuning:
+        print(f"  tuning: {args.trials} more trial(s) per run, maximising {tuning.metric} on dev"
+              if tuning.direction == "maximize" else
+              f"  tuning: {args.trials} more trial(s) per run, minimising {tuning.metric} on dev")
+        for knob in tuning.knobs.values():
+            print(f"    {knob.name}: " + (f"one of {list(knob.choices)}" if knob.choices else
+                                           f"{knob.low:g} .. {knob.high:g}"
+                                           + (" (log scale)" if knob.log else "")))
+    _train_and_render(args, argv, spec, todo, scale, tuning, _f1_line, log=False)
+
+
+def submit(args: argparse.Namespace, argv: list[str], spec, runs, scale: str) -> None:
+    """--launcher slurm: one array task per run without a record (reproduce/launch.py)."""
+    from .records import runs_dir
+
+    todo = [run for run in runs if finished(run) is None]
+    print(f"submission plan: {len(todo)} of {len(runs)} run(s) have no record; one SLURM array "
+          "task each:")
+    for line in launch.plan_lines(todo, args.gpus, args.partition):
+        print("  " + line)
+    if not todo:
+        return
+    if args.dry_run:
+        script = launch.sbatch_script(runs_dir() / spec.table / "slurm", scale, todo, args.gpus,
+                                      args.partition)
+        print("sbatch header (submitit writes the rest):")
+        for line in script.splitlines():
+            if line.startswith("#SBATCH"):
+                print("  " + line)
+        return
+    executor = launch.executor_for(runs_dir() / spec.table / "slurm", scale, todo, args.gpus,
+                                   args.partition)
+    jobs = launch.submit(executor, str(spec.path), todo, spec.split,
+                         workers.command(argv), args.gpus)
+    for run, job in zip(todo, jobs, strict=True):
+        print(f"  {run.run_id}: job {job.job_id}")
+
+
+def sweep(args: argparse.Namespace, argv: list[str]) -> int:
+    """table2 / table3: parameter counts (--params), or plan, train, record and render."""
+    if getattr(args, "params", False):
+        params(args)
+    else:
+        run_table(args, argv)
+    return 0
+
+
+def sweep_table4(args: argparse.Namespace, argv: list[str]) -> int:
+    run_table4(args, argv)
+    return 0
+
+
+def status(args: argparse.Namespace, argv: list[str]) -> int:
+    damaged: list[str] = []
+    print(status_report(results_dir(), runs_dir(), verbose=args.all, damaged=damaged))
+    for line in damaged:
+        print(f"warning: {line}", file=sys.stderr)
+    return 1 if damaged else 0
+
+
+def verify(args: argparse.Namespace, argv: list[str]) -> int:
+    quiet_libraries()
+    return verify_record(Path(args.record), args.steps,
+                         Path(args.scratch) if args.scratch else None)
+
+
+def attention(args: argparse.Namespace, argv: list[str]) -> int:
+    print(f"plotted {draw(args.run, args.sentence, args.layer, results_dir(), runs_dir())}")
+    return 0
+
+
+def bench(args: argparse.Namespace, argv: list[str]) -> int:
+    if args.gpu:
+        return check_gpu(out="results/gpu.md" if args.out == "results/performance.md"
+                         else args.out)
+    return run_bench(args, workers.command(argv))
+
+
+def rank_run(args: argparse.Namespace, argv: list[str]) -> int:
+    """One rank of a multi-device run (``devices.train_on_ranks`` starts it)."""
+    quiet_libraries()
+    return devices.rank_main(args.payload, run_here)
