@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from .model import MultiHeadAttention, Transformer
+from .tables.figures import pyplot
 
 DEFAULT_SENTENCE = ("In the beginning was the Word, and the Word was with God, and the Word was "
                     "God.")
@@ -73,7 +75,6 @@ def draw(run_id: str, sentence: str | None, layer: int | None, results: Path, ru
     from .decoding import beam_search
     from .errors import DataError
     from .lit import TranslationModule
-    from .plots import plot_attention
     from .tokenizer import cache_dir, load_tokenizer, model_path
 
     table = run_id.split("-", 1)[0]
@@ -105,4 +106,31 @@ def draw(run_id: str, sentence: str | None, layer: int | None, results: Path, ru
     plot_attention(panels, path)
     translation = tokenizer.decode([out])[0]
     print(f"{run_id}: {sentence or DEFAULT_SENTENCE!r} -> {translation!r}")
+    return path
+
+
+def plot_attention(panels: list[tuple[str, Any, list[str], list[str]]], path: Path) -> Path:
+    """Attention maps for one sentence, as the paper's Figures 3-5: one row per panel (name,
+    (h, L_query, L_key) weights, key labels, query labels), one image per head."""
+    plt = pyplot()
+    heads = max(w.shape[0] for _, w, _, _ in panels)
+    fig, axes = plt.subplots(len(panels), heads, figsize=(2.4 * heads, 2.6 * len(panels)),
+                             squeeze=False)
+    for row, (name, w, keys, queries) in enumerate(panels):
+        for h in range(heads):
+            ax = axes[row][h]
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if h >= w.shape[0]:
+                ax.axis("off")
+                continue
+            ax.imshow(w[h].float().numpy(), cmap="Blues", vmin=0, vmax=1, aspect="auto")
+            ax.set_title(f"{name} head {h + 1}", fontsize=7)
+            if h == 0:
+                ax.set_xticks(range(len(keys)), keys, rotation=90, fontsize=5)
+                ax.set_yticks(range(len(queries)), queries, fontsize=5)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
     return path

@@ -23,12 +23,12 @@ from .errors import ConfigError, DamagedRecords
 from .gpu_check import run as check_gpu
 from .logs import quiet_libraries
 from .machine import default_scale
-from .plots import plot_table
 from .records import finished, load_records, plan_state, results_dir, runs_dir
-from .results import RENDERERS
 from .runner import execute, planned_summary, run_here, with_data
 from .status import report as status_report
 from .sweep import load_spec
+from .tables import RENDERERS
+from .tables.figures import plot_table
 from .tuning import tune
 from .verify import verify as verify_record
 
@@ -176,7 +176,6 @@ def render(spec, out, log: bool) -> list[str]:
 
 def publish(args: argparse.Namespace, argv: list[str]) -> int:
     """``publish``: the committed records of one table (and scale) as W&B runs (dashboard.py)."""
-    from .plots import plot_table
 
     quiet_libraries()
     spec = load_spec(args.table)

@@ -4,8 +4,8 @@ import json
 from pathlib import Path
 
 from reproduce.records import load_records, write_record
-from reproduce.results import render_table3
 from reproduce.sweep import load_spec
+from reproduce.tables.table3 import render_table3
 
 
 def record(variant, scale="smoke", seed=0, ppl=9.5, bleu=1.5, params=123456):
@@ -93,7 +93,7 @@ def test_changes_from_base_agree_only_beyond_seed_noise():
 
 def test_the_table_and_its_figure_go_to_wandb_offline(tmp_path):
     from reproduce.dashboard import log_table, table_rows
-    from reproduce.plots import plot_table
+    from reproduce.tables.figures import plot_table
 
     spec = load_spec("table3")
     recs = [record("base", "cpu", 0, ppl=7.0, bleu=3.0),
@@ -158,7 +158,7 @@ def test_publish_logs_each_record_once_and_again_only_when_it_changed(tmp_path, 
 
 def test_the_changes_figure_survives_a_base_of_zero_bleu(tmp_path):
     """Smoke runs score BLEU 0: no relative change to draw, and no crash."""
-    from reproduce.plots import plot_table
+    from reproduce.tables.figures import plot_table
 
     recs = [record("base", bleu=0.0), record("A1", bleu=0.0), record("A1", seed=1, bleu=0.0)]
     paths = plot_table(load_spec("table3"), recs, tmp_path)

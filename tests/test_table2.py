@@ -7,8 +7,8 @@ import pytest
 from reproduce import cost
 from reproduce.__main__ import main
 from reproduce.optim import accumulation
-from reproduce.results import render_table2
 from reproduce.sweep import load_spec
+from reproduce.tables.table2 import render_table2
 
 
 def test_spec_reads_scientific_figures_as_numbers():

@@ -14,8 +14,8 @@ from reproduce.config import PARSING
 from reproduce.data import load_pairs, missing_input, tokenizer_name, tree_symbols
 from reproduce.errors import DataError, SpecError
 from reproduce.parsing import bracket_f1, delinearize, linearize, tag_pos, words
-from reproduce.results import render_table4
 from reproduce.sweep import load_spec
+from reproduce.tables.table4 import render_table4
 from reproduce.tokenizer import train_tokenizer
 
 # PTB .mrg style: an unlabelled root, function tags, co-indices, traces, punctuation.

@@ -1,4 +1,4 @@
-"""Figures rendered from run records (PNG, beside the Markdown tables in ``results/``).
+"""Figures drawn from run records (PNG, beside the Markdown tables in ``results/``).
 
 Like ``results.py``, pure functions of the records. Table 3: per row, each variant's change
 from base, the paper's beside ours (relative, so a 5-PPL model and a 37-PPL one share an axis),
@@ -12,10 +12,11 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from .sweep import Spec
+from ..sweep import Spec
+from .table3 import compare_to_base
 
 
-def _pyplot():
+def pyplot():
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no screen
@@ -56,9 +57,7 @@ def plot_changes(spec: Spec, records: list[dict[str, Any]], path: Path, scale: s
     import math
     import statistics
 
-    from .results import compare_to_base
-
-    plt = _pyplot()
+    plt = pyplot()
     runs: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in records:
         runs[r["variant"]].append(r)
@@ -119,7 +118,7 @@ def plot_changes(spec: Spec, records: list[dict[str, Any]], path: Path, scale: s
 
 def _plot_curves(spec: Spec, records: list[dict[str, Any]], path: Path, scale: str) -> Path:
     """Dev PPL during training, one line per run, one panel per row (base in each)."""
-    plt = _pyplot()
+    plt = pyplot()
     rows = list(spec.rows.items())
     fig, axes = plt.subplots(1, len(rows), figsize=(3.2 * len(rows), 3.6), squeeze=False,
                              sharey=True)
@@ -147,7 +146,7 @@ def _plot_curves(spec: Spec, records: list[dict[str, Any]], path: Path, scale: s
 def _plot_bleu_params(spec: Spec, records: list[dict[str, Any]], directory: Path) -> list[Path]:
     """Table 2: dev BLEU against parameters (mean over seeds, error bars = std) next to the
     paper's figures, and the dev-PPL learning curves."""
-    plt = _pyplot()
+    plt = pyplot()
     written = []
     for scale, recs in sorted(_by_scale(records).items()):
         per_variant: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -189,28 +188,3 @@ def _plot_bleu_params(spec: Spec, records: list[dict[str, Any]], directory: Path
     return written
 
 
-def plot_attention(panels: list[tuple[str, Any, list[str], list[str]]], path: Path) -> Path:
-    """Attention maps for one sentence, as the paper's Figures 3-5: one row per panel (name,
-    (h, L_query, L_key) weights, key labels, query labels), one image per head."""
-    plt = _pyplot()
-    heads = max(w.shape[0] for _, w, _, _ in panels)
-    fig, axes = plt.subplots(len(panels), heads, figsize=(2.4 * heads, 2.6 * len(panels)),
-                             squeeze=False)
-    for row, (name, w, keys, queries) in enumerate(panels):
-        for h in range(heads):
-            ax = axes[row][h]
-            ax.set_xticks([])
-            ax.set_yticks([])
-            if h >= w.shape[0]:
-                ax.axis("off")
-                continue
-            ax.imshow(w[h].float().numpy(), cmap="Blues", vmin=0, vmax=1, aspect="auto")
-            ax.set_title(f"{name} head {h + 1}", fontsize=7)
-            if h == 0:
-                ax.set_xticks(range(len(keys)), keys, rotation=90, fontsize=5)
-                ax.set_yticks(range(len(queries)), queries, fontsize=5)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path

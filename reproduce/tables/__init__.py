@@ -1,0 +1,10 @@
+"""Records in, Markdown tables out: one module per table of the paper, pure functions of the run
+records (nothing here trains or edits), and the figures drawn from the same records."""
+
+from __future__ import annotations
+
+from .table2 import render_table2
+from .table3 import render_table3
+from .table4 import render_table4
+
+RENDERERS = {"table2": render_table2, "table3": render_table3, "table4": render_table4}

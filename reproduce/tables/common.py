@@ -1,0 +1,130 @@
+"""What every rendered table says under itself: corpus, hardware, devices, cost, reference points,
+and the cell formats (mean ± std over seeds, signed changes)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import defaultdict
+from typing import Any
+
+from ..devices import DEVICE_NAMES
+
+CORPUS_NOTES = {
+    "bible-en-de": "Bible EN-DE (World English Bible -> Elberfelder 1905, split by whole books; "
+                   "dev = Ruth, Esther, Jonah, Philippians, James, 1 Peter; test = Acts, Romans). "
+                   "**Not comparable with WMT numbers.**",
+    "bible-en-fr": "Bible EN-FR (World English Bible -> Louis Segond 1910, split by whole books). "
+                   "**Not comparable with WMT numbers.**",
+    "wmt14-en-de": "WMT14 EN-DE (newstest2013 dev, newstest2014 test), as the paper.",
+    "wmt14-en-fr": "WMT14 EN-FR (newstest2013 dev, newstest2014 test), as the paper.",
+}
+
+
+def corpus_note(records: list[dict[str, Any]]) -> str:
+    """What the runs were trained on: a shipped corpus by its note; local files (``data_dir``)
+    as what they are, whatever the spec called them."""
+    notes = []
+    for corpus in sorted({r["data"]["corpus"] for r in records if not r["data"].get("files")}):
+        notes.append(CORPUS_NOTES.get(corpus, corpus))
+    local = {(r["data"]["corpus"], r["data"]["data_dir"], json.dumps(r["data"]["files"])): r
+             for r in records if r["data"].get("files")}
+    for (corpus, where, _), r in sorted(local.items()):
+        d = r["data"]
+        sizes = ", ".join(f"{split} {d[f'{split}_pairs']} pairs (sha256 "
+                          f"{d['files'][split]['sha256'][:12]})" for split in ("dev", "test"))
+        called = ("" if corpus.startswith("local-") else
+                  f" The spec calls it `{corpus}`; these files were not checked to be that "
+                  "corpus, so the paper's numbers beside them compare with other data.")
+        notes.append(f"local files in `{where}` ({corpus.split('-', 1)[-1].upper()}: train "
+                     f"{d['train_pairs']} pairs used (sha256 {d['files']['train']['sha256'][:12]}),"
+                     f" {sizes}).{called}")
+    return " ".join(notes)
+
+
+def mean_std(values: list[float], digits: int) -> str:
+    if not values:
+        return ""
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}"
+    return (f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f} "
+            f"(n={len(values)})")
+
+
+def cost_line(records: list[dict[str, Any]]) -> str:
+    """What the table's runs took, and where: worker-hours per CPU or GPU kind, with the CPU
+    flags that decide its speed (our machines differ)."""
+    by_where: dict[str, list[float]] = defaultdict(list)
+    for r in records:
+        h = r["hardware"]
+        if h.get("gpus"):
+            where = f"{len(h['gpus'])}x {h['gpus'][0]}"
+        else:
+            flags = set(h.get("cpu_flags") or [])
+            known = ", ".join(f for f in ("avx2", "avx512f", "avx512_bf16") if f in flags)
+            amx = "AMX" if any(f.startswith("amx") for f in flags) else "no AMX"
+            where = (f"{h['cpu']} ({known}, {amx}; {h.get('torch_threads', '?')} thread(s))"
+                     if flags else f"{h['cpu']} (flags not recorded)")
+        by_where[where].append(r["metrics"]["train_seconds"] * r.get("cost", {}).get("devices", 1))
+    return "Cost: " + "; ".join(f"{sum(v) / 3600:.1f} worker-hours of training for {len(v)} runs "
+                                f"on {where}" for where, v in sorted(by_where.items())) + "."
+
+
+def reference_line(records: list[dict[str, Any]]) -> list[str]:
+    """What count models score on the same dev pieces: a run near them has not learned to
+    translate yet (records from before these were kept have none)."""
+    refs = {json.dumps(r["data"]["reference_ppl"], sort_keys=True) for r in records
+            if r["data"].get("reference_ppl")}
+    if len(refs) != 1:  # none recorded, or vocabularies differ between runs
+        return []
+    ref = json.loads(refs.pop())
+    return [f"Reference points for PPL, on the same dev pieces: a unigram model of the training "
+            f"targets scores {ref['unigram']:.1f}, an interpolated bigram model {ref['bigram']:.1f} "
+            "(`data.ngram_perplexities`); a run near these has learned target-side statistics, "
+            "not yet to translate."]
+
+
+def signed(value: float | None) -> str:
+    return "" if value is None else f"{value:+.2f}"
+
+
+def fmt(value: Any) -> str:
+    return "" if value is None else str(value)
+
+
+def layouts(records: list[dict[str, Any]]) -> str:
+    """How the runs were spread over devices: devices x accumulation x micro-batch = tokens/step
+    (records made before layouts were recorded trained on one device)."""
+    counts: dict[str, int] = defaultdict(int)
+    for r in records:
+        b = r.get("batch") or {}
+        if not {"accumulate", "device_batch_tokens", "effective_tokens_per_step"} <= set(b):
+            continue  # a record without its batch layout says nothing here
+        n = b.get("world_size", b.get("devices", 1))
+        one, many = DEVICE_NAMES[b.get("accelerator", "cpu")]
+        counts[f"{n} {many + ' (DDP)' if n > 1 else one} x {b['accumulate']} accumulated x "
+               f"{b['device_batch_tokens']} tokens = {b['effective_tokens_per_step']} tokens per "
+               "step"] += 1
+    return "; ".join(f"{k} ({v} run{'s' if v > 1 else ''})" for k, v in sorted(counts.items()))
+
+
+def devices_line(records: list[dict[str, Any]]) -> list[str]:
+    spread = layouts(records)
+    return [f"Devices: {spread}."] if spread else []
+
+
+def hardware(records: list[dict[str, Any]]) -> str:
+    return "; ".join(sorted({r["hardware"]["cpu"] if not r["hardware"]["gpus"]
+                             else f"{len(r['hardware']['gpus'])}x {r['hardware']['gpus'][0]}"
+                             for r in records}))
+
+
+def scale_note(sc, what: str) -> str:
+    if sc is None:
+        return ""
+    return (f"{sc.about}. Widths x{sc.width:g} and steps x{sc.steps:g} of the paper's ({what}; "
+            "every variant is resized by the same factors).")
+
+
+def sci(value: float | None) -> str:
+    return "" if value is None else f"{value:.1e}"

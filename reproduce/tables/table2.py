@@ -1,0 +1,79 @@
+"""Table 2: BLEU and training cost (the paper's method and counted FLOPs) for base and big, EN-DE
+and EN-FR, beside the paper's and the systems it cites."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from ..sweep import Spec
+from .common import corpus_note, devices_line, fmt, hardware, mean_std, scale_note, sci
+
+LANGS = ("en_de", "en_fr")
+
+
+def render_table2(spec: Spec, records: list[dict[str, Any]]) -> str:
+    """The paper's Table 2 with our Transformer rows added, then the details of our runs.
+
+    In the main table our BLEU is the paper's convention (tokenized, compound-split) and our cost
+    the paper's method; sacreBLEU and the counted FLOPs sit in the details table, labelled."""
+    lines = [f"# Table 2: {spec.caption}", "",
+             "Rendered by `python -m reproduce table2` from the run records in `results/table2/`; "
+             "never edited by hand. Rows without *ours* are the paper's published figures as "
+             "it cites them.", "",
+             "| Model | BLEU EN-DE | BLEU EN-FR | Training cost EN-DE (FLOPs) | "
+             "Training cost EN-FR (FLOPs) |", "|---|---|---|---|---|"]
+    for row in spec.cited:
+        lines.append(f"| {row['model']} | {fmt(row.get('bleu_en_de'))} | "
+                     f"{fmt(row.get('bleu_en_fr'))} | {sci(row.get('flops_en_de'))} | "
+                     f"{sci(row.get('flops_en_fr'))} |")
+    by_scale: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in records:
+        by_scale[r["scale"]].append(r)
+    details = []
+    for scale, recs in by_scale.items():
+        for size in ("base", "big"):
+            cells = {}
+            for r in recs:
+                if r["variant"].startswith(size + "-"):
+                    lang = r["variant"].split("-", 1)[1].replace("-", "_")
+                    cells[lang] = r
+            if not cells:
+                continue
+            bleu = [mean_std([c["metrics"]["test_bleu_tokenized"]], 2) if (c := cells.get(lang))
+                    else "" for lang in LANGS]
+            cost = [sci(c["cost"]["paper_method_flops"]) if (c := cells.get(lang)) else ""
+                    for lang in LANGS]
+            lines.append(f"| Transformer ({size}), ours, scale `{scale}` | {bleu[0]} | {bleu[1]} | "
+                         f"{cost[0]} | {cost[1]} |")
+        details += _table2_details(spec, scale, recs)
+    lines += ["", "Our BLEU above is the paper's convention: Moses-tokenized, compound-split "
+              "(`##AT##-##AT##`), 4-gram corpus BLEU as multi-bleu computes it, on the test split "
+              "after checkpoint averaging. Our cost above is the paper's method: training time x "
+              "devices x sustained TFLOPS per device.", ""]
+    if not records:
+        lines.append("No runs recorded yet.")
+    return "\n".join(lines + details) + "\n"
+
+
+def _table2_details(spec: Spec, scale: str, records: list[dict[str, Any]]) -> list[str]:
+    out = [f"## Our runs at scale `{scale}`", "", scale_note(spec.scales.get(scale), "model "
+           "sizes as named"), "", "Corpus: " + corpus_note(records),
+           f"Hardware: {hardware(records)}.", *devices_line(records), "",
+           "| variant | tokenized BLEU (paper's convention) | sacreBLEU | cost, paper's method "
+           "(FLOPs) | cost, counted (FLOPs) | training time | devices x TFLOPS | tokens/step "
+           "(effective) | checkpoints averaged |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(records, key=lambda r: list(spec.variants).index(r["variant"])
+                    if r["variant"] in spec.variants else 99):
+        cost, m, batch = r["cost"], r["metrics"], r["batch"]
+        out.append(
+            f"| {r['variant']} (seed {r['seed']}) | {m['test_bleu_tokenized']:.2f} | "
+            f"{m['test_bleu']:.2f} | {sci(cost['paper_method_flops'])} | "
+            f"{sci(cost['analytic_flops'])} | {m['train_seconds'] / 3600:.2f} h | "
+            f"{cost['devices']} x {cost['tflops_per_device']} ({cost['tflops_source']}) | "
+            f"{batch['effective_tokens_per_step']} ({batch['accumulate']} accumulated) | "
+            f"{len(r['averaged_checkpoints']) or 'none'} |")
+    signatures = sorted({r["bleu"]["test"]["sacrebleu"]["signature"] for r in records}
+                        | {r["bleu"]["test"]["tokenized"]["signature"] for r in records})
+    out += ["", "Signatures: " + "; ".join(f"`{s}`" for s in signatures), ""]
+    return out

@@ -1,0 +1,170 @@
+"""Table 3: the paper's variations on the architecture beside ours, one section per scale, with
+each variant's change from base, our seed noise and a verdict."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from ..sweep import Spec
+from .common import corpus_note, cost_line, devices_line, fmt, mean_std, reference_line, scale_note, signed
+
+# Table 3's columns, in the paper's order: (header, config section, field).
+SHAPE_COLUMNS = [("N", "model", "N"), ("d_model", "model", "d_model"), ("d_ff", "model", "d_ff"),
+                 ("h", "model", "h"), ("d_k", "model", "d_k"), ("d_v", "model", "d_v"),
+                 ("P_drop", "model", "p_drop"), ("eps_ls", "train", "eps_ls"),
+                 ("train steps", "train", "train_steps")]
+
+
+def _params(values: list[int]) -> str:
+    if not values:
+        return ""
+    millions = values[0] / 1e6
+    return f"{millions:.0f}" if millions >= 10 else f"{millions:.2f}"
+
+
+def _shape_cells(spec: Spec, variant: str) -> list[str]:
+    """The cells the paper prints: all of base's, only the overridden ones for a variant."""
+    base = spec.resolve("base", "paper") if "base" in spec.variants else None
+    overrides = spec.variants[variant].overrides
+    cells = []
+    for _, section, name in SHAPE_COLUMNS:
+        if variant == "base" or name in overrides:
+            value = getattr(getattr(spec.resolve(variant, "paper"), section), name)
+            cells.append(f"{value // 1000}K" if name == "train_steps" else str(value))
+        elif base is not None:
+            cells.append("")
+    if "positions" in overrides:
+        cells[0] = f"{overrides['positions']} positions"
+        cells[1:] = [""] * (len(cells) - 1)
+    return cells
+
+
+def render_table3(spec: Spec, records: list[dict[str, Any]]) -> str:
+    """The paper's Table 3 with our PPL, BLEU and params beside its own, one table per scale."""
+    lines = [f"# Table 3: {spec.caption}", "",
+             "Rendered by `python -m reproduce table3` from the run records in "
+             "`results/table3/`; never edited by hand. *paper* columns are the paper's published "
+             "figures (EN-DE newstest2013 dev); *ours* come from our runs. Empty cells: no record.",
+             ""]
+    by_scale: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in records:
+        by_scale[r["scale"]].append(r)
+    if not by_scale:
+        lines.append("No runs recorded yet.")
+    for scale in sorted(by_scale, key=lambda s: list(spec.scales).index(s)
+                        if s in spec.scales else 99):
+        lines += _scale_table(spec, scale, by_scale[scale])
+    return "\n".join(lines) + "\n"
+
+
+def _configuration(spec: Spec, variant: str) -> str:
+    """The paper's settings of a variant as one cell (at the paper's sizes): all of base's, only
+    what a variant changes otherwise (the paper's layout: unlisted values equal base)."""
+    headers = [h for h, _, _ in SHAPE_COLUMNS]
+    cells = _shape_cells(spec, variant)
+    if cells and cells[0].endswith(" positions"):
+        return cells[0]
+    return ", ".join(f"{h} {c}" if h != "train steps" else f"{c} steps"
+                     for h, c in zip(headers, cells, strict=False) if c)
+
+
+def _scale_table(spec: Spec, scale: str, records: list[dict[str, Any]]) -> list[str]:
+    sc = spec.scales.get(scale)
+    runs = defaultdict(list)
+    for r in records:
+        runs[r["variant"]].append(r)
+    signatures = sorted({r["bleu"]["dev"]["sacrebleu"]["signature"] for r in records})
+    out = [f"## Scale `{scale}`", "", scale_note(sc, "the configurations below are the paper's"),
+           ""]
+    header = ["", "configuration (paper's sizes)", "PPL paper", "PPL ours", "ΔPPL paper / ours",
+              "BLEU paper", "BLEU ours", "ΔBLEU paper / ours", "verdict PPL; BLEU"]
+    out += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    details = ["| | seeds | BLEU (test) ours | params ×10⁶ paper / ours | our d_model, d_ff, h, "
+               "d_k, d_v | training hours (each) |", "|---|---|---|---|---|---|"]
+    groups = [("base", ["base"])] + list(spec.rows.items())
+    tally: dict[str, Counter[str]] = {"PPL": Counter(), "BLEU": Counter()}
+    for row, names in groups:
+        for i, name in enumerate(n for n in names if n in spec.variants):
+            paper, ours = spec.variants[name].paper, runs.get(name, [])
+            label = name if row == "base" or i else f"({row}) {name}"
+            metric = [[r["metrics"][k] for r in ours] for k in ("dev_ppl", "dev_bleu", "test_bleu")]
+            verdicts = [compare_to_base(spec, runs, name, key, paper_key)
+                        for key, paper_key in (("dev_ppl", "ppl"), ("dev_bleu", "bleu"))]
+            for v in verdicts:
+                tally[v.metric][v.verdict] += name != "base"
+            delta = ["" if name == "base" else f"{v.paper_cell or '–'} / {v.ours_cell or '–'}"
+                     for v in verdicts]
+            cells = [label, _configuration(spec, name), fmt(paper.get("ppl")),
+                     mean_std(metric[0], 2), delta[0], fmt(paper.get("bleu")),
+                     mean_std(metric[1], 1), delta[1],
+                     "" if name == "base" else "; ".join(v.verdict for v in verdicts)]
+            out.append("| " + " | ".join(cells) + " |")
+            if ours:
+                m = ours[0]["config"]["model"]
+                details.append(
+                    f"| {name} | {', '.join(str(r['seed']) for r in ours)} | "
+                    f"{mean_std(metric[2], 1)} | {fmt(paper.get('params_m')) or '–'} / "
+                    f"{_params([r['metrics']['params'] for r in ours])} | "
+                    f"{m['d_model']}, {m['d_ff']}, {m['h']}, {m['d_k']}, {m['d_v']} | "
+                    + ", ".join(f"{r['metrics']['train_seconds'] / 3600:.2f}" for r in ours)
+                    + " |")
+    out += [""]
+    for metric, counts in tally.items():
+        judged = sum(counts[k] for k in ("yes", "no", "no effect"))
+        out.append(f"- {metric}: {counts['yes']} of {judged} variants with a verdict change in the "
+                   f"paper's direction; {counts['no']} go the other way; {counts['no effect']} "
+                   f"change by less than our seed noise; {counts['n/a']} have no verdict (no "
+                   "record of them or of base at this scale, or one seed, which gives no noise "
+                   "estimate).")
+    out += ["", "PPL and BLEU are on the dev split; ours are mean ± std (n seeds). Δ: change from "
+            "base (variant − base), the paper's / ours, with our seed noise (±: 2 standard errors "
+            "of the difference of means). *verdict*: `yes` when our change has the paper's sign "
+            "and exceeds that noise; `no` when it exceeds it with the other sign; `no effect` "
+            "when it is within it; `n/a` with fewer than 2 seeds of either.", "",
+            "Corpus: " + corpus_note(records),
+            f"BLEU: sacreBLEU on detokenized output, beam search as the paper; signature "
+            f"`{'`, `'.join(signatures)}`. PPL: per word-piece on the dev split, our BPE "
+            "vocabulary.", *reference_line(records), *devices_line(records),
+            cost_line(records), "",
+            f"Details of our {sum(len(v) for v in runs.values())} runs (commands and configs are "
+            "in each record):", "", *details, ""]
+    return out
+
+
+@dataclass(frozen=True)
+class Verdict:
+    metric: str
+    paper_cell: str
+    ours_cell: str
+    verdict: str  # yes | no | no effect | n/a
+
+
+def compare_to_base(spec: Spec, runs: dict[str, list[dict[str, Any]]], variant: str, key: str,
+                    paper_key: str) -> Verdict:
+    """Our change from base beside the paper's, and whether the two agree in sign.
+
+    A change inside our seed noise (2 standard errors of the difference of the two means) is
+    "no effect", never agreement; with fewer than two seeds on either side there is no noise
+    estimate and no verdict."""
+    metric = {"ppl": "PPL", "bleu": "BLEU"}[paper_key]
+    paper_v, paper_b = (spec.variants[n].paper.get(paper_key) if n in spec.variants else None
+                        for n in (variant, "base"))
+    paper_delta = None if paper_v is None or paper_b is None else paper_v - paper_b
+    ours_v = [r["metrics"][key] for r in runs.get(variant, [])]
+    ours_b = [r["metrics"][key] for r in runs.get("base", [])]
+    if variant == "base" or not ours_v or not ours_b:
+        return Verdict(metric, "" if variant == "base" else signed(paper_delta), "", "n/a")
+    delta = statistics.mean(ours_v) - statistics.mean(ours_b)
+    if len(ours_v) < 2 or len(ours_b) < 2 or paper_delta is None:
+        return Verdict(metric, signed(paper_delta), signed(delta), "n/a")
+    noise = 2 * math.sqrt(statistics.variance(ours_v) / len(ours_v)
+                          + statistics.variance(ours_b) / len(ours_b))
+    if abs(delta) <= noise:
+        verdict = "no effect"
+    else:
+        verdict = "yes" if paper_delta != 0 and (delta > 0) == (paper_delta > 0) else "no"
+    return Verdict(metric, signed(paper_delta), f"{signed(delta)} (±{noise:.2f})", verdict)
