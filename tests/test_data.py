@@ -22,6 +22,7 @@ from reproduce.data import (
     SPLITS,
     TranslationData,
     batch_by_tokens,
+    hub,
     load_bible_verses,
     load_pairs,
 )
@@ -150,8 +151,8 @@ def test_local_jsonl_loads_through_the_same_path_as_the_hub(tmp_path, monkeypatc
     _write_jsonl(tmp_path / "validation.jsonl", _wmt_rows(3, "dev"))
     _write_jsonl(tmp_path / "test.jsonl", _wmt_rows(2, "test"))
     calls = []
-    real = data._load_dataset
-    monkeypatch.setattr(data, "_load_dataset", lambda *a, **k: calls.append(a) or real(*a, **k))
+    real = hub.load_dataset
+    monkeypatch.setattr(hub, "load_dataset", lambda *a, **k: calls.append(a) or real(*a, **k))
     train = load_pairs("wmt14-en-de", "train", data_dir=str(tmp_path))
     assert train == [(f"Sentence train {i}.", f"Satz train {i}.") for i in range(5)]
     dev = load_pairs("wmt14-en-de", "dev", data_dir=str(tmp_path))
@@ -187,7 +188,7 @@ def test_hub_corpus_fails_fast_when_offline(monkeypatch):
 def test_unreachable_hub_switches_datasets_offline(monkeypatch):
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setattr(data, "_hub_reachable", lambda: False)
+    monkeypatch.setattr(hub, "hub_reachable", lambda: False)
     start = time.monotonic()
     with pytest.raises(DataError, match="wmt14-en-fr.*offline"):
         load_pairs("wmt14-en-fr", "test")
@@ -296,7 +297,7 @@ def test_tokenizer_errors_are_data_errors(tmp_path):
 
 def test_cache_dir_defaults_to_repo_and_follows_env(monkeypatch):
     monkeypatch.delenv("REPRODUCE_CACHE", raising=False)
-    assert cache_dir() == Path(data.__file__).resolve().parent.parent / "cache"
+    assert cache_dir() == Path(tokenizer.__file__).resolve().parent.parent / "cache"
     monkeypatch.setenv("REPRODUCE_CACHE", "/somewhere/else")
     assert cache_dir() == Path("/somewhere/else")
 
@@ -393,11 +394,12 @@ def test_source_batches_cover_sources_grouped_by_length(module, small_tokenizer)
 
 
 def test_reference_perplexities_are_the_hand_counted_ngram_models():
-    from reproduce.data import _Packed, ngram_perplexities
+    from reproduce.data import ngram_perplexities
+    from reproduce.data.batching import Packed
 
     def packed(sentences):
         lengths = torch.tensor([len(s) for s in sentences])
-        return _Packed(torch.tensor([t for s in sentences for t in s], dtype=torch.int32),
+        return Packed(torch.tensor([t for s in sentences for t in s], dtype=torch.int32),
                        torch.cumsum(lengths, 0) - lengths, lengths)
 
     # Train targets 5 6 | 5 7 with BOS 2, EOS 3: events (2,5) (5,6) (6,3) (2,5) (5,7) (7,3).

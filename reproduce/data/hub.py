@@ -1,0 +1,197 @@
+"""Translation pairs through Hugging Face ``datasets``: a corpus on the Hub (failing at once when
+offline) or the same layout in local JSON-lines files (``data_dir``)."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import socket
+import threading
+from collections.abc import Iterator
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
+
+from ..errors import DataError
+from .corpora import FILE_SPLITS, CorpusSpec, corpus_spec
+
+if TYPE_CHECKING:
+    import datasets
+
+
+def translation_dataset(
+    corpus: str, split: str, data_dir: str | None
+) -> tuple[datasets.Dataset, str]:
+    """A split with a "translation" column from the Hub or local JSON lines, and its origin."""
+    import datasets
+
+    spec = corpus_spec(corpus)
+    file_split = FILE_SPLITS[split]
+    if data_dir is not None:
+        path = _local_file(corpus, data_dir, file_split)
+        if not path.read_bytes().strip():
+            raise DataError(f"{path}: empty; it needs one JSON object per line, "
+                            f'{{"translation": {{"{spec.source}": ..., "{spec.target}": ...}}}}')
+        try:
+            dataset = load_dataset("json", data_files={file_split: str(path)}, split=file_split)
+        except datasets.exceptions.DatasetGenerationError as exc:
+            raise DataError(f"{path}: not valid JSON lines ({exc.__cause__ or exc})") from exc
+        return dataset, str(path)
+    if spec.hub is None:
+        raise DataError(f"corpus {corpus!r} reads local files: set data_dir to a folder with "
+                        "train.jsonl, validation.jsonl and test.jsonl whose rows are "
+                        f'{{"translation": {{"{spec.source}": ..., "{spec.target}": ...}}}}')
+    name, config = spec.hub
+    origin = f"{name} ({config}, {file_split})"
+    with _hub_access() as offline:
+        try:
+            dataset = load_dataset(name, config, split=file_split)
+        except (OSError, datasets.exceptions.DatasetNotFoundError) as exc:
+            why = "offline and not in the local datasets cache" if offline else str(exc)
+            raise DataError(
+                f"could not fetch corpus {corpus!r} from the Hugging Face Hub ({origin}): {why};"
+                f" point data_dir at a folder with train.jsonl, validation.jsonl and test.jsonl"
+                f' whose rows are {{"translation": {{"{spec.source}": ..., "{spec.target}": ...}}}}'
+            ) from exc
+    return dataset, origin
+
+
+def load_dataset(*args: Any, **kwargs: Any) -> datasets.Dataset:
+    """The one entry point for Hub names and local files alike: ``datasets.load_dataset``."""
+    import datasets
+
+    return datasets.load_dataset(*args, **kwargs)
+
+
+def local_files(corpus: str, data_dir: str) -> dict[str, dict[str, Any]]:
+    """What a run on local files read: per split, the file, its size and its SHA-256."""
+    out = {}
+    for split, file_split in FILE_SPLITS.items():
+        path = _local_file(corpus, data_dir, file_split)
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        out[split] = {"file": str(path), "bytes": path.stat().st_size,
+                      "sha256": digest.hexdigest()}
+    return out
+
+
+def _local_file(corpus: str, data_dir: str | Path, file_split: str) -> Path:
+    folder = Path(data_dir)
+    if not folder.is_dir():
+        raise DataError(f"data_dir for corpus {corpus!r} is not a directory: {folder}")
+    for suffix in (".jsonl", ".json"):
+        path = folder / f"{file_split}{suffix}"
+        if path.is_file():
+            return path
+    raise DataError(
+        f"missing file {folder / (file_split + '.jsonl')} for corpus {corpus!r} (data_dir needs"
+        " train.jsonl, validation.jsonl and test.jsonl)"
+    )
+
+
+def translation_columns(
+    dataset: datasets.Dataset, spec: CorpusSpec, origin: str
+) -> tuple[list[str | None], list[str | None]]:
+    """Source and target texts from ``{"translation": {lang: text}}`` rows."""
+    if "translation" not in dataset.column_names:
+        raise DataError(
+            f'{origin}: rows have no "translation" field (fields: {dataset.column_names});'
+            f' expected {{"translation": {{"{spec.source}": ..., "{spec.target}": ...}}}}'
+        )
+    table = dataset.select_columns(["translation"]).with_format("arrow")[:].flatten()
+    languages = [name.split(".", 1)[1] for name in table.column_names if "." in name]
+    missing = [lang for lang in (spec.source, spec.target) if lang not in languages]
+    if missing:
+        raise DataError(
+            f'{origin}: "translation" has no {missing} field (has {languages});'
+            f" expected {spec.source!r} and {spec.target!r}"
+        )
+    return (
+        table.column(f"translation.{spec.source}").to_pylist(),
+        table.column(f"translation.{spec.target}").to_pylist(),
+    )
+
+
+_OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+
+
+_TRUE = {"1", "ON", "YES", "TRUE"}
+
+
+def _env_offline() -> bool:
+    return any(os.environ.get(var, "").upper() in _TRUE for var in _OFFLINE_VARS)
+
+
+@lru_cache(maxsize=1)
+def hub_reachable(timeout: float = 2.0) -> bool:
+    """Whether the Hub's host accepts a TCP connection, decided within about ``timeout`` seconds."""
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    port = url.port or (80 if url.scheme == "http" else 443)
+    reached: list[bool] = []
+
+    def probe() -> None:
+        try:
+            socket.create_connection((url.hostname, port), timeout=timeout).close()
+            reached.append(True)
+        except OSError:
+            reached.append(False)
+
+    # A thread bounds the DNS lookup too, which the socket timeout does not cover.
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+    thread.join(timeout + 0.5)
+    return bool(reached and reached[0])
+
+
+@contextlib.contextmanager
+def _hub_access() -> Iterator[bool]:
+    """Yield whether the Hub is offline; if so, ``datasets`` is put in offline mode meanwhile.
+
+    Without offline mode an unreachable Hub costs ~25 s of retries before failing. The flags are
+    read when ``datasets`` is imported, so they are patched in its modules as well as the
+    environment, and restored afterwards.
+    """
+    if not (_env_offline() or not hub_reachable()):
+        yield False
+        return
+    import datasets.config
+    import huggingface_hub.constants
+
+    saved_env = {var: os.environ.get(var) for var in _OFFLINE_VARS}
+    flags = [
+        (datasets.config, "HF_HUB_OFFLINE"),
+        (datasets.config, "HF_DATASETS_OFFLINE"),
+        (huggingface_hub.constants, "HF_HUB_OFFLINE"),
+    ]
+    saved_flags = [getattr(module, name) for module, name in flags]
+    os.environ.update(dict.fromkeys(_OFFLINE_VARS, "1"))
+    for module, name in flags:
+        setattr(module, name, True)
+    try:
+        yield True
+    finally:
+        for (module, name), value in zip(flags, saved_flags, strict=True):
+            setattr(module, name, value)
+        for var, value in saved_env.items():
+            if value is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = value
+
+
+@contextlib.contextmanager
+def quiet_progress() -> Iterator[None]:
+    """Silence datasets' progress bars for the quick local Bible builds."""
+    import datasets
+
+    was_enabled = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            datasets.enable_progress_bars()

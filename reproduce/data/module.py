@@ -1,0 +1,214 @@
+"""The Lightning data module: one corpus, encoded with a shared tokenizer, in token-bucketed
+batches dealt to the ranks of a run."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+from torch.utils.data import DataLoader
+
+from ..errors import DataError
+from .batching import PAD_BATCH, BatchStream, Encoded, Packed, ResumableLoader, batch_by_tokens, source_tensor
+from .bible import BIBLE_BOOKS, bible_dataset
+from .corpora import SPLITS, corpus_spec, first_pairs, pairs_sha256
+from .hub import translation_dataset
+from .loading import load_pairs
+from .ngram import ngram_perplexities
+from .treebank import treebank_trees
+
+if TYPE_CHECKING:
+    from ..tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+class TranslationData(pl.LightningDataModule):
+    """Token-bucketed batches of one corpus, encoded with a shared tokenizer.
+
+    Batches are dicts of LongTensors padded with 0: ``src`` (B, S) = pieces + EOS, ``tgt_in``
+    (B, T) = BOS + pieces and ``tgt_out`` (B, T) = pieces + EOS. Training pairs whose source or
+    target sequence is longer than ``max_tokens_per_sentence`` are dropped (``self.dropped``);
+    dev pairs are all kept. ``dev_pairs`` and ``test_pairs`` hold the raw strings for BLEU.
+    """
+
+    def __init__(
+        self,
+        corpus: str,
+        tokenizer: Tokenizer,
+        batch_tokens: int,
+        max_tokens_per_sentence: int = 256,
+        max_train_pairs: int | None = None,
+        max_eval_pairs: int | None = None,
+        data_dir: str | None = None,
+        seed: int = 0,
+        extra_trees: str | None = None,
+        linearization: str = "xx",
+    ):
+        super().__init__()
+        corpus_spec(corpus)
+        if batch_tokens < 1:
+            raise DataError(f"batch_tokens must be a positive number of tokens, got {batch_tokens}")
+        if max_tokens_per_sentence < 2:
+            raise DataError(
+                f"max_tokens_per_sentence must be at least 2 (a piece and EOS), got"
+                f" {max_tokens_per_sentence}"
+            )
+        limits = {"max_train_pairs": max_train_pairs, "max_eval_pairs": max_eval_pairs}
+        for name, limit in limits.items():
+            if limit is not None and limit < 1:
+                raise DataError(f"{name} must be None (all pairs) or at least 1, got {limit}")
+        if tokenizer.pad_id != 0:
+            raise DataError(
+                f"tokenizer pad_id must be 0 (batches are padded with 0); it is {tokenizer.pad_id}"
+            )
+        self.corpus = corpus
+        self.tokenizer = tokenizer
+        self.batch_tokens = batch_tokens
+        self.max_tokens_per_sentence = max_tokens_per_sentence
+        self.max_train_pairs = max_train_pairs
+        self.max_eval_pairs = max_eval_pairs
+        self.data_dir = data_dir
+        self.extra_trees = extra_trees
+        self.linearization = linearization
+        self.seed = seed
+        self.dropped = 0
+        self.sha256: dict[str, str] = {}  # per split, of the pairs used (``pairs_sha256``)
+        self.dev_pairs: list[tuple[str, str]] = []
+        self.test_pairs: list[tuple[str, str]] = []
+        self._train: Encoded | None = None
+        self._dev: Encoded | None = None
+        self._batch_counts: dict[tuple[int, bool, int, int], int] = {}
+
+    def prepare_data(self) -> None:
+        """Download or build the dataset caches (Lightning runs this on one process per node)."""
+        spec = corpus_spec(self.corpus)
+        for split in SPLITS:
+            if spec.treebank:  # extra trees are read once, in setup
+                treebank_trees(split, self.data_dir)
+            elif spec.bible is not None and self.data_dir is None:
+                bible_dataset(spec.bible, BIBLE_BOOKS[split])
+            else:
+                translation_dataset(self.corpus, split, self.data_dir)
+
+    def setup(self, stage: str | None = None) -> None:
+        """Load and encode the splits; later calls (one per Lightning stage) do nothing."""
+        if self._train is not None:
+            return
+        pairs = {split: load_pairs(self.corpus, split, self.data_dir, self.extra_trees,
+                                   self.linearization) for split in SPLITS}
+        train = first_pairs(pairs["train"], self.max_train_pairs)
+        self.dev_pairs = first_pairs(pairs["dev"], self.max_eval_pairs)
+        self.test_pairs = first_pairs(pairs["test"], self.max_eval_pairs)
+        self.sha256 = {split: pairs_sha256(p) for split, p in
+                       (("train", train), ("dev", self.dev_pairs), ("test", self.test_pairs))}
+        encoded = Encoded.encode(self.tokenizer, train)
+        fits = torch.from_numpy((encoded.lengths <= self.max_tokens_per_sentence).all(axis=1))
+        self.dropped = len(encoded) - int(fits.sum())
+        if self.dropped == len(encoded):
+            raise DataError(
+                f"{self.corpus}: all {len(encoded)} training pairs are longer than"
+                f" max_tokens_per_sentence={self.max_tokens_per_sentence}"
+            )
+        if self.dropped:
+            logger.info(
+                "%s train: dropped %d of %d pairs longer than %d tokens",
+                self.corpus, self.dropped, len(encoded), self.max_tokens_per_sentence,
+            )
+        self._train = encoded.subset(fits.nonzero().squeeze(1))
+        self._dev = Encoded.encode(self.tokenizer, self.dev_pairs)
+
+    def reference_perplexities(self) -> dict[str, float]:
+        """Dev PPL of unigram and bigram count models of the training targets (same pieces)."""
+        return ngram_perplexities(self._ready(self._train).tgt, self._ready(self._dev).tgt,
+                                  self.tokenizer.vocab_size, self.tokenizer.bos_id,
+                                  self.tokenizer.eos_id)
+
+    @property
+    def num_train_pairs(self) -> int:
+        """Training pairs kept after dropping over-long ones."""
+        return len(self._ready(self._train))
+
+    def train_dataloader(self) -> DataLoader:
+        """Shuffled token-bucketed training batches, reshuffled every epoch."""
+        return self._loader(self._ready(self._train), shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        """Token-bucketed dev batches, short to long."""
+        return self._loader(self._ready(self._dev), shuffle=False)
+
+    def source_batches(
+        self, sources: list[str], batch_tokens: int
+    ) -> Iterator[tuple[list[int], torch.LongTensor]]:
+        """(indices into ``sources``, padded source tensor) batches, grouped by length to decode."""
+        packed = Packed.encode(self.tokenizer, sources)
+        lengths = torch.stack([packed.lengths + 1, torch.zeros_like(packed.lengths)], dim=1)
+        for indices in batch_by_tokens(lengths.numpy(), batch_tokens, shuffle=False, seed=0):
+            index = torch.as_tensor(indices, dtype=torch.long)
+            yield indices, source_tensor(packed, index, self.tokenizer.eos_id)
+
+    def _loader(self, data: Encoded, shuffle: bool) -> DataLoader:
+        bos, eos = self.tokenizer.bos_id, self.tokenizer.eos_id
+        stream = BatchStream(
+            plan=lambda epoch: self._plan(data, shuffle, epoch),
+            collate=lambda indices: (data.batch(indices, bos, eos) if indices
+                                     else {PAD_BATCH: torch.ones(1)}),
+            epoch_of=lambda: None if self.trainer is None else self.trainer.current_epoch,
+            count=lambda: self._count(data, shuffle),
+        )
+        # Batches are built in the main process: collation is a few tensor ops per batch.
+        if not shuffle:  # evaluation passes always run whole
+            return DataLoader(stream, batch_size=None, num_workers=0,
+                              pin_memory=torch.cuda.is_available())
+        return ResumableLoader(stream, done=self._trained_in_epoch)
+
+    def _trained_in_epoch(self) -> tuple[int, int]:
+        """(current epoch, training batches of it already trained on), from the trainer's counters.
+
+        Checkpoints are written after an optimizer step, so this epoch's optimizer steps times the
+        micro-batches per step is the count (every epoch has the same number of batches; the last
+        step of an epoch may take fewer).
+        """
+        trainer = self.trainer
+        if trainer is None:
+            return 0, 0
+        accumulate = trainer.accumulate_grad_batches
+        batches = self._count(self._ready(self._train), shuffle=True)
+        steps_per_epoch = -(-batches // accumulate)
+        epoch = trainer.current_epoch
+        steps = trainer.global_step - epoch * steps_per_epoch
+        return epoch, min(batches, max(0, steps * accumulate))
+
+    def _plan(self, data: Encoded, shuffle: bool, epoch: int) -> list[list[int]]:
+        """Training: this rank's share of the epoch's shuffled batches. Evaluation on several
+        ranks: every batch exactly once, dealt round-robin; ranks left a batch short get an empty
+        one (``PAD_BATCH``, skipped by ``validation_step``) so all run the same number of steps."""
+        rank, world_size = self._rank()
+        seed = int(np.random.SeedSequence([self.seed, epoch]).generate_state(1)[0])
+        if shuffle or world_size == 1:
+            return batch_by_tokens(data.lengths, self.batch_tokens, shuffle, seed, rank,
+                                   world_size)
+        every = batch_by_tokens(data.lengths, self.batch_tokens, False, seed)
+        mine = every[rank::world_size]
+        return mine + [[]] * (-(-len(every) // world_size) - len(mine))
+
+    def _count(self, data: Encoded, shuffle: bool) -> int:
+        # The count depends only on the sorted lengths, not on the epoch's shuffle: memoise it.
+        key = (id(data), shuffle, *self._rank())
+        if key not in self._batch_counts:
+            self._batch_counts[key] = len(self._plan(data, shuffle, epoch=0))
+        return self._batch_counts[key]
+
+    def _rank(self) -> tuple[int, int]:
+        if self.trainer is None:
+            return 0, 1
+        return self.trainer.global_rank, self.trainer.world_size
+
+    def _ready(self, data: Encoded | None) -> Encoded:
+        if data is None:
+            raise RuntimeError("TranslationData.setup() must run before its dataloaders")
+        return data
