@@ -18,7 +18,7 @@ import sys
 
 import torch
 
-from reproduce.bench import bench_decoding
+from reproduce.bench.decoding import bench_decoding
 from reproduce.config import ModelConfig
 from reproduce.model import Transformer
 

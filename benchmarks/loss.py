@@ -28,7 +28,10 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from reproduce.bench import Bible, _plain_step, interleaved, machine
+from reproduce.bench.inputs import Bible
+from reproduce.bench.report import environment
+from reproduce.bench.timing import interleaved
+from reproduce.bench.training import plain_step
 from reproduce.model import Transformer
 from reproduce.optim import output_loss, smoothed_loss
 from reproduce.sweep import load_spec
@@ -55,7 +58,7 @@ def main() -> int:
     m, eps = config.model, config.train.eps_ls
     batches, _ = Bible(m.vocab_size, config.train.max_tokens_per_sentence, 0).batches(
         config.train.batch_tokens, args.batches)
-    info = machine()
+    info = environment()
     print(f"{info['cpu']}, {info['cores']} cores, load average {info['load_average'][0]:.2f}; "
           f"torch {info['torch']}, {info['threads']} threads; `cpu` base, {len(batches)} Bible "
           "batches per round")
@@ -94,7 +97,7 @@ def main() -> int:
             total, _ = loss(own.features(batch["src"], batch["tgt_in"]), own.embed.weight,
                             batch["tgt_out"])
             return total, (batch["tgt_out"] != m.pad_id).sum()
-        step = _plain_step(own, step_loss, config, "32-true")
+        step = plain_step(own, step_loss, config, "32-true")
         steps[name] = lambda step=step: step(batches)
 
     for title, contenders, per in (

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from . import devices, launch, workers
 from .attention import draw
-from .bench import run as run_bench
+from .bench.command import run as run_bench
 from .cost import estimate, parameter_rows
 from .dashboard import log_table
 from .dashboard import publish as publish_records

@@ -68,11 +68,25 @@ def default_scale() -> str:
     return "paper" if torch.cuda.is_available() else "cpu"
 
 
+def matmul_seconds(dtype: torch.dtype, n: int, budget: float = 0.5, most: int = 50) -> list[float]:
+    """Seconds of each of up to ``most`` n x n products (after one to warm up), stopping once
+    ``budget`` seconds are spent: the one matmul timer (cost, precision screen, bench)."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    a @ b
+    times: list[float] = []
+    while len(times) < most and sum(times) <= budget:
+        start = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def matmul_gflops(dtype: torch.dtype, n: int, budget: float = 0.5) -> float:
+    """Best matmul rate in GFLOP/s over repeats of an n x n product (a peak, for MFU)."""
+    return 2 * n ** 3 / min(matmul_seconds(dtype, n, budget)) / 1e9
+
+
 def measured_tflops(n: int = 1024, repeats: int = 8) -> float:
     """This CPU's sustained fp32 matmul rate, in TFLOPS (the paper's method needs one)."""
-    a = torch.randn(n, n)
-    a @ a
-    start = time.perf_counter()
-    for _ in range(repeats):
-        a @ a
-    return round(2 * n ** 3 * repeats / (time.perf_counter() - start) / 1e12, 4)
+    times = matmul_seconds(torch.float32, n, budget=float("inf"), most=repeats)
+    return round(2 * n ** 3 * len(times) / sum(times) / 1e12, 4)

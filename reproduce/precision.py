@@ -24,7 +24,7 @@ import torch
 from .config import Config
 from .devices import ONE_DEVICE, Layout
 from .files import write_atomic
-from .machine import cpu_flags, cpu_name
+from .machine import cpu_flags, cpu_name, matmul_gflops
 from .model import Transformer
 from .optim import accumulation, adam_with_schedule, output_loss
 from .records import runs_dir
@@ -37,18 +37,10 @@ CHOICES = ("32-true", "bf16-mixed")
 BF16_MARGIN = 1.1
 
 
-def _matmul_rate(dtype: torch.dtype, n: int = 256, repeats: int = 4) -> float:
-    a = torch.randn(n, n, dtype=dtype)
-    a @ a
-    start = time.perf_counter()
-    for _ in range(repeats):
-        a @ a
-    return repeats / max(time.perf_counter() - start, 1e-9)
-
-
 def bf16_matmul_not_slower() -> bool:
     """A screen, not the choice: whether timing a bf16 training step here is worth it."""
-    return _matmul_rate(torch.bfloat16) >= _matmul_rate(torch.float32)
+    rates = [matmul_gflops(dtype, 256, budget=0.05) for dtype in (torch.bfloat16, torch.float32)]
+    return rates[0] >= rates[1]
 
 
 def synthetic_batch(vocab: int, tokens: int, length: int, seed: int = 0

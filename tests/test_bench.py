@@ -6,8 +6,11 @@ import json
 import pytest
 import torch
 
-from reproduce import bench, peers
+from reproduce import peers
 from reproduce.__main__ import main
+from reproduce.bench import decoding as bench_decoding
+from reproduce.bench import inputs as bench_inputs
+from reproduce.bench import timing as bench_timing
 from reproduce.config import ModelConfig
 from reproduce.decoding import beam_search, greedy_search
 from reproduce.model import Transformer
@@ -73,7 +76,7 @@ def test_peer_loss_is_our_loss(batch):
 
 
 def test_synthetic_batches_fit_the_token_budget():
-    batches = bench.synthetic_batches(100, 512, 3, 64, seed=0)
+    batches = bench_inputs.synthetic_batches(100, 512, 3, 64, seed=0)
     assert len(batches) == 3
     for b in batches:
         (B, S), T = b["src"].shape, b["tgt_in"].shape[1]
@@ -85,7 +88,7 @@ def test_synthetic_batches_fit_the_token_budget():
 
 def test_interleaved_rotates_the_order():
     calls = []
-    bench.interleaved({k: (lambda k=k: calls.append(k)) for k in "abc"}, rounds=3, warmup=0)
+    bench_timing.interleaved({k: (lambda k=k: calls.append(k)) for k in "abc"}, rounds=3, warmup=0)
     assert "".join(calls) == "abcbcacab"
 
 
@@ -93,9 +96,9 @@ def test_decoding_without_transformers(monkeypatch, ours):
     def missing(*args, **kwargs):
         raise ImportError("no transformers")
 
-    monkeypatch.setattr(bench, "marian", missing)
+    monkeypatch.setattr(bench_decoding, "marian", missing)
     src = torch.randint(4, 50, (3, 5), generator=torch.Generator().manual_seed(3))
-    results, checks = bench.bench_decoding(ours, [src], rounds=1, beam=4, alpha=0.6, offset=5)
+    results, checks = bench_decoding.bench_decoding(ours, [src], rounds=1, beam=4, alpha=0.6, offset=5)
     assert [r.name for r in results] == ["greedy | ours, cached", "greedy | ours, uncached",
                                          "beam 4 | ours, cached", "beam 4 | ours, uncached"]
     assert checks["greedy: cached == uncached"] and checks["beam 4: cached == uncached"]
