@@ -39,7 +39,8 @@ def build_data(c: Config):
     data = TranslationData(d.corpus, tokenizer, c.train.batch_tokens,
                            c.train.max_tokens_per_sentence, d.max_train_pairs or None,
                            d.max_eval_pairs or None, d.data_dir or None, c.train.seed,
-                           extra_trees=d.extra_trees or None, linearization=d.linearization)
+                           extra_trees=d.extra_trees or None, linearization=d.linearization,
+                           device_batch_tokens=c.train.device_batch_tokens)
     return tokenizer, data
 
 
@@ -80,12 +81,11 @@ def fit(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=(),
         **({"val_check_interval": c.train.val_every_steps, "check_val_every_n_epoch": None}
            if c.train.val_every_steps else {"limit_val_batches": 0}),
     )
-    accumulate, micro = accumulation(c.train.batch_tokens, c.train.device_batch_tokens,
+    accumulate, _ = accumulation(c.train.batch_tokens, c.train.device_batch_tokens,
                                      trainer.world_size)
     trainer.accumulate_grad_batches = accumulate
     if c.train.val_every_steps:  # Lightning counts micro-batches; the config, optimizer steps
         trainer.val_check_interval = c.train.val_every_steps * accumulate
-    data.batch_tokens = micro
     last = checkpoints.newest_readable(work / "checkpoints")
     resumed = last is not None
     if resumed:

@@ -13,6 +13,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..errors import DataError
+from ..optim import accumulation
 from .batching import PAD_BATCH, BatchStream, Encoded, Packed, ResumableLoader, batch_by_tokens, source_tensor
 from .bible import BIBLE_BOOKS, bible_dataset
 from .corpora import SPLITS, corpus_spec, first_pairs, pairs_sha256
@@ -48,6 +49,7 @@ class TranslationData(pl.LightningDataModule):
         seed: int = 0,
         extra_trees: str | None = None,
         linearization: str = "xx",
+        device_batch_tokens: int = 0,
     ):
         super().__init__()
         corpus_spec(corpus)
@@ -75,6 +77,7 @@ class TranslationData(pl.LightningDataModule):
         self.data_dir = data_dir
         self.extra_trees = extra_trees
         self.linearization = linearization
+        self.device_batch_tokens = device_batch_tokens
         self.seed = seed
         self.dropped = 0
         self.sha256: dict[str, str] = {}  # per split, of the pairs used (``pairs_sha256``)
@@ -190,18 +193,26 @@ class TranslationData(pl.LightningDataModule):
         rank, world_size = self._rank()
         seed = int(np.random.SeedSequence([self.seed, epoch]).generate_state(1)[0])
         if shuffle or world_size == 1:
-            return batch_by_tokens(data.lengths, self.batch_tokens, shuffle, seed, rank,
+            return batch_by_tokens(data.lengths, self.micro_batch_tokens, shuffle, seed, rank,
                                    world_size)
-        every = batch_by_tokens(data.lengths, self.batch_tokens, False, seed)
+        every = batch_by_tokens(data.lengths, self.micro_batch_tokens, False, seed)
         mine = every[rank::world_size]
         return mine + [[]] * (-(-len(every) // world_size) - len(mine))
 
     def _count(self, data: Encoded, shuffle: bool) -> int:
         # The count depends only on the sorted lengths, not on the epoch's shuffle: memoise it.
-        key = (id(data), shuffle, *self._rank())
+        key = (id(data), shuffle, self.micro_batch_tokens, *self._rank())
         if key not in self._batch_counts:
             self._batch_counts[key] = len(self._plan(data, shuffle, epoch=0))
         return self._batch_counts[key]
+
+    @property
+    def micro_batch_tokens(self) -> int:
+        """Tokens per batch on one device: the config's ``batch_tokens`` split over the ranks and,
+        past ``device_batch_tokens``, over accumulated micro-batches (``optim.accumulation``, as
+        the Trainer accumulates them)."""
+        world_size = self._rank()[1]
+        return accumulation(self.batch_tokens, self.device_batch_tokens, world_size)[1]
 
     def _rank(self) -> tuple[int, int]:
         if self.trainer is None:
