@@ -20,8 +20,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .data import tokenizer_name
+from .decoding import beam_search
+from .errors import DataError
+from .lit import TranslationModule
 from .model import MultiHeadAttention, Transformer
 from .tables.figures import pyplot
+from .tokenizer import cache_dir, load_tokenizer, model_path
 
 DEFAULT_SENTENCE = ("In the beginning was the Word, and the Word was with God, and the Word was "
                     "God.")
@@ -71,11 +76,6 @@ def attention_weights(model: Transformer, src: Tensor, tgt_in: Tensor) -> dict[s
 
 def draw(run_id: str, sentence: str | None, layer: int | None, results: Path, runs: Path) -> Path:
     """Load a finished or running run's last checkpoint and write its attention figure."""
-    from .data import tokenizer_name
-    from .decoding import beam_search
-    from .errors import DataError
-    from .lit import TranslationModule
-    from .tokenizer import cache_dir, load_tokenizer, model_path
 
     table = run_id.split("-", 1)[0]
     ckpt = runs / table / run_id / "checkpoints" / "last.ckpt"

@@ -53,7 +53,6 @@ def params(args: argparse.Namespace) -> None:
 
 
 def run_table(args: argparse.Namespace, argv: list[str]) -> None:
-    from .runner import planned_summary
 
     spec = load_spec(args.spec or args.table)
     scale = args.scale or default_scale()
@@ -167,7 +166,6 @@ def render(spec, out, log: bool) -> list[str]:
         for path in figures:
             print(f"plotted {path}")
         if log:
-            from .records import runs_dir
 
             where = log_table(spec, records, out, figures, runs_dir() / spec.table / "tables")
             print(f"logged the table to W&B ({where['mode']}, {where['dir']})")
@@ -203,7 +201,6 @@ def publish(args: argparse.Namespace, argv: list[str]) -> int:
 
 def run_table4(args: argparse.Namespace, argv: list[str]) -> None:
     """Table 4: the parser's rows, on the user's treebank or NLTK's sample, tuned or not."""
-    from .machine import default_scale
 
     spec = load_spec(args.spec or args.table)
     scale = args.scale or default_scale()
@@ -245,7 +242,6 @@ def run_table4(args: argparse.Namespace, argv: list[str]) -> None:
 
 def submit(args: argparse.Namespace, argv: list[str], spec, runs, scale: str) -> None:
     """--launcher slurm: one array task per run without a record (reproduce/launch.py)."""
-    from .records import runs_dir
 
     todo = [run for run in runs if finished(run) is None]
     print(f"submission plan: {len(todo)} of {len(runs)} run(s) have no record; one SLURM array "

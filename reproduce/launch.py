@@ -14,7 +14,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from .devices import Layout
 from .logs import quiet_libraries
+from .records import finished
+from .runner import execute
 from .sweep import PlannedRun, load_spec
 
 # Resources per scale: GPUs and tasks per node, CPUs per task, memory, time limit. The paper's
@@ -27,6 +32,9 @@ RESOURCES = {
     "smoke": {"gpus_per_node": 0, "tasks_per_node": 1, "cpus_per_task": 1, "mem_gb": 4,
               "timeout_min": 15},
 }
+
+
+# submitit is imported where it is used: only --launcher slurm needs it.
 
 
 def resources(scale: str, gpus: int | None = None, train_steps: int | None = None) -> dict[str, Any]:
@@ -42,11 +50,7 @@ def run_one(spec_path: str, variant: str, scale: str, seed: int, split: str, com
             devices: int = 1) -> str:
     """The body of one array task (one of ``devices`` tasks, one per device, on a multi-device run):
     plan the run afresh from the spec and execute it."""
-    import torch
 
-    from .devices import Layout
-    from .records import finished
-    from .runner import execute
 
     quiet_libraries()
     run = load_spec(spec_path).plan([variant], scale, [seed])[-1]

@@ -17,10 +17,17 @@ import pytorch_lightning as pl
 import torch
 
 from . import devices, records, workers
-from .claims import rank
+from .averaging import average_checkpoints, last_checkpoints
+from .bleu import tokenized_bleu
+from .claims import claim, rank, worker_id
 from .config import Config
+from .data import is_treebank, treebank_trees
 from .devices import ONE_DEVICE, Layout
+from .evaluate import parse_scores, sacre_bleu, translate
+from .flops import analytic_flops, gpu_tflops, paper_cost
 from .machine import commit, hardware, measured_tflops
+from .model import count_parameters
+from .parsing import treebank_description
 from .precision import choose_precision
 from .records import finished, load_record, record_path, retire_stale, runs_dir, write_record
 from .sweep import PlannedRun
@@ -36,7 +43,6 @@ def execute(run: PlannedRun, split: str, command: str, extra: dict[str, Any] | N
     one sweep). More than one device: the run's own process group trains it (``devices``).
 
     ``extra`` entries are added to the record (e.g. ``tuning``: how the settings were chosen)."""
-    from .claims import claim
 
     path = record_path(run)
     record = finished(run)
@@ -65,7 +71,6 @@ def run_here(run: PlannedRun, split: str, command: str, work: Path,
              precision: tuple[str, dict[str, Any]]) -> dict[str, Any] | None:
     """This process's part of ``run``: alone, all of it; one rank of several (``devices``), its
     shard of training and of the dev perplexity, and on rank 0 the decoding and the record."""
-    from .claims import worker_id
 
     started = time.time()
     c = run.config
@@ -85,7 +90,6 @@ def run_here(run: PlannedRun, split: str, command: str, work: Path,
         return None  # rank 0 decodes every sentence and writes the record
     scores, headline = task_scores(module.model, tokenizer, data, c,
                                    outputs=(record_path(run).parent, run.run_id))
-    from .model import count_parameters
 
     metrics = {
         "dev_ppl": round(float(dev["dev/ppl"]), 3),
@@ -135,7 +139,6 @@ def _final_weights(module, directory: Path, k: int) -> list[str]:
     """Table 2: average the last k checkpoints into the model; Table 3 (k = 1): final weights."""
     if k <= 1:
         return []
-    from .averaging import average_checkpoints, last_checkpoints
 
     paths = last_checkpoints(directory, k)
     module.load_state_dict(average_checkpoints(paths))
@@ -145,7 +148,6 @@ def _final_weights(module, directory: Path, k: int) -> list[str]:
 def decode_batch_tokens(c: Config) -> int:
     """Source tokens per decoding batch. Parsing (treebank corpora): beam x (input +
     max_len_offset) cached positions per sentence, so fewer sentences per batch."""
-    from .data import is_treebank
 
     if is_treebank(c.data.corpus):
         return max(64, c.train.batch_tokens // c.decode.beam)
@@ -154,8 +156,6 @@ def decode_batch_tokens(c: Config) -> int:
 
 def _bleu(model, tokenizer, data, pairs, c: Config, lang: str) -> dict[str, Any]:
     """Both BLEU conventions, each labelled, and a few example outputs."""
-    from .bleu import tokenized_bleu
-    from .evaluate import sacre_bleu, translate
 
     sources, refs = [s for s, _ in pairs], [t for _, t in pairs]
     hyps = translate(model, tokenizer, data.source_batches(sources, decode_batch_tokens(c)),
@@ -171,7 +171,6 @@ def task_scores(model, tokenizer, data, c: Config, splits: tuple[str, ...] = ("d
     """The task's evaluation: (record entries, headline metrics). Translation: both BLEUs of each
     split, and with ``outputs`` (the records folder, the run id) every hypothesis kept there.
     Parsing (treebank corpora, Table 4): EVALB precision, recall and F1 of each split."""
-    from .data import is_treebank, treebank_trees
 
     pairs = {"dev": data.dev_pairs, "test": data.test_pairs}
     if not is_treebank(c.data.corpus):
@@ -187,8 +186,6 @@ def task_scores(model, tokenizer, data, c: Config, splits: tuple[str, ...] = ("d
         return {"bleu": bleu}, {
             **{f"{n}_bleu": bleu[n]["sacrebleu"]["score"] for n in splits},
             **{f"{n}_bleu_tokenized": bleu[n]["tokenized"]["score"] for n in splits}}
-    from .evaluate import parse_scores
-    from .parsing import treebank_description
 
     batch_tokens = decode_batch_tokens(c)
 
@@ -211,7 +208,6 @@ def task_scores(model, tokenizer, data, c: Config, splits: tuple[str, ...] = ("d
 
 def _cost(c: Config, work: dict[str, int], seconds: float, devices: int) -> dict[str, Any]:
     """Training cost two ways: the paper's (time x devices x sustained TFLOPS) and counted FLOPs."""
-    from .flops import analytic_flops, gpu_tflops, paper_cost
 
     if torch.cuda.is_available():
         name = torch.cuda.get_device_name(0)

@@ -13,19 +13,23 @@ from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
+from pytorch_lightning.strategies import DDPStrategy
+from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from . import checkpoints, devices, workers
 from .config import Config
+from .data import TranslationData, is_treebank, load_pairs, local_files, tokenizer_name, tree_symbols
 from .devices import ONE_DEVICE, Layout
+from .lit import TranslationModule
 from .machine import REPO
+from .optim import accumulation
 from .sweep import PlannedRun
+from .tokenizer import cache_dir, train_tokenizer
 
 log = logging.getLogger("reproduce")
 
 
 def build_data(c: Config):
-    from .data import TranslationData, is_treebank, load_pairs, tokenizer_name, tree_symbols
-    from .tokenizer import cache_dir, train_tokenizer
 
     d = c.data
     train_pairs = load_pairs(d.corpus, "train", d.data_dir or None, d.extra_trees or None,
@@ -47,7 +51,6 @@ def build_data(c: Config):
 def local_data(c: Config) -> dict[str, Any]:
     """Where a run's own parallel files are and what they hold (path, size, SHA-256 per split),
     so its table names them instead of the corpus the spec called them."""
-    from .data import is_treebank, local_files
 
     if not c.data.data_dir or is_treebank(c.data.corpus):
         return {}
@@ -57,8 +60,6 @@ def local_data(c: Config) -> dict[str, Any]:
 def fit(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=(),
            layout: Layout = ONE_DEVICE, curve_every: int | None = None):
     """Fit with Lightning on ``layout`` (resuming from the last checkpoint if there is one)."""
-    from .lit import TranslationModule
-    from .optim import accumulation
 
     c = run.config
     module = TranslationModule(c.to_dict())
@@ -90,7 +91,6 @@ def fit(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=(),
     resumed = last is not None
     if resumed:
         log.info("%s: resuming from %s", run.run_id, last)
-    from pytorch_lightning.utilities.exceptions import SIGTERMException
 
     try:
         trainer.fit(module, datamodule=data, ckpt_path=last if resumed else None)
@@ -109,7 +109,6 @@ def fit(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=(),
 def _strategy(layout: Layout):
     if layout.devices == 1:
         return "auto"
-    from pytorch_lightning.strategies import DDPStrategy
 
     return DDPStrategy(process_group_backend=layout.backend,
                        timeout=timedelta(seconds=devices.timeout_seconds()))
@@ -223,7 +222,7 @@ class TrainClock(pl.Callback):
 
 def wandb_logger(run: PlannedRun, work: Path, precision: str):
     """W&B, offline unless an API key is set (sync later with `wandb sync`)."""
-    from pytorch_lightning.loggers import WandbLogger
+    from pytorch_lightning.loggers import WandbLogger  # imports wandb: 1.3 s, only when training
 
     work.mkdir(parents=True, exist_ok=True)
     online = bool(os.environ.get("WANDB_API_KEY")) and os.environ.get("WANDB_MODE") != "offline"

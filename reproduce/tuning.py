@@ -22,17 +22,20 @@ from typing import Any
 
 import pytorch_lightning as pl
 
+from . import precision, records, runner, training
 from .config import FIELDS
 from .errors import ConfigError
 from .masking import mask
+from .records import runs_dir
 from .sweep import Knob, PlannedRun, Tuning
 
+# optuna is imported where it is used: 0.5 s that only --tune needs.
 log = logging.getLogger("reproduce")
 
 
 def default_storage() -> str:
     """SQLite in the runs folder: one file holds every study of this checkout."""
-    from .records import runs_dir
+
 
     runs_dir().mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{runs_dir() / 'optuna.db'}"
@@ -87,17 +90,15 @@ def train_and_score(run: PlannedRun, callbacks=()) -> dict[str, Any]:
     """Train ``run`` (resuming its checkpoint if any) and return its dev metrics, no test split."""
     import optuna
 
-    from . import precision, records, runner, training
-
     c = run.config
-    precision, _ = precision.choose_precision(run)
+    chosen, _ = precision.choose_precision(run)
     pl.seed_everything(c.train.seed, workers=True, verbose=False)
     tokenizer, data = training.build_data(c)
     work = records.runs_dir() / run.table / run.run_id
-    logger = training.wandb_logger(run, work, precision)
+    logger = training.wandb_logger(run, work, chosen)
     try:
         try:
-            trainer, module, *_ = training.fit(run, work, data, logger, precision, callbacks)
+            trainer, module, *_ = training.fit(run, work, data, logger, chosen, callbacks)
         except optuna.TrialPruned:
             shutil.rmtree(work / "checkpoints", ignore_errors=True)  # never resumed nor reused
             raise

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytorch_lightning as pl
 import torch
 
 from . import machine, records, runner, training
@@ -187,7 +188,6 @@ def _cadence(points: list[list[float]]) -> int | None:
 
 def _train_only(run: PlannedRun, curve_every: int | None) -> dict[str, list]:
     """The learning curve of ``run``'s steps, trained without evaluation or record."""
-    import pytorch_lightning as pl
 
     c = run.config
     pl.seed_everything(c.train.seed, workers=True, verbose=False)
