@@ -17,21 +17,13 @@ import torch
 
 from reproduce import claims, devices, machine
 from reproduce.errors import ConfigError
+from tests.helpers import cli, cli_env
 
 pytestmark = pytest.mark.slow
 
 
 def _env(root: Path) -> dict[str, str]:
-    return {**os.environ, "REPRODUCE_RESULTS": str(root / "results"),
-            "REPRODUCE_RUNS": str(root / "runs"), "OMP_NUM_THREADS": "2"}
-
-
-def cli(env, *args, check=True):
-    out = subprocess.run([sys.executable, "-m", "reproduce", *args], capture_output=True,
-                         text=True, env=env, check=False, timeout=600)
-    if check and out.returncode != 0:
-        raise AssertionError(f"exit {out.returncode}\n{out.stdout}\n{out.stderr}")
-    return out
+    return cli_env(root, threads=2)
 
 
 def _spec(path: Path, **base) -> Path:

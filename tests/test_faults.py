@@ -13,22 +13,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import cli, cli_env
+
 pytestmark = pytest.mark.slow
 
 RUN = "mine-base-smoke-seed0"
 
 
 def _env(root: Path) -> dict[str, str]:
-    return {**os.environ, "REPRODUCE_RESULTS": str(root / "results"),
-            "REPRODUCE_RUNS": str(root / "runs"), "OMP_NUM_THREADS": "1"}
-
-
-def cli(env, *args, check=True):
-    out = subprocess.run([sys.executable, "-m", "reproduce", *args], capture_output=True,
-                         text=True, env=env, check=False, timeout=600)
-    if check and out.returncode != 0:
-        raise AssertionError(f"exit {out.returncode}\n{out.stdout}\n{out.stderr}")
-    return out
+    return cli_env(root, threads=1)
 
 
 def _spec(path: Path, base: dict | None = None, variants: dict | None = None) -> Path:
