@@ -35,7 +35,10 @@ def build_parser() -> argparse.ArgumentParser:
         t.add_argument("--variant", action="append", help="one variant (repeatable)")
         t.add_argument("--scale", help="paper, cpu or smoke (default: fits this machine)")
         t.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds (default 0)")
-        t.add_argument("--dry-run", action="store_true", help="print the plan and exit")
+        t.add_argument("--dry-run", action="store_true", help="print the plan and what each run "
+                       "should take, from counted FLOPs and a cached probe, and exit")
+        t.add_argument("--on", help="with --dry-run: plan for other hardware, e.g. 8xH100, "
+                       "A100, or cpu (this machine, the default)")
         t.add_argument("--render", action="store_true", help="train nothing: render "
                        f"results/{table}.md (and its figures) from the records there and exit")
         t.add_argument("--spec", help=f"a sweep spec file instead of sweeps/{table}.yaml")

@@ -7,15 +7,18 @@ Each command takes the parsed arguments and the raw argv and returns an exit sta
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
 from pathlib import Path
 
-from . import devices, launch, workers
+import torch
+
+from . import devices, estimates, launch, machine, workers
 from .attention import draw
 from .bench.command import run as run_bench
-from .cost import estimate, parameter_rows
+from .cost import parameter_rows
 from .dashboard import log_table
 from .dashboard import publish as publish_records
 from .data import missing_input
@@ -23,6 +26,7 @@ from .errors import ConfigError, DamagedRecords
 from .gpu_check import run as check_gpu
 from .logs import quiet_libraries
 from .machine import default_scale
+from .optim import accumulation
 from .records import finished, load_records, plan_state, results_dir, runs_dir
 from .runner import execute, planned_summary, run_here, with_data
 from .status import report as status_report
@@ -68,6 +72,62 @@ def run_table(args: argparse.Namespace, argv: list[str]) -> None:
     _train_and_render(args, argv, spec, runs, scale, tuning, _bleu_line, log=not args.dry_run)
 
 
+def plan_costs(spec, runs, args: argparse.Namespace, layout) -> dict[str, float]:
+    """--dry-run: what each run will do and take, on this machine with the worker layout the same
+    command would use, or on ``--on`` hardware; the estimates beside what recorded runs took.
+    Counted, not timed: nothing is built or stepped but a short matmul probe (cached)."""
+    target = estimates.parse_on(getattr(args, "on", None))
+    if target.kind == "gpu" and getattr(args, "devices", None) not in (None, "auto"):
+        target = dataclasses.replace(target, devices=int(args.devices))
+    if target.kind == "cpu" and layout.devices > 1:  # one run over CPU processes
+        target = dataclasses.replace(target, devices=layout.devices)
+    todo = [run for run in runs if plan_state(run) != "done"]
+    n = 1
+    if target.kind == "cpu":
+        n = args.workers if isinstance(args.workers, int) else (
+            1 if layout.devices > 1 else workers.auto_count(todo))
+    ranks = target.devices if target.kind == "cpu" else 1
+    threads = max(1, min(machine.cores(), torch.get_num_threads()) // max(n * ranks, 1))
+    cache = runs_dir() / "cost_probe.json"
+
+    def rate_at(k: int) -> float:
+        return estimates.rate_at(k, cache)
+
+    records = {r["run_id"]: r for r in load_records(spec.table, results_dir())}
+    model = estimates.fit_cpu(list(records.values()), rate_at) if target.kind == "cpu" else None
+    where = (f"this CPU ({machine.cpu_name()}), {n} worker(s) x {ranks} rank(s) of {threads} "
+             "thread(s)"
+             if target.kind == "cpu" else target.label)
+    print(f"each run on {layout.describe() if target.kind == 'cpu' else target.label}; plan on "
+          f"{where}; counted FLOPs per step, no model built:")
+    total = 0.0
+    for run in runs:
+        state = plan_state(run)
+        if state == "done":
+            print(f"  {run.run_id}: done (its record is kept; not run again)")
+            continue
+        if state.startswith("redo: "):
+            print(f"  {run.run_id}: will be redone: {state[6:]}")
+        left = workers.steps_left(run) if target.kind == "cpu" else run.config.train.train_steps
+        e = estimates.estimate(run, target, model, rate_at(threads) if model else None, left)
+        paper = estimates.paper_method_flops(e, target)
+        total += e.device_hours
+        t = run.config.train
+        accumulate, micro = accumulation(t.batch_tokens, t.device_batch_tokens, e.devices)
+        print(f"  {run.run_id}: {e.steps} steps x {micro * e.devices * accumulate} tokens/step "
+              f"({e.devices} device(s) x {accumulate} accumulated x {micro}), "
+              f"{e.seconds_per_step:.3g} s/step -> {e.hours:.2f} h, {e.device_hours:.2f} "
+              f"device-hours; {e.flops:.2g} FLOPs counted"
+              + (f", {paper:.2g} by the paper's method" if paper else "") + f" [{e.source}]")
+    wall = total / (n if target.kind == "cpu" else 1)
+    print(f"total: {total:.1f} device-hours, about {wall:.1f} h of wall clock "
+          + (f"with {n} worker(s)" if target.kind == "cpu" else "one run after another"))
+    if model is not None:
+        checked = estimates.check_against_records(runs, records, model, rate_at)
+        print("  " + estimates.error_line(checked))
+    return {"device_hours": total, "wall_hours": wall}
+
+
 def _overridden_line(spec, scale: str) -> None:
     """Say where the scale replaces a value the spec's base set (the record keeps both)."""
     if overridden := spec.scale_overrides(scale):
@@ -103,18 +163,7 @@ def _train_and_render(args: argparse.Namespace, argv: list[str], spec, runs, sca
         submit(args, argv, spec, runs, scale)
         return
     elif args.dry_run:
-
-        print(f"each run on {layout.describe()}; estimates from a measured training step on this "
-              "machine (no data, no network):")
-
-        for run in runs:
-            state = plan_state(run)
-            if state == "done":
-                print(f"  {run.run_id}: done (its record is kept; not run again)")
-                continue
-            if state.startswith("redo: "):
-                print(f"  {run.run_id}: will be redone: {state[6:]}")
-            print("  " + estimate(run.run_id, run.config, layout.devices))
+        plan_costs(spec, runs, args, layout)
         return
     quiet_libraries()
     command = workers.command(argv)

@@ -1,5 +1,5 @@
-"""What a configuration costs before it runs: parameter counts (Table 3's column) and the
-time a run should take here, from a measured training step (`--dry-run`)."""
+"""What a configuration costs: parameter counts (Table 3's column) and a measured training step
+here (how ``--workers`` balances runs between its workers; plans use ``estimates``)."""
 
 from __future__ import annotations
 
@@ -74,18 +74,3 @@ def step_seconds(config: Config, probe_tokens: int = 256, devices: int = 1) -> f
         slope = max(measure_step_seconds(config, second, repeats=3) - small, 0.0) / (second - probe)
         per_micro = small + slope * (micro - probe)
     return per_micro * accumulate
-
-
-def estimate(run_id: str, config: Config, devices: int = 1, probe_tokens: int = 256) -> str:
-    """A plan line: steps, tokens per step and the time and device-hours the run should take here,
-    from steps measured on micro-batches of `probe_tokens` and twice that, extrapolated along the
-    line through them to the real micro-batch (a fixed cost per step, such as kernel launches on
-    a GPU or the optimizer, is not multiplied by the batch size as a one-point ratio would)."""
-    t = config.train
-    accumulate, micro = accumulation(t.batch_tokens, t.device_batch_tokens, devices)
-    step = step_seconds(config, probe_tokens, devices)
-    hours = step * t.train_steps / 3600
-    where = torch.cuda.get_device_name(0) if devices and torch.cuda.is_available() else "this CPU"
-    return (f"{run_id}: {t.train_steps} steps x {micro * devices * accumulate} tokens/step "
-            f"({devices} device(s) x {accumulate} accumulated x {micro}); measured "
-            f"{step:.2f} s/step on {where} -> {hours:.1f} h, {hours * devices:.1f} device-hours")

@@ -15,9 +15,11 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from . import estimates, machine
 from .claims import holder
 from .records import load_records, same_config
 from .sweep import load_spec, shipped_specs
+from .workers import steps_left
 
 
 def table_status(table: str, results: Path, runs: Path,
@@ -54,12 +56,31 @@ def table_status(table: str, results: Path, runs: Path,
                 state["missing"].append(run_id)
         done = [records[i] for i in state["done"]]
         flops = [r.get("cost", {}).get("paper_method_flops") for r in done]
+        left = [run for run in planned if run.run_id in state["stopped"] + state["missing"]]
         rows.append({"table": spec.table, "scale": scale, "seeds": sorted(seen[scale]), **state,
+                     "left": _time_left(left, list(records.values()), runs),
                      "train_hours": sum(r["metrics"]["train_seconds"] for r in done) / 3600,
                      "device_hours": sum(r["metrics"]["train_seconds"] * r.get("cost", {}).get(
                          "devices", 1) for r in done) / 3600,
                      "paper_method_flops": sum(f for f in flops if f)})
     return rows
+
+
+def _time_left(left: list, records: list[dict[str, Any]], runs: Path) -> dict[str, Any]:
+    """What the runs not yet finished should take on this CPU, with the worker layout
+    ``--workers auto`` would pick (``estimates``: counted FLOPs, the cached probe, the fit to
+    this table's records)."""
+    if not left:
+        return {"device_hours": 0.0, "wall_hours": 0.0, "workers": 0, "source": ""}
+    cores = machine.cores()
+    n = min(cores, len(left)) if cores > 1 and len(left) > 1 else 1
+    threads = max(1, cores // n)
+    cache = runs / "cost_probe.json"
+    model = estimates.fit_cpu(records, lambda k: estimates.rate_at(k, cache))
+    rate = estimates.rate_at(threads, cache)
+    hours = sum(estimates.estimate(run, estimates.Target("cpu"), model, rate,
+                                   steps_left(run)).hours for run in left)
+    return {"device_hours": hours, "wall_hours": hours / n, "workers": n, "source": model.source}
 
 
 def report(results: Path, runs: Path, verbose: bool = False,
@@ -77,6 +98,11 @@ def report(results: Path, runs: Path, verbose: bool = False,
                          f"spent {row['train_hours']:.2f} h training ({row['device_hours']:.2f} "
                          f"device-hours, {row['paper_method_flops']:.2g} FLOPs by the paper's "
                          "method)")
+            left = row["left"]
+            if left["workers"]:
+                lines.append(f"  left: about {left['device_hours']:.1f} h of training on this CPU,"
+                             f" {left['wall_hours']:.1f} h with {left['workers']} worker(s) "
+                             f"({left['source']})")
             for key in ("stale", "running", "stopped") + (("missing",) if verbose else ()):
                 for run_id in row[key]:
                     lines.append(f"  {key:8} {run_id}")

@@ -1,0 +1,88 @@
+"""The cost model behind --dry-run and status: counted work, calibrated by finished records."""
+
+import dataclasses
+
+import pytest
+
+from reproduce import estimates
+from reproduce.errors import ConfigError
+from reproduce.machine import cpu_name
+from reproduce.sweep import load_spec
+
+
+def _runs(table, variants, scale="paper"):
+    return {r.variant: r for r in load_spec(table).plan(variants, scale, [0])}
+
+
+def test_estimates_follow_the_counted_flops():
+    runs = _runs("table2", ["base-en-de", "big-en-de", "base-en-fr"])
+    target = estimates.parse_on("8xH100")
+    e = {k: estimates.estimate(r, target) for k, r in runs.items()}
+    # big's step is at least 2.5x base's at the paper's sizes (the paper: 1.0 s against 0.4 s)
+    assert e["big-en-de"].seconds_per_step >= 2.5 * e["base-en-de"].seconds_per_step
+    # the same shape with another vocabulary differs only by its output layer
+    de, fr = (runs[k].config.model for k in ("base-en-de", "base-en-fr"))
+    out_layer = 3 * 2 * (de.vocab_size - fr.vocab_size) * de.d_model  # per target token, fwd+bwd
+    tokens = runs["base-en-de"].config.train.batch_tokens / 8
+    assert estimates.step_work(runs["base-en-de"].config, 8)[0] - \
+        estimates.step_work(runs["base-en-fr"].config, 8)[0] == pytest.approx(out_layer * tokens,
+                                                                              rel=1e-3)
+    assert e["base-en-de"].device_hours == pytest.approx(8 * e["base-en-de"].hours)
+    assert "GUESS" in e["base-en-de"].source
+
+
+def test_unknown_hardware_is_refused_in_one_line():
+    with pytest.raises(ConfigError, match=r"--on '8xZ9000': unknown device 'Z9000'; known: .*H100"):
+        estimates.parse_on("8xZ9000")
+    assert estimates.parse_on(None).kind == "cpu"
+    assert estimates.parse_on("A100").devices == 1
+
+
+def _record(run, seconds_per_step, threads=1, cpu=None):
+    return {"run_id": run.run_id, "config": run.config.to_dict(),
+            "metrics": {"train_steps": 100, "train_seconds": 100 * seconds_per_step},
+            "hardware": {"cpu": cpu or cpu_name(), "gpus": [], "torch_threads": threads},
+            "batch": {"world_size": 1}}
+
+
+def test_calibration_recovers_the_cost_of_flops_and_of_heads():
+    """Synthetic records made by a known model: the fit finds it, and predicts a variant it never
+    saw (more heads) from its counted work."""
+    runs = _runs("table3", ["base", "A1", "A2", "A3", "A4", "B1", "C6"], "cpu")
+    truth = estimates.CpuModel(a=2.0, b=3e5, fitted_on=0)
+    rate = {1: 50.0, 2: 77.0}
+
+    def seconds(run, threads=1):
+        flops, blocks = estimates.step_work(run.config)
+        return truth.seconds(flops, blocks, rate[threads])
+
+    seen = [r for k, r in runs.items() if k != "A4"]
+    records = [_record(r, seconds(r)) for r in seen] + [_record(runs["base"], seconds(runs["base"], 2),
+                                                                threads=2)]
+    records.append(_record(runs["A1"], 99.0, cpu="another CPU"))  # not this CPU's: ignored
+    model = estimates.fit_cpu(records, rate.get)
+    assert model.fitted_on == len(seen) + 1
+    assert (model.a, model.b) == (pytest.approx(2.0, rel=1e-6), pytest.approx(3e5, rel=1e-6))
+    flops, blocks = estimates.step_work(runs["A4"].config)
+    assert model.seconds(flops, blocks, rate[1]) == pytest.approx(seconds(runs["A4"]), rel=1e-6)
+    checked = estimates.check_against_records(list(runs.values()), {r["run_id"]: r for r in
+                                                                    records[:len(seen)]},
+                                              model, rate.get)
+    assert len(checked) == len(seen)
+    assert "median error 0%" in estimates.error_line(checked)
+
+
+def test_without_records_the_default_is_stated_as_a_guess():
+    model = estimates.fit_cpu([], lambda k: 50.0)
+    assert model.fitted_on == 0 and "GUESS" in model.source
+
+
+def test_the_worker_layout_sets_the_threads_a_run_is_estimated_at(tmp_path, monkeypatch):
+    monkeypatch.setattr(estimates, "probe", lambda threads, cache=None: 40.0)
+    run = _runs("table3", ["base"], "cpu")["base"]
+    model = estimates.CpuModel(2.0, 3e5, 5)
+    alone = estimates.estimate(run, estimates.Target("cpu"), model, estimates.rate_at(2))
+    shared = estimates.estimate(run, estimates.Target("cpu"), model, estimates.rate_at(1))
+    # one of two 1-thread workers: slower per run than one 2-thread process, by 2 ** 0.62
+    assert shared.hours / alone.hours == pytest.approx(2 ** estimates.THREAD_EXPONENT)
+    assert dataclasses.replace(alone, steps=0).hours == 0
