@@ -93,7 +93,7 @@ def plan_costs(spec, runs, args: argparse.Namespace, layout) -> dict[str, float]
     def rate_at(k: int) -> float:
         return estimates.rate_at(k, cache)
 
-    records = {r["run_id"]: r for r in load_records(spec.table, results_dir())}
+    records = {r["run_id"]: r for r in load_records(spec.table, results_dir(), move=False)}
     model = estimates.fit_cpu(list(records.values()), rate_at) if target.kind == "cpu" else None
     where = (f"this CPU ({machine.cpu_name()}), {n} worker(s) x {ranks} rank(s) of {threads} "
              "thread(s)"

@@ -70,15 +70,18 @@ def set_aside(path: Path) -> Path:
     return moved
 
 
-def load_records(table: str, results: Path,
-                 damaged: list[str] | None = None) -> list[dict[str, Any]]:
+def load_records(table: str, results: Path, damaged: list[str] | None = None,
+                 move: bool = True) -> list[dict[str, Any]]:
     """Every record of ``table``. Damaged files are set aside, and a line saying which and where
-    they went is appended to ``damaged`` (logged as a warning when no list is given)."""
+    they went is appended to ``damaged`` (logged as a warning when no list is given); with
+    ``move=False`` (a dry run, which changes nothing) they are only skipped."""
     records = []
     for path in sorted((results / table).glob("*.json")):
         try:
             records.append(read_record(path))
         except DamagedRecord as e:
+            if not move:
+                continue
             try:
                 line = f"{e}; moved to {set_aside(path)}; its run will be redone"
             except FileNotFoundError:  # another process set it aside first

@@ -5,6 +5,7 @@ aside in one line; bad data and bad specs are refused in one line naming what is
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -58,6 +59,20 @@ def _kill_after(env, args, work: Path, step: int) -> None:
     proc.wait()
 
 
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory) -> Path:
+    """One uninterrupted run of the default spec: the reference several tests compare with (they
+    copy it before changing anything)."""
+    root = tmp_path_factory.mktemp("clean")
+    cli(_env(root), "table3", "--spec", str(_spec(root / "mine.yaml")), "--scale", "smoke")
+    return root
+
+
+def _copy(clean: Path, to: Path) -> Path:
+    shutil.copytree(clean, to, dirs_exist_ok=True)
+    return to
+
+
 def _comparable(record: dict) -> dict:
     m = record["metrics"]
     keep = ("dev_ppl", "dev_nll", "dev_bleu", "test_bleu", "dev_bleu_tokenized",
@@ -72,12 +87,15 @@ def _comparable(record: dict) -> dict:
     # 2 micro-batches a step, a checkpoint every 0.12 s: saves come due between micro-batches
     {"device_batch_tokens": 512, "ckpt_every_minutes": 0.002},
 ], ids=["every-3-steps", "accumulated-time-based"])
-def test_a_run_killed_at_several_moments_and_resumed_equals_one_never_interrupted(tmp_path, base):
+def test_a_run_killed_at_several_moments_and_resumed_equals_one_never_interrupted(tmp_path, base,
+                                                                                 clean):
     """Dropout on (the default p_drop), three kills: early, mid-epoch, during evaluation."""
     spec = _spec(tmp_path / "mine.yaml", base)
     args = ["table3", "--spec", str(spec), "--scale", "smoke"]
-    clean, broken = tmp_path / "clean", tmp_path / "broken"
-    cli(_env(clean), *args)
+    broken = tmp_path / "broken"
+    if base:  # another config: its own uninterrupted run
+        clean = tmp_path / "clean"
+        cli(_env(clean), *args)
     work = broken / "runs" / "mine" / RUN
     for step in (4, 16, 30):  # 30: the last step, so the kill lands in evaluation
         _kill_after(_env(broken), args, work, step)
@@ -96,11 +114,10 @@ def _truncate(path: Path) -> None:
 
 @pytest.mark.parametrize("damage", ["last", "all"])
 def test_a_damaged_checkpoint_is_set_aside_and_the_run_resumes_from_a_readable_one(tmp_path,
-                                                                                   damage):
-    spec = _spec(tmp_path / "mine.yaml", {"average_last": 2})  # two step checkpoints kept
+                                                                                   damage, clean):
+    spec = _spec(tmp_path / "mine.yaml")
     args = ["table3", "--spec", str(spec), "--scale", "smoke"]
-    clean, broken = tmp_path / "clean", tmp_path / "broken"
-    cli(_env(clean), *args)
+    broken = tmp_path / "broken"
     work = broken / "runs" / "mine" / RUN
     _kill_after(_env(broken), args, work, 16)
     checkpoints, newest = work / "checkpoints", _newest_step(work)
@@ -122,11 +139,10 @@ def test_a_damaged_checkpoint_is_set_aside_and_the_run_resumes_from_a_readable_o
     assert _comparable(record) == _comparable(_record(clean))
 
 
-def test_a_damaged_record_is_named_set_aside_and_its_run_redone(tmp_path):
-    env = _env(tmp_path)
-    spec = _spec(tmp_path / "mine.yaml")
+def test_a_damaged_record_is_named_set_aside_and_its_run_redone(tmp_path, clean):
+    env = _env(_copy(clean, tmp_path))
+    spec = tmp_path / "mine.yaml"
     args = ["table3", "--spec", str(spec), "--scale", "smoke"]
-    cli(env, *args)
     path = tmp_path / "results" / "mine" / f"{RUN}.json"
     good = path.read_bytes()
     damaged = tmp_path / "results" / "mine" / "damaged"
@@ -233,14 +249,12 @@ def test_a_variant_varying_what_a_scale_sets_is_blamed_on_the_variant(tmp_path):
     assert "scales.yaml: scales.cpu.set: lr_scale varied by a row" not in line
 
 
-def test_kept_outputs_give_the_recorded_bleu_through_sacrebleus_command_line(tmp_path):
+def test_kept_outputs_give_the_recorded_bleu_through_sacrebleus_command_line(tmp_path, clean):
     """Also: the hardware a speed depends on, and a W&B folder that is not this machine's path."""
     import gzip
 
-    env = _env(tmp_path)
-    cli(env, "table3", "--spec", str(_spec(tmp_path / "mine.yaml")), "--scale", "smoke")
-    record = _record(tmp_path)
-    folder = tmp_path / "results" / "mine"
+    record = _record(clean)
+    folder = clean / "results" / "mine"
     sacrebleu = Path(sys.executable).with_name("sacrebleu")
     for split in ("dev", "test"):
         bleu = record["bleu"][split]
@@ -266,9 +280,8 @@ def test_kept_outputs_give_the_recorded_bleu_through_sacrebleus_command_line(tmp
         not Path(record["wandb"]["dir"]).is_relative_to(Path(__file__).parent.parent)
 
 
-def test_verify_reruns_a_record_in_scratch_and_finds_the_same_numbers(tmp_path):
-    env = _env(tmp_path)
-    cli(env, "table3", "--spec", str(_spec(tmp_path / "mine.yaml")), "--scale", "smoke")
+def test_verify_reruns_a_record_in_scratch_and_finds_the_same_numbers(tmp_path, clean):
+    env = _env(_copy(clean, tmp_path))
     path = tmp_path / "results" / "mine" / f"{RUN}.json"
     before = sorted(str(p) for p in tmp_path.rglob("*"))
     scratch = tmp_path.parent / f"{tmp_path.name}-scratch"
@@ -286,10 +299,11 @@ def test_verify_reruns_a_record_in_scratch_and_finds_the_same_numbers(tmp_path):
     assert "verified: the first 12 steps give the recorded learning curve" in out.stdout
     assert int(re.search(r"(\d+) common", out.stdout).group(1)) >= 12
 
-    record = json.loads(path.read_text())
-    record["metrics"]["dev_ppl"] += 1.0
+    record = json.loads(path.read_text())  # a record whose curve is not what its run gives
+    record["curve"]["train_loss"][1][2] += 0.5
     path.write_text(json.dumps(record))
-    out = cli(env, "verify", str(path), "--scratch", str(tmp_path.parent / f"{tmp_path.name}-x"),
-              check=False)
+    out = cli(env, "verify", str(path), "--steps", "3",
+              "--scratch", str(tmp_path.parent / f"{tmp_path.name}-x"), check=False)
     assert out.returncode == 1
-    assert "NOT the recorded numbers" in out.stdout and re.search(r"dev_ppl .* -1\b", out.stdout)
+    assert "NOT the recorded numbers" in out.stdout
+    assert re.search(r"1 differ \(first: train_loss at step 2: [\d.]+ recorded", out.stdout)
