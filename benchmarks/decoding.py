@@ -5,7 +5,7 @@
 Decodes `--sentences` random sources of `--length` tokens with a small untrained model (d_model 256,
 3+3 layers), greedy and beam 4, with the key/value cache, recomputing the prefix at every step, and
 with MarianMT ``generate`` (our weights copied in; skipped without ``transformers``). Contenders are
-interleaved and repeated (``reproduce.bench.bench_decoding``); medians are reported. Exits non-zero
+interleaved and repeated (``reproduce.bench.decoding.bench_decoding``); medians are reported. Exits non-zero
 if cached and uncached outputs differ. ``python -m reproduce bench`` runs the same comparison at the
 `cpu` and paper sizes, beside training.
 """

@@ -3,7 +3,7 @@ output projection. Speed and gradient.
 
     python benchmarks/loss.py [--threads 2] [--batches 8] [--rounds 4]
 
-At the `cpu` scale's base config, on Bible training batches (``reproduce.bench.Bible``):
+At the `cpu` scale's base config, on Bible training batches (``reproduce.bench.inputs.Bible``):
 
 * ``autograd``: the tied projection to logits, then the loss formula left to autograd
   (log-softmax, gather, mean), as before its backward was written out;
@@ -13,7 +13,7 @@ At the `cpu` scale's base config, on Bible training batches (``reproduce.bench.B
 
 It times the output layer alone (projection + loss, forward + backward, from the first batch's
 decoder output) and a whole training step (forward, loss, backward, Adam) with each, the
-contenders interleaved (``reproduce.bench.interleaved``); medians are reported. Exits non-zero if
+contenders interleaved (``reproduce.bench.timing.interleaved``); medians are reported. Exits non-zero if
 a gradient (decoder output and shared embedding) differs from autograd's by more than 1e-4 of
 its largest entry (float rounding is ~1e-6).
 """

@@ -105,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _bench_parser(sub) -> None:
     b = sub.add_parser("bench", help="training and decoding speed beside torch.nn.Transformer and "
-                       "MarianMT, in one process (reproduce/bench.py)")
+                       "MarianMT, in one process (reproduce/bench/)")
     b.add_argument("--quick", action="store_true", help="fewer batches and rounds (minutes)")
     b.add_argument("--gpu", action="store_true", help="one GPU with the paper's base and big: "
                    "step time, tokens/s, MFU, memory, projected hours -> results/gpu.md (on a "

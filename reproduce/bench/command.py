@@ -55,7 +55,7 @@ def run(args: argparse.Namespace, command: str) -> int:
             if bible is None:
                 bible = Bible(BIBLE_VOCAB, 128, args.seed)
             batches, per_batch = bible.batches(batch_tokens, plan.batches)
-            about = (f"Bible EN-DE training batch(es) (BPE {BIBLE_VOCAB}; data.py builds one in "
+            about = (f"Bible EN-DE training batch(es) (BPE {BIBLE_VOCAB}; the data module builds one in "
                      f"{per_batch * 1e3:.1f} ms)")
         else:
             batches = synthetic_batches(c.vocab_size, batch_tokens, plan.batches, max_len, args.seed)

@@ -86,7 +86,7 @@ class Bible:
         self.data.setup()
 
     def batches(self, batch_tokens: int, count: int) -> tuple[list[dict[str, torch.Tensor]], float]:
-        """The first `count` shuffled training batches, and the seconds data.py took per batch."""
+        """The first `count` shuffled training batches, and the seconds the data module took per batch."""
         self.data.batch_tokens = batch_tokens
         loader = iter(self.data.train_dataloader())
         next(loader)  # plans the epoch

@@ -1,6 +1,6 @@
 """Figures drawn from run records (PNG, beside the Markdown tables in ``results/``).
 
-Like ``results.py``, pure functions of the records. Table 3: per row, each variant's change
+Like the tables, pure functions of the records. Table 3: per row, each variant's change
 from base, the paper's beside ours (relative, so a 5-PPL model and a 37-PPL one share an axis),
 with our seed noise and the verdict. Table 2: BLEU against parameters. Both: the learning curves
 every record carries.
