@@ -38,7 +38,7 @@ from .cost import step_seconds
 from .errors import ConfigError
 from .machine import SHARE_ENV
 from .masking import mask
-from .records import finished, runs_dir
+from .records import finished, plan_state, runs_dir
 
 ORDER_ENV = "REPRODUCE_RUN_ORDER"  # comma-separated run ids a worker tries first, in order
 WORKER_ENV = "REPRODUCE_WORKER"  # set in workers: train and record, leave the table to the parent
@@ -76,13 +76,12 @@ def auto_count(runs: list, tuning: bool = False) -> int:
     process is not itself a worker, nothing is tuned first, and two or more runs without a record
     have ``AUTO_MIN_STEPS`` training steps left between them; then one worker per core, at most
     one per run (the cores follow the work as workers end)."""
-
     if tuning or is_worker() or torch.cuda.is_available():
         return 1
     cores = min(machine.cores(), torch.get_num_threads())  # OMP_NUM_THREADS=1 keeps one process
     if cores < 2:
         return 1
-    todo = [run for run in runs if finished(run) is None]
+    todo = [run for run in runs if plan_state(run) != "done"]  # reads only: dry runs call it too
     if len(todo) < 2 or sum(steps_left(run) for run in todo) < AUTO_MIN_STEPS:
         return 1
     return min(cores, len(todo))
@@ -91,7 +90,6 @@ def auto_count(runs: list, tuning: bool = False) -> int:
 def steps_left(run) -> int:
     """Training steps a run still needs: all of them, less those of its latest checkpoint
     (``step<N>.ckpt``), which it resumes from."""
-
     steps = run.config.train.train_steps
     try:
         latest = last_checkpoints(runs_dir() / run.table / run.run_id / "checkpoints", 1)[0]
@@ -163,7 +161,6 @@ def launch(argv: Sequence[str], runs: list, n: int, devices: int = 1) -> int:
     ``devices`` devices of its worker's own (GPUs: worker k gets the k-th block of ``devices``;
     a CPU: its share of the cores, split between its ranks); returns 0 if every worker succeeded,
     else a failed one's status (positive). Each worker's output lines are prefixed ``[wK]``."""
-
     if n < 1:
         raise ConfigError(f"--workers {n}: must be at least 1")
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0

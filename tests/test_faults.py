@@ -148,7 +148,8 @@ def test_a_damaged_record_is_named_set_aside_and_its_run_redone(tmp_path, clean)
     damaged = tmp_path / "results" / "mine" / "damaged"
 
     _truncate(path)
-    out = cli(env, *args, "--dry-run")  # says what it will do, changes nothing
+    # says what it will do, changes nothing (2 threads: --workers auto looks at the records too)
+    out = cli({**env, "OMP_NUM_THREADS": "2"}, *args, "--dry-run")
     assert f"{RUN}: will be redone: {path}: damaged record (not valid JSON" in out.stdout
     assert path.exists() and not damaged.exists()
 

@@ -134,9 +134,10 @@ def test_workers_auto_splits_a_cpu_only_for_long_sweeps(tmp_path, monkeypatch):
     assert workers.auto_count(row_a) == 1
     monkeypatch.setattr(torch, "get_num_threads", lambda: 16)
     left = {row_a[0].run_id}  # the others have records
-    monkeypatch.setattr(workers, "finished", lambda run: None if run.run_id in left else {})
+    monkeypatch.setattr(workers, "plan_state",
+                        lambda run: "train" if run.run_id in left else "done")
     assert workers.auto_count(row_a) == 1
-    monkeypatch.setattr(workers, "finished", lambda run: None)
+    monkeypatch.setattr(workers, "plan_state", lambda run: "train")
     monkeypatch.setenv(workers.WORKER_ENV, "1")  # a worker never starts workers
     assert workers.auto_count(row_a) == 1
     monkeypatch.delenv(workers.WORKER_ENV)
