@@ -76,7 +76,6 @@ def attention_weights(model: Transformer, src: Tensor, tgt_in: Tensor) -> dict[s
 
 def draw(run_id: str, sentence: str | None, layer: int | None, results: Path, runs: Path) -> Path:
     """Load a finished or running run's last checkpoint and write its attention figure."""
-
     table = run_id.split("-", 1)[0]
     ckpt = runs / table / run_id / "checkpoints" / "last.ckpt"
     if not ckpt.is_file():

@@ -38,7 +38,6 @@ from .verify import verify as verify_record
 
 
 def params(args: argparse.Namespace) -> None:
-
     rows = parameter_rows(load_spec(args.table), args.vocab_size)
     if args.json:
         print(json.dumps(rows, indent=1))
@@ -57,7 +56,6 @@ def params(args: argparse.Namespace) -> None:
 
 
 def run_table(args: argparse.Namespace, argv: list[str]) -> None:
-
     spec = load_spec(args.spec or args.table)
     scale = args.scale or default_scale()
     names = spec.select(args.row, args.variant)
@@ -81,7 +79,8 @@ def plan_costs(spec, runs, args: argparse.Namespace, layout) -> dict[str, float]
         target = dataclasses.replace(target, devices=int(args.devices))
     if target.kind == "cpu" and layout.devices > 1:  # one run over CPU processes
         target = dataclasses.replace(target, devices=layout.devices)
-    todo = [run for run in runs if plan_state(run) != "done"]
+    states = {run.run_id: plan_state(run) for run in runs}
+    todo = [run for run in runs if states[run.run_id] != "done"]
     n = 1
     if target.kind == "cpu":
         n = args.workers if isinstance(args.workers, int) else (
@@ -96,13 +95,12 @@ def plan_costs(spec, runs, args: argparse.Namespace, layout) -> dict[str, float]
     records = {r["run_id"]: r for r in load_records(spec.table, results_dir(), move=False)}
     model = estimates.fit_cpu(list(records.values()), rate_at) if target.kind == "cpu" else None
     where = (f"this CPU ({machine.cpu_name()}), {n} worker(s) x {ranks} rank(s) of {threads} "
-             "thread(s)"
-             if target.kind == "cpu" else target.label)
+             "thread(s)" if target.kind == "cpu" else target.label)
     print(f"each run on {layout.describe() if target.kind == 'cpu' else target.label}; plan on "
           f"{where}; counted FLOPs per step, no model built:")
     total = 0.0
     for run in runs:
-        state = plan_state(run)
+        state = states[run.run_id]
         if state == "done":
             print(f"  {run.run_id}: done (its record is kept; not run again)")
             continue
@@ -152,7 +150,6 @@ def _train_and_render(args: argparse.Namespace, argv: list[str], spec, runs, sca
     """Train ``runs`` (tuned first with ``tuning``), here or in ``--workers`` processes, then render
     the table from the records; ``--render`` only renders, ``--dry-run`` only estimates and
     ``--launcher slurm`` submits instead."""
-
     layout = devices.resolve(args.accelerator, args.devices, spec.scale(scale).devices)
     if args.render:
         if render(spec, results_dir() / f"{spec.table}.md", log=log):
@@ -200,7 +197,6 @@ def _train_and_render(args: argparse.Namespace, argv: list[str], spec, runs, sca
 def render(spec, out, log: bool) -> list[str]:
     """Render ``out`` (and Tables 2-3's figures, logged to W&B with the table) from records;
     return a line per damaged record set aside (the rest are rendered)."""
-
     out.parent.mkdir(parents=True, exist_ok=True)
     render = RENDERERS.get(spec.table, RENDERERS["table3"])
     damaged: list[str] = []
@@ -223,7 +219,6 @@ def render(spec, out, log: bool) -> list[str]:
 
 def publish(args: argparse.Namespace, argv: list[str]) -> int:
     """``publish``: the committed records of one table (and scale) as W&B runs (dashboard.py)."""
-
     quiet_libraries()
     spec = load_spec(args.table)
     damaged: list[str] = []
@@ -250,7 +245,6 @@ def publish(args: argparse.Namespace, argv: list[str]) -> int:
 
 def run_table4(args: argparse.Namespace, argv: list[str]) -> None:
     """Table 4: the parser's rows, on the user's treebank or NLTK's sample, tuned or not."""
-
     spec = load_spec(args.spec or args.table)
     scale = args.scale or default_scale()
     for flag, path, what in (("--treebank", args.treebank, "the Penn Treebank's parsed/mrg/wsj"),
@@ -291,7 +285,6 @@ def run_table4(args: argparse.Namespace, argv: list[str]) -> None:
 
 def submit(args: argparse.Namespace, argv: list[str], spec, runs, scale: str) -> None:
     """--launcher slurm: one array task per run without a record (reproduce/launch.py)."""
-
     todo = [run for run in runs if finished(run) is None]
     print(f"submission plan: {len(todo)} of {len(runs)} run(s) have no record; one SLURM array "
           "task each:")

@@ -51,7 +51,6 @@ def run_one(spec_path: str, variant: str, scale: str, seed: int, split: str, com
     """The body of one array task (one of ``devices`` tasks, one per device, on a multi-device run):
     plan the run afresh from the spec and execute it."""
 
-
     quiet_libraries()
     run = load_spec(spec_path).plan([variant], scale, [seed])[-1]
     if finished(run) is not None:

@@ -43,7 +43,6 @@ def execute(run: PlannedRun, split: str, command: str, extra: dict[str, Any] | N
     one sweep). More than one device: the run's own process group trains it (``devices``).
 
     ``extra`` entries are added to the record (e.g. ``tuning``: how the settings were chosen)."""
-
     path = record_path(run)
     record = finished(run)
     if record is not None:
@@ -71,7 +70,6 @@ def run_here(run: PlannedRun, split: str, command: str, work: Path,
              precision: tuple[str, dict[str, Any]]) -> dict[str, Any] | None:
     """This process's part of ``run``: alone, all of it; one rank of several (``devices``), its
     shard of training and of the dev perplexity, and on rank 0 the decoding and the record."""
-
     started = time.time()
     c = run.config
     precision, chosen = precision
@@ -80,7 +78,7 @@ def run_here(run: PlannedRun, split: str, command: str, work: Path,
     zero = rank() == 0
     logger = wandb_logger(run, work, precision) if zero else False
     trainer, module, clock, resumed, accumulate = fit(run, work, data, logger, precision,
-                                                         layout=layout)
+                                                      layout=layout)
     work_done = module.total_work()  # a collective: every rank
     workers.share_cores()  # decoding too uses the cores of workers that have ended
     weights = _final_weights(module, work / "checkpoints", c.train.average_last)
@@ -100,7 +98,7 @@ def run_here(run: PlannedRun, split: str, command: str, work: Path,
         "train_seconds": round(clock.seconds, 1),
         "train_cpu_seconds": round(clock.cpu_seconds, 1),
     }
-    micro = -(-c.train.batch_tokens // (trainer.world_size * accumulate))
+    micro = data.micro_batch_tokens
     record = {
         "run_id": run.run_id, "table": run.table, "row": run.row, "variant": run.variant,
         "scale": run.scale, "seed": c.train.seed, "split": split,
@@ -148,7 +146,6 @@ def _final_weights(module, directory: Path, k: int) -> list[str]:
 def decode_batch_tokens(c: Config) -> int:
     """Source tokens per decoding batch. Parsing (treebank corpora): beam x (input +
     max_len_offset) cached positions per sentence, so fewer sentences per batch."""
-
     if is_treebank(c.data.corpus):
         return max(64, c.train.batch_tokens // c.decode.beam)
     return c.train.batch_tokens
@@ -156,7 +153,6 @@ def decode_batch_tokens(c: Config) -> int:
 
 def _bleu(model, tokenizer, data, pairs, c: Config, lang: str) -> dict[str, Any]:
     """Both BLEU conventions, each labelled, and a few example outputs."""
-
     sources, refs = [s for s, _ in pairs], [t for _, t in pairs]
     hyps = translate(model, tokenizer, data.source_batches(sources, decode_batch_tokens(c)),
                      len(sources), c.decode)
@@ -171,7 +167,6 @@ def task_scores(model, tokenizer, data, c: Config, splits: tuple[str, ...] = ("d
     """The task's evaluation: (record entries, headline metrics). Translation: both BLEUs of each
     split, and with ``outputs`` (the records folder, the run id) every hypothesis kept there.
     Parsing (treebank corpora, Table 4): EVALB precision, recall and F1 of each split."""
-
     pairs = {"dev": data.dev_pairs, "test": data.test_pairs}
     if not is_treebank(c.data.corpus):
         lang = c.data.corpus.rsplit("-", 1)[-1]
@@ -208,7 +203,6 @@ def task_scores(model, tokenizer, data, c: Config, splits: tuple[str, ...] = ("d
 
 def _cost(c: Config, work: dict[str, int], seconds: float, devices: int) -> dict[str, Any]:
     """Training cost two ways: the paper's (time x devices x sustained TFLOPS) and counted FLOPs."""
-
     if torch.cuda.is_available():
         name = torch.cuda.get_device_name(0)
         tflops, source = gpu_tflops(name), "GPU table (reproduce/flops.py)"

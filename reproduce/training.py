@@ -30,7 +30,7 @@ log = logging.getLogger("reproduce")
 
 
 def build_data(c: Config):
-
+    """The run's tokenizer (trained once per corpus and size, cached) and its data module."""
     d = c.data
     train_pairs = load_pairs(d.corpus, "train", d.data_dir or None, d.extra_trees or None,
                              d.linearization)
@@ -51,16 +51,14 @@ def build_data(c: Config):
 def local_data(c: Config) -> dict[str, Any]:
     """Where a run's own parallel files are and what they hold (path, size, SHA-256 per split),
     so its table names them instead of the corpus the spec called them."""
-
     if not c.data.data_dir or is_treebank(c.data.corpus):
         return {}
     return {"data_dir": c.data.data_dir, "files": local_files(c.data.corpus, c.data.data_dir)}
 
 
 def fit(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=(),
-           layout: Layout = ONE_DEVICE, curve_every: int | None = None):
+        layout: Layout = ONE_DEVICE, curve_every: int | None = None):
     """Fit with Lightning on ``layout`` (resuming from the last checkpoint if there is one)."""
-
     c = run.config
     module = TranslationModule(c.to_dict())
     clock = TrainClock(every=0 if sys.stderr.isatty() else 50, curve_every=curve_every)
@@ -76,14 +74,15 @@ def fit(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=(),
     trainer = pl.Trainer(
         max_steps=c.train.train_steps, max_epochs=-1, precision=precision,
         accelerator=layout.accelerator, devices=layout.devices, strategy=_strategy(layout),
-        logger=logger, callbacks=[ckpt, clock, *callbacks], plugins=[checkpoints.AtomicCheckpointIO()],
+        logger=logger, callbacks=[ckpt, clock, *callbacks],
+        plugins=[checkpoints.AtomicCheckpointIO()],
         num_sanity_val_steps=0, log_every_n_steps=10, enable_model_summary=False,
         enable_progress_bar=sys.stderr.isatty(),
         **({"val_check_interval": c.train.val_every_steps, "check_val_every_n_epoch": None}
            if c.train.val_every_steps else {"limit_val_batches": 0}),
     )
     accumulate, _ = accumulation(c.train.batch_tokens, c.train.device_batch_tokens,
-                                     trainer.world_size)
+                                 trainer.world_size)
     trainer.accumulate_grad_batches = accumulate
     if c.train.val_every_steps:  # Lightning counts micro-batches; the config, optimizer steps
         trainer.val_check_interval = c.train.val_every_steps * accumulate
@@ -93,7 +92,7 @@ def fit(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=(),
         log.info("%s: resuming from %s", run.run_id, last)
 
     try:
-        trainer.fit(module, datamodule=data, ckpt_path=last if resumed else None)
+        trainer.fit(module, datamodule=data, ckpt_path=last)
     except SIGTERMException:  # Lightning's: a SystemExit with status 0, as if the run had ended
         raise SystemExit(f"{run.run_id}: stopped by SIGTERM at step {trainer.global_step} of "
                          f"{c.train.train_steps}; run the command again to resume it from its "

@@ -36,7 +36,6 @@ log = logging.getLogger("reproduce")
 def default_storage() -> str:
     """SQLite in the runs folder: one file holds every study of this checkout."""
 
-
     runs_dir().mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{runs_dir() / 'optuna.db'}"
 

@@ -188,7 +188,6 @@ def _cadence(points: list[list[float]]) -> int | None:
 
 def _train_only(run: PlannedRun, curve_every: int | None) -> dict[str, list]:
     """The learning curve of ``run``'s steps, trained without evaluation or record."""
-
     c = run.config
     pl.seed_everything(c.train.seed, workers=True, verbose=False)
     _, data = training.build_data(c)

@@ -28,7 +28,6 @@ from .training import bench_training
 
 def run(args: argparse.Namespace, command: str) -> int:
     """``python -m reproduce bench``: measure, print and write the report; 1 if a check failed."""
-
     if args.checkpoint and not Path(args.checkpoint).is_file():
         raise ConfigError(f"--checkpoint {args.checkpoint}: no such file")
     quiet_libraries(logging.ERROR)
@@ -116,7 +115,6 @@ def _overrides(items: list[str]) -> dict[str, Any]:
 def _decoding_setup(args, scale: str, config: Config, plan: Plan, bible: Bible | None):
     """Weights and sources to decode: a trained checkpoint on Bible dev sentences, or untrained
     weights on random sources of `plan.length` tokens."""
-
     if args.checkpoint and scale == "cpu":
         module = TranslationModule.load_from_checkpoint(args.checkpoint, map_location="cpu")
         if module.config.model != config.model:

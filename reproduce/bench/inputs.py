@@ -54,7 +54,6 @@ def synthetic_batches(vocab: int, batch_tokens: int, count: int, max_len: int,
                       seed: int) -> list[dict[str, torch.Tensor]]:
     """Token-count batches (``data.batch_by_tokens``) of random ids with sentence-like lengths:
     sources log-normal around 30 pieces, targets about 10% longer (as German is)."""
-
     rng = np.random.default_rng(seed)
     src = np.clip(np.rint(rng.lognormal(math.log(30), 0.5, 20000)), 1, max_len - 1)
     tgt = np.clip(np.rint(src * rng.lognormal(0.1, 0.2, src.size)), 1, max_len - 1)
@@ -77,7 +76,6 @@ class Bible:
     """Bible EN-DE, encoded once with the cached BPE of the `cpu` scale (the real length mix)."""
 
     def __init__(self, vocab: int, max_tokens_per_sentence: int, seed: int):
-
         pairs = load_pairs("bible-en-de", "train")
         self.tokenizer = train_tokenizer("bible-en-de", vocab, (s for p in pairs for s in p),
                                          cache_dir())

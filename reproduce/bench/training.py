@@ -77,7 +77,6 @@ def bench_training(config: Config, batches: list[dict[str, torch.Tensor]], plan:
                    ) -> tuple[list[Result], dict[str, float]]:
     """Training throughput of every contender on the same batches, and each one's loss on the
     first batch (eval mode, same weights): the same function gives the same number."""
-
     c = config.model
     torch.manual_seed(config.train.seed)
     module = TranslationModule(config.to_dict())

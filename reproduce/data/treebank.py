@@ -15,7 +15,6 @@ from .corpora import check_split, missing_input, report_pairs
 @lru_cache(maxsize=8)
 def treebank_trees(split: str, data_dir: str | None = None) -> tuple:
     """Gold trees of a treebank split (cached: dev and test are read again to score)."""
-
     check_split(split)
     try:
         trees = load_treebank(split, data_dir)
@@ -29,7 +28,6 @@ def treebank_trees(split: str, data_dir: str | None = None) -> tuple:
 
 def treebank_pairs(corpus: str, split: str, data_dir: str | None,
                     extra_trees: str | None, linearization: str) -> list[tuple[str, str]]:
-
     why = missing_input(corpus, extra_trees)
     if why:
         raise DataError(why)
@@ -49,7 +47,6 @@ def tree_symbols(pairs: Sequence[tuple[str, str]], linearization: str = "xx") ->
     """The tokens of linearized trees, each as one sentencepiece piece with its word boundary:
     ``▁(NP``, ``▁)NP``, ``▁XX``. Whole symbols keep an output tree one piece per token. With
     ``linearization="words"`` only the brackets: words are split into pieces as in the source."""
-
     tokens = {token for _, tree in pairs for token in tree.split()}
     if linearization == "words":
         tokens = {token for token in tokens if is_bracket(token)}
