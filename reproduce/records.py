@@ -70,6 +70,15 @@ def set_aside(path: Path) -> Path:
     return moved
 
 
+def _moved_line(e: DamagedRecord) -> str | None:
+    """Set the damaged record aside; the line that says so, or None when another process set it
+    aside first."""
+    try:
+        return f"{e}; moved to {set_aside(e.path)}"
+    except FileNotFoundError:
+        return None
+
+
 def load_records(table: str, results: Path, damaged: list[str] | None = None,
                  move: bool = True) -> list[dict[str, Any]]:
     """Every record of ``table``. Damaged files are set aside, and a line saying which and where
@@ -80,12 +89,9 @@ def load_records(table: str, results: Path, damaged: list[str] | None = None,
         try:
             records.append(read_record(path))
         except DamagedRecord as e:
-            if not move:
+            if not move or (line := _moved_line(e)) is None:
                 continue
-            try:
-                line = f"{e}; moved to {set_aside(path)}; its run will be redone"
-            except FileNotFoundError:  # another process set it aside first
-                continue
+            line += "; its run will be redone"
             if damaged is None:
                 log.warning("%s", line)
             else:
@@ -141,11 +147,8 @@ def load_record(path: Path) -> dict[str, Any] | None:
     try:
         return read_record(path)
     except DamagedRecord as e:
-        try:
-            moved = set_aside(path)
-        except FileNotFoundError:
-            return None
-        log.warning("%s; moved to %s; the run will be redone", e, moved)
+        if (line := _moved_line(e)) is not None:
+            log.warning("%s; the run will be redone", line)
         return None
 
 
