@@ -17,6 +17,7 @@ Every line says where its figures come from, and which of them are guesses.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import statistics
@@ -63,9 +64,10 @@ def rate_at(threads: int, cache: Path | None = None) -> float:
     return probe(1, cache) * max(1, threads) ** THREAD_EXPONENT
 
 
+@functools.cache
 def probe(threads: int, cache: Path | None = None) -> float:
     """This CPU's fp32 matmul rate at ``threads`` threads, GFLOP/s (512 x 512, best of ~0.3 s,
-    cached per CPU and thread count)."""
+    cached per CPU and thread count in ``cache`` and, for this process, in memory)."""
     key = f"{cpu_name()}|{threads}"
     known = json.loads(cache.read_text()) if cache and cache.exists() else {}
     if key in known:
@@ -115,9 +117,9 @@ def _record_work(record: dict[str, Any]) -> tuple[float, float, int] | None:
 def fit_cpu(records: list[dict[str, Any]], rate_at) -> CpuModel:
     """Least squares over this CPU's records: seconds/step x rate(threads) = a F + b A, a, b >= 0.
     ``rate_at(threads)`` is the probe. Falls back to the default with fewer than 2 records."""
-    rows, target = [], []
+    rows, target, here = [], [], cpu_name()
     for r in records:
-        if r.get("hardware", {}).get("cpu") != cpu_name() or not r["metrics"].get("train_steps"):
+        if r.get("hardware", {}).get("cpu") != here or not r["metrics"].get("train_steps"):
             continue
         work = _record_work(r)
         if work is None:
@@ -223,10 +225,10 @@ def check_against_records(runs, records: dict[str, dict[str, Any]], model: CpuMo
                           rate_at) -> list[tuple[str, float, float]]:
     """(run id, estimated hours, recorded hours) for planned runs that have a record from this CPU
     on one device, the estimate taken at the record's own thread count."""
-    out = []
+    out, here = [], cpu_name()
     for run in runs:
         r = records.get(run.run_id)
-        if not r or r.get("hardware", {}).get("cpu") != cpu_name() or _record_work(r) is None:
+        if not r or r.get("hardware", {}).get("cpu") != here or _record_work(r) is None:
             continue
         threads = int(r["hardware"].get("torch_threads") or 1)
         e = estimate(run, Target("cpu"), model, rate_at(threads),

@@ -8,6 +8,7 @@ import os
 import platform
 import subprocess
 import time
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +20,15 @@ REPO = Path(__file__).resolve().parent.parent
 SHARE_ENV = "REPRODUCE_WORKER_SHARE"
 
 
+@lru_cache(maxsize=1)
+def _cpuinfo() -> str:
+    """/proc/cpuinfo, read once per process (records, plans and probes ask for it often)."""
+    return CPUINFO.read_text() if CPUINFO.exists() else ""
+
+
 def _cpuinfo_field(name: str) -> str | None:
     """The first ``name: value`` line of /proc/cpuinfo, or None (not Linux, or no such line)."""
-    if not CPUINFO.exists():
-        return None
-    for line in CPUINFO.read_text().splitlines():
+    for line in _cpuinfo().splitlines():
         if line.startswith(name):
             return line.split(":", 1)[1].strip()
     return None
