@@ -119,9 +119,9 @@ def _compare(old: dict[str, Any], new: dict[str, Any]) -> tuple[list[str], bool]
     return lines, same
 
 
-def _curve_points(curve: dict[str, list], steps: int) -> dict[tuple[str, int], float]:
-    return {(kind, int(p[0])): p[2] for kind, points in curve.items() for p in points
-            if p[0] <= steps}
+def _curve_points(curve: dict[str, list]) -> dict[tuple[str, int], float]:
+    """{(train_loss or dev_ppl, step): value} of a recorded learning curve."""
+    return {(kind, int(p[0])): p[2] for kind, points in curve.items() for p in points}
 
 
 def verify(path: Path, steps: int | None = None, scratch: Path | None = None) -> int:
@@ -158,9 +158,8 @@ def verify(path: Path, steps: int | None = None, scratch: Path | None = None) ->
                 old_curve = record.get("curve", {})
                 new_curve = _train_only(run, _cadence(old_curve.get("train_loss", [])))
                 lines, same = [], True
-            common = sorted(set(_curve_points(old_curve, steps or 10**12))
-                            & set(_curve_points(new_curve, steps or 10**12)))
-            a, b = _curve_points(old_curve, 10**12), _curve_points(new_curve, 10**12)
+            a, b = _curve_points(old_curve), _curve_points(new_curve)
+            common = sorted(k for k in a.keys() & b.keys() if steps is None or k[1] <= steps)
             differ = [k for k in common if a[k] != b[k]]
             same &= not differ and bool(common or steps is None)
             lines.append(f"learning curve: {len(common)} common point(s), "
