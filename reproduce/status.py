@@ -15,11 +15,13 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from . import estimates, machine
 from .claims import holder
 from .records import load_records, same_config
 from .sweep import load_spec, shipped_specs
-from .workers import steps_left
+from .workers import auto_count, steps_left
 
 
 def table_status(table: str, results: Path, runs: Path,
@@ -56,7 +58,8 @@ def table_status(table: str, results: Path, runs: Path,
                 state["missing"].append(run_id)
         done = [records[i] for i in state["done"]]
         flops = [r.get("cost", {}).get("paper_method_flops") for r in done]
-        left = [run for run in planned if run.run_id in state["stopped"] + state["missing"]]
+        unfinished = state["stale"] + state["running"] + state["stopped"] + state["missing"]
+        left = [run for run in planned if run.run_id in unfinished]
         rows.append({"table": spec.table, "scale": scale, "seeds": sorted(seen[scale]), **state,
                      "left": _time_left(left, list(records.values()), runs),
                      "train_hours": sum(r["metrics"]["train_seconds"] for r in done) / 3600,
@@ -67,14 +70,13 @@ def table_status(table: str, results: Path, runs: Path,
 
 
 def _time_left(left: list, records: list[dict[str, Any]], runs: Path) -> dict[str, Any]:
-    """What the runs not yet finished should take on this CPU, with the worker layout
-    ``--workers auto`` would pick (``estimates``: counted FLOPs, the cached probe, the fit to
-    this table's records)."""
+    """What the runs not yet finished (steps left after their checkpoints) should take on this
+    CPU, with the worker layout ``--workers auto`` would pick (``estimates``: counted FLOPs, the
+    cached probe, the fit to this table's records)."""
     if not left:
         return {"device_hours": 0.0, "wall_hours": 0.0, "workers": 0, "source": ""}
-    cores = machine.cores()
-    n = min(cores, len(left)) if cores > 1 and len(left) > 1 else 1
-    threads = max(1, cores // n)
+    n = auto_count(left)
+    threads = max(1, min(machine.cores(), torch.get_num_threads()) // n)
     cache = runs / "cost_probe.json"
     model = estimates.fit_cpu(records, lambda k: estimates.rate_at(k, cache))
     rate = estimates.rate_at(threads, cache)
