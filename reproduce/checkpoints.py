@@ -14,14 +14,13 @@ import logging
 import os
 import re
 import zipfile
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import torch
 from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
 
-from .files import write_atomic
+from .files import timestamp, write_atomic
 
 log = logging.getLogger("reproduce")
 
@@ -64,7 +63,7 @@ def newest_readable(directory: Path) -> Path | None:
         why = unreadable(path)
         if why is None:
             return path
-        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+        stamp = timestamp()
         moved = directory / DAMAGED / f"{path.name}.{stamp}"
         moved.parent.mkdir(exist_ok=True)
         try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from datetime import datetime, timezone
 from pathlib import Path
 
 
@@ -26,3 +27,9 @@ def write_atomic(path: Path, data: bytes) -> None:
         os.fsync(folder)  # the rename itself survives a crash
     finally:
         os.close(folder)
+
+
+def timestamp() -> str:
+    """UTC now as ``YYYYMMDDTHHMMSS``: the suffix of files and folders set aside (superseded,
+    damaged), so they sort by when it happened."""
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")

@@ -17,7 +17,6 @@ import json
 import logging
 import os
 from dataclasses import replace
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ import torch
 from .checkpoints import newest_readable
 from .config import Config
 from .errors import ConfigError
-from .files import write_atomic
+from .files import timestamp, write_atomic
 from .sweep import PlannedRun
 
 log = logging.getLogger("reproduce")
@@ -63,7 +62,7 @@ def read_record(path: Path) -> dict[str, Any] | None:
 
 def set_aside(path: Path) -> Path:
     """Move a damaged record to ``<its folder>/damaged/<name>.<time>.json``; return where."""
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    stamp = timestamp()
     moved = path.parent / DAMAGED / f"{path.stem}.{stamp}.json"
     moved.parent.mkdir(parents=True, exist_ok=True)
     os.replace(path, moved)
@@ -204,7 +203,7 @@ def retire_stale(run: PlannedRun, work: Path) -> None:
     """Move aside what an earlier config of ``run`` left: its record (to
     ``results/<table>/superseded/``) and its checkpoints (to ``<work>/superseded-<time>/``), so a
     changed config neither reuses nor resumes them, and nothing is deleted."""
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    stamp = timestamp()
     path = record_path(run)
     record = load_record(path)
     if record is not None and not same_config(record.get("config"), run.config):
