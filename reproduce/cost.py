@@ -33,9 +33,10 @@ def parameter_rows(spec: Spec, vocab_size: int, scale: str = "paper") -> list[di
 
 
 def measure_step_seconds(config: Config, tokens: int, sentence_length: int = 25,
-                         repeats: int = 1) -> float:
+                         repeats: int = 1, precision_of: Config | None = None) -> float:
     """Seconds for one forward + backward + Adam step on `tokens` source (and target) tokens of
-    synthetic sentences, on this machine's default device (no data, no network)."""
+    synthetic sentences, on this machine's default device (no data, no network), in the precision
+    chosen for ``precision_of`` (the run's table base; default ``config``)."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     m = config.model
     model = Transformer(m).to(device)
@@ -44,7 +45,7 @@ def measure_step_seconds(config: Config, tokens: int, sentence_length: int = 25,
     src = torch.randint(4, m.vocab_size, (B, sentence_length), device=device)
     autocast = torch.autocast(device, dtype=torch.bfloat16,
                               enabled=resolve_precision(config.train.precision,
-                                                               config).startswith("bf16"))
+                                                        precision_of or config).startswith("bf16"))
     times = []
     for _ in range(repeats + 1):  # the first step warms up
         start = time.perf_counter()
@@ -60,17 +61,20 @@ def measure_step_seconds(config: Config, tokens: int, sentence_length: int = 25,
     return statistics.median(times[1:])
 
 
-def step_seconds(config: Config, probe_tokens: int = 256, devices: int = 1) -> float:
+def step_seconds(config: Config, probe_tokens: int = 256, devices: int = 1,
+                 precision_of: Config | None = None) -> float:
     """Seconds one training step of ``config`` should take here on ``devices``: steps measured on
     micro-batches of ``probe_tokens`` and twice that, extrapolated along the line through them to
-    the real micro-batch, times the accumulated micro-batches per step."""
+    the real micro-batch, times the accumulated micro-batches per step (precision as in
+    ``measure_step_seconds``)."""
     t = config.train
     accumulate, micro = accumulation(t.batch_tokens, t.device_batch_tokens, devices)
     probe = min(probe_tokens, micro)
-    small = measure_step_seconds(config, probe, repeats=3)
+    small = measure_step_seconds(config, probe, repeats=3, precision_of=precision_of)
     per_micro = small
     if probe < micro:
         second = min(2 * probe, micro)
-        slope = max(measure_step_seconds(config, second, repeats=3) - small, 0.0) / (second - probe)
+        slope = max(measure_step_seconds(config, second, repeats=3, precision_of=precision_of)
+                    - small, 0.0) / (second - probe)
         per_micro = small + slope * (micro - probe)
     return per_micro * accumulate

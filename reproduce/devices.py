@@ -116,7 +116,7 @@ def train_on_ranks(run: PlannedRun, split: str, command: str, work: Path,
     work.mkdir(parents=True, exist_ok=True)
     payload = work / PAYLOAD
     payload.write_text(json.dumps({
-        "run": {**{k: v for k, v in asdict(run).items() if k != "config"},
+        "run": {**{k: v for k, v in asdict(run).items() if k not in ("config", "precision_from")},
                 "config": run.config.to_dict()},
         "split": split, "command": command, "extra": extra, "layout": asdict(layout),
         "precision": precision[0], "precision_choice": precision[1]}, indent=1))

@@ -1,10 +1,13 @@
-"""``precision: auto``: fp32 or bf16 mixed precision, chosen by timing the run's own training step.
+"""``precision: auto``: fp32 or bf16 mixed precision, chosen by timing a training step.
 
 A matmul alone misleads on CPUs: on an AMD EPYC with avx512_bf16 but no AMX a bf16 matmul runs 2-3x
 fp32, yet a whole `cpu`-scale training step in bf16-mixed runs ~0.7x fp32 (the casts, the fp32
 loss and optimizer, the small attention products). So on a CPU whose bf16 matmuls are not slower
-than fp32 at all, a few steps of the run's model, on a micro-batch of its size, are timed both ways
-with the threads the run will use; bf16-mixed is taken if it is ``BF16_MARGIN`` faster. The
+than fp32 at all, a few steps of the model, on a micro-batch of its size, are timed both ways
+with the threads the run will use; bf16-mixed is taken if it is ``BF16_MARGIN`` faster. The model
+timed is the table's base at the run's scale, not each variant's own: one precision per table and
+scale, so a row's variants differ only in what the row varies (timed one by one, A1's single
+128-wide head took bf16 at 1.5x while base and the other heads stayed fp32). The
 answer is cached per machine, thread count and model shape (``runs/precision.json``), and both
 timings go into the record.
 On CUDA: bf16-mixed where the GPU supports it. A CPU whose bf16 matmul is slower than fp32 (avx2
@@ -109,9 +112,9 @@ def _read(cache: Path) -> dict[str, Any]:
 
 
 def choose(config: Config, micro_tokens: int, cache: Path | None,
-           timer=step_seconds) -> tuple[str, dict[str, Any]]:
+           timer=None, model: str = "this model") -> tuple[str, dict[str, Any]]:
     """(the precision to train ``config`` with, how it was chosen). ``config.train.precision`` other
-    than ``auto`` is taken as it is."""
+    than ``auto`` is taken as it is. ``model`` names the timed model in the answer."""
     asked = config.train.precision
     if asked != "auto":
         return asked, {"asked": asked, "how": "set in the config"}
@@ -128,10 +131,10 @@ def choose(config: Config, micro_tokens: int, cache: Path | None,
         entry = {"chosen": "32-true", "asked": asked, "how": "bf16 matmul slower than fp32 here "
                  "(no native bf16): fp32 without timing a step", "seconds_per_step": None}
     else:
-        seconds = timer(config, micro_tokens)
+        seconds = (timer or step_seconds)(config, micro_tokens)
         fast = seconds["32-true"] >= BF16_MARGIN * seconds["bf16-mixed"]
         chosen = "bf16-mixed" if fast else "32-true"
-        entry = {"chosen": chosen, "asked": asked, "how": f"timed training steps of this model "
+        entry = {"chosen": chosen, "asked": asked, "how": f"timed training steps of {model} "
                  f"({micro_tokens} tokens, {threads} thread(s)); bf16-mixed taken if "
                  f"{BF16_MARGIN}x faster",
                  "seconds_per_step": seconds}
@@ -167,15 +170,24 @@ def resolve_precision(precision: str, config: Config | None = None) -> str:
 
 def choose_precision(run: PlannedRun, layout: Layout = ONE_DEVICE) -> tuple[str, dict[str, Any]]:
     """The precision ``run`` trains with on ``layout`` and how it was chosen (``precision.choose``:
-    for ``auto`` on a CPU, a timed fp32 and bf16-mixed step of its model at the micro-batch and
-    threads of one rank, cached)."""
+    for ``auto`` on a CPU, a timed fp32 and bf16-mixed step of its table's base model at the
+    scale, or of its own model where it has no table, at the micro-batch and threads of one rank,
+    cached)."""
     c = run.config
-    micro = accumulation(c.train.batch_tokens, c.train.device_batch_tokens, layout.devices)[1]
+    # One precision for a table at a scale: timing each variant's own model let a variant whose
+    # matmuls are larger (A1: one head of 128) train in bf16 beside fp32 variants, so the row
+    # measured precision along with heads. The spec's base decides for all of them.
+    timed, model = c, "this model"
+    if run.precision_from is not None:
+        timed = run.precision_from.overrides(precision=c.train.precision)
+        model = f"{run.table}'s base at `{run.scale}` (one precision for all its variants)"
+    micro = accumulation(timed.train.batch_tokens, timed.train.device_batch_tokens,
+                         layout.devices)[1]
     threads = torch.get_num_threads()
     if layout.accelerator == "cpu" and layout.devices > 1:
         torch.set_num_threads(max(1, threads // layout.devices))  # as each rank will have
     try:
-        precision, chosen = choose(c, micro, runs_dir() / "precision.json")
+        precision, chosen = choose(timed, micro, runs_dir() / "precision.json", model=model)
     finally:
         torch.set_num_threads(threads)
     if c.train.precision == "auto":

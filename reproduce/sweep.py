@@ -76,6 +76,9 @@ class PlannedRun:
     tag: str = ""  # tells apart runs of one variant on other data or with tuned settings
     # Settings of the spec's base that the scale replaced: {key: {"spec": v, "scale": v}}.
     overridden: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The model whose timed step decides `precision: auto` on a CPU: the spec's base at this scale,
+    # so every variant of a table trains in one precision (None: the run's own config).
+    precision_from: Config | None = None
 
     @property
     def run_id(self) -> str:
@@ -132,11 +135,11 @@ class Spec:
             raise SpecError(f"unknown scale {name!r}; valid scales: {', '.join(self.scales)}")
         return self.scales[name]
 
-    def resolve(self, variant: str, scale: str) -> Config:
-        """The full config of one variant at one scale."""
+    def resolve(self, variant: str | None, scale: str) -> Config:
+        """The full config of one variant at one scale (None: the spec's base, no variant)."""
         sc = self.scale(scale)
         config = apply_overrides(apply_overrides(PRESETS[self.preset], self.base),
-                                 self.variants[variant].overrides)
+                                 self.variants[variant].overrides if variant else {})
         m, t = config.model, config.train
         resized: dict[str, Any] = {f: max(1, round(getattr(m, f) * sc.width)) for f in WIDTH_FIELDS}
         resized["train_steps"] = max(1, round(t.train_steps * sc.steps))
@@ -166,10 +169,11 @@ class Spec:
 
     def plan(self, variants: list[str], scale: str, seeds: list[int]) -> list[PlannedRun]:
         overridden = self.scale_overrides(scale)
+        reference = self.resolve(None, scale)
         return [
             PlannedRun(self.table, self.row_of(v), v, scale, seed,
                        self.resolve(v, scale).overrides(seed=seed), self.variants[v].paper,
-                       overridden=overridden)
+                       overridden=overridden, precision_from=reference)
             for v in variants for seed in seeds
         ]
 

@@ -179,7 +179,8 @@ def launch(argv: Sequence[str], runs: list, n: int, devices: int = 1) -> int:
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)  # measure each run as a worker will train it
     try:
-        costs = {run.run_id: step_seconds(run.config) * steps_left(run) for run in todo}
+        costs = {run.run_id: step_seconds(run.config, precision_of=run.precision_from)
+                 * steps_left(run) for run in todo}
     finally:
         torch.set_num_threads(previous)
     groups = balance(costs, min(n, len(todo)))

@@ -1,5 +1,6 @@
-"""precision: auto is chosen by a timed training step of the run's model, cached, and recorded."""
+"""precision: auto is chosen by a timed training step of the table's base, cached, and recorded."""
 
+import dataclasses
 import json
 
 import pytest
@@ -49,6 +50,23 @@ def test_the_answer_is_cached_per_model_and_threads(config, tmp_path, cpu_bf16_s
     got, _ = precision.choose(other, 1024, cache, timer=lambda c, t: {"32-true": 0.5,
                                                                       "bf16-mixed": 1.0})
     assert got == "32-true" and len(json.loads(cache.read_text())) == 2
+
+
+def test_every_variant_of_a_table_trains_in_the_precision_its_base_was_timed_in(
+        tmp_path, monkeypatch, cpu_bf16_screen_passes):
+    # Timed alone, row A's single 128-wide head (A1) would take bf16; base and 32 heads would not.
+    monkeypatch.setattr(precision, "runs_dir", lambda: tmp_path)
+    monkeypatch.setattr(precision, "step_seconds", lambda c, t: {
+        "32-true": 1.0, "bf16-mixed": 0.5 if c.model.h == 1 else 1.2})
+    runs = [dataclasses.replace(r, config=r.config.overrides(precision="auto"))
+            for r in load_spec("table3").plan(["base", "A1", "A4"], "smoke", [0])]
+    chosen = [precision.choose_precision(r) for r in runs]
+    assert [p for p, _ in chosen] == ["32-true"] * 3
+    assert all("table3's base at `smoke`" in how["how"] for _, how in chosen)
+    assert len(json.loads((tmp_path / "precision.json").read_text())) == 1  # timed once
+    # Without its table's base, A1 is timed as itself: the choice this prevents.
+    alone = dataclasses.replace(runs[1], precision_from=None)
+    assert precision.choose_precision(alone)[0] == "bf16-mixed"
 
 
 def test_no_step_is_timed_where_a_bf16_matmul_is_slower(config, tmp_path, monkeypatch):
