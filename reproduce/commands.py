@@ -93,7 +93,13 @@ def plan_costs(spec, runs, args: argparse.Namespace, layout) -> dict[str, float]
         return estimates.rate_at(k, cache)
 
     records = {r["run_id"]: r for r in load_records(spec.table, results_dir(), move=False)}
-    model = estimates.fit_cpu(list(records.values()), rate_at) if target.kind == "cpu" else None
+    model = None
+    if target.kind == "cpu":  # every table's records of this CPU: one model code, one step
+        tables = sorted(p.name for p in results_dir().iterdir() if p.is_dir()) if (
+            results_dir().is_dir()) else []
+        model = estimates.fit_cpu([r for t in tables for r in (
+            records.values() if t == spec.table else load_records(t, results_dir(), move=False))],
+            rate_at)
     where = (f"this CPU ({machine.cpu_name()}), {n} worker(s) x {ranks} rank(s) of {threads} "
              "thread(s)" if target.kind == "cpu" else target.label)
     print(f"each run on {layout.describe() if target.kind == 'cpu' else target.label}; plan on "

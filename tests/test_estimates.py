@@ -1,6 +1,7 @@
 """The cost model behind --dry-run and status: counted work, calibrated by finished records."""
 
 import dataclasses
+import json
 
 import pytest
 
@@ -86,3 +87,24 @@ def test_the_worker_layout_sets_the_threads_a_run_is_estimated_at(tmp_path, monk
     # one of two 1-thread workers: slower per run than one 2-thread process, by 2 ** 0.62
     assert shared.hours / alone.hours == pytest.approx(2 ** estimates.THREAD_EXPONENT)
     assert dataclasses.replace(alone, steps=0).hours == 0
+
+
+def test_a_tables_plan_is_fitted_to_this_cpus_records_of_every_table(tmp_path, monkeypatch,
+                                                                      capsys):
+    # Table 2's base is Table 3's base on other sentences: Table 3's records of this CPU price it.
+    from reproduce.__main__ import main
+
+    monkeypatch.setenv("REPRODUCE_RESULTS", str(tmp_path / "results"))
+    monkeypatch.setenv("REPRODUCE_RUNS", str(tmp_path / "runs"))
+    monkeypatch.setattr(estimates, "probe", lambda threads, cache=None: 40.0)
+    (tmp_path / "results" / "table3").mkdir(parents=True)
+    for run, seconds in zip(_runs("table3", ["base", "A4"], "cpu").values(), (1.0, 1.5),
+                            strict=True):
+        record = {"run_id": run.run_id, "config": run.config.to_dict(),
+                  "hardware": {"cpu": cpu_name(), "torch_threads": 1},
+                  "metrics": {"train_steps": 100, "train_seconds": 100 * seconds}}
+        (tmp_path / "results" / "table3" / f"{run.run_id}.json").write_text(json.dumps(record))
+    assert main(["table2", "--variant", "base-en-de", "--scale", "cpu", "--workers", "1",
+                 "--dry-run"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "tokens/step" in x)
+    assert "fitted to 2 record(s) of this CPU" in line and "GUESS" not in line
