@@ -131,8 +131,43 @@ def _scale_table(spec: Spec, scale: str, records: list[dict[str, Any]]) -> list[
             "vocabulary.", *reference_line(records), *devices_line(records),
             cost_line(records), "",
             f"Details of our {sum(len(v) for v in runs.values())} runs (commands and configs are "
-            "in each record):", "", *details, ""]
+            "in each record):", "", *details, "", *gap_over_training(spec, runs)]
     return out
+
+
+def gap_over_training(spec: Spec, runs: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """Each variant's dev PPL against base's at every evaluation, in % of base, with seeds paired
+    (a variant's seed s against base's seed s): whether a gap closes as training goes on, which
+    a short schedule would hide, or widens."""
+    base = {r["seed"]: dev_ppl_curve(r) for r in runs.get("base", [])}
+    rows, steps = [], set()
+    for name in (n for names in spec.rows.values() for n in names if n in runs):
+        pairs = [(dev_ppl_curve(r), base[r["seed"]]) for r in runs[name] if r["seed"] in base]
+        common = set.intersection(*(set(v) & set(b) for v, b in pairs)) if pairs else set()
+        if common:
+            rows.append((name, len(pairs), {s: statistics.mean(100 * (v[s] / b[s] - 1)
+                                                               for v, b in pairs)
+                                            for s in common}))
+            steps |= common
+    if not rows:
+        return []
+    steps_in = sorted(steps)
+    out = ["Over training: dev PPL of each variant against base at each evaluation, in % of base "
+           "(+: worse than base), mean over seeds paired with base's; n = pairs.", "",
+           "| | n | " + " | ".join(f"step {s}" for s in steps_in) + " | paper, at the end |",
+           "|---|---|" + "---|" * (len(steps_in) + 1)]
+    paper_base = spec.variants["base"].paper.get("ppl") if "base" in spec.variants else None
+    for name, n, gap in rows:
+        paper = spec.variants[name].paper.get("ppl")
+        out.append(f"| {name} | {n} | " + " | ".join(
+            f"{gap[s]:+.1f}%" if s in gap else "" for s in steps_in) + " | "
+            + (f"{100 * (paper / paper_base - 1):+.1f}%" if paper and paper_base else "–") + " |")
+    return out + [""]
+
+
+def dev_ppl_curve(record: dict[str, Any]) -> dict[int, float]:
+    """{step: dev PPL} of a record's learning curve (points are [step, seconds, PPL])."""
+    return {int(step): ppl for step, _, ppl in record.get("curve", {}).get("dev_ppl") or []}
 
 
 @dataclass(frozen=True)
