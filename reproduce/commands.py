@@ -120,16 +120,21 @@ def plan_costs(spec, runs, args: argparse.Namespace, layout) -> dict[str, float]
         accumulate, micro = accumulation(t.batch_tokens, t.device_batch_tokens, e.devices)
         print(f"  {run.run_id}: {e.steps} steps x {micro * e.devices * accumulate} tokens/step "
               f"({e.devices} device(s) x {accumulate} accumulated x {micro}), "
-              f"{e.seconds_per_step:.3g} s/step -> {e.hours:.2f} h, {e.device_hours:.2f} "
+              f"{e.seconds_per_step:.3g} s/step -> {_hours(e.hours)}, {e.device_hours:.3g} "
               f"device-hours; {e.flops:.2g} FLOPs counted"
               + (f", {paper:.2g} by the paper's method" if paper else "") + f" [{e.source}]")
     wall = total / (n if target.kind == "cpu" else 1)
-    print(f"total: {total:.1f} device-hours, about {wall:.1f} h of wall clock "
+    print(f"total: {total:.3g} device-hours, about {_hours(wall)} of wall clock "
           + (f"with {n} worker(s)" if target.kind == "cpu" else "one run after another"))
     if model is not None:
         checked = estimates.check_against_records(runs, records, model, rate_at)
         print("  " + estimates.error_line(checked))
     return {"device_hours": total, "wall_hours": wall}
+
+
+def _hours(hours: float) -> str:
+    """A duration in hours, or in minutes below a tenth of an hour (a GPU run of a small model)."""
+    return f"{hours:.2f} h" if hours >= 0.1 else f"{hours * 60:.1f} min"
 
 
 def _overridden_line(spec, scale: str) -> None:

@@ -10,7 +10,8 @@ seconds:
   the finished records of the same CPU by least squares (seconds x probe rate = a x FLOPs + b x
   blocks). With no record to fit, the coefficients are a stated default;
 * a GPU by name (``--on 8xH100``): its dense bf16 (or fp32) peak from ``flops.py`` times a stated
-  utilization, with the step's work split over the devices.
+  utilization, with the step's work split over the devices, plus a stated per-step overhead for
+  kernel launches and the loop (what bounds a small model on a GPU).
 
 Every line says where its figures come from, and which of them are guesses.
 """
@@ -39,6 +40,11 @@ SENTENCE_TOKENS = 30  # typical padded sentence length, pieces (Bible verses and
 # share of its dense peak. Guesses, said so on every line that uses them.
 DEFAULT_CPU_UTILIZATION = 0.3
 DEFAULT_GPU_UTILIZATION = 0.35
+# A GPU step also costs time that no FLOP count sees: kernel launches (forward and backward of each
+# encoder and decoder layer), the optimizer and the training loop's Python. Guesses too, until a
+# GPU record is fitted; without them a `cpu`-size model "trains" 1000 steps in half a second.
+GPU_STEP_OVERHEAD_S = 0.005
+GPU_LAYER_OVERHEAD_S = 0.001
 
 
 def step_work(config: Config, devices: int = 1) -> tuple[float, float]:
@@ -208,8 +214,9 @@ def estimate(run, target: Target, model: CpuModel | None = None, rate: float | N
         seconds = model.seconds(flops, blocks, rate)
         source = f"probe {rate:.0f} GFLOP/s, {model.source}"
     else:
-        seconds = flops / (target.tflops * 1e12)
-        source = target.guess
+        overhead = GPU_STEP_OVERHEAD_S + GPU_LAYER_OVERHEAD_S * 2 * c.model.N
+        seconds = flops / (target.tflops * 1e12) + overhead
+        source = f"{target.guess}; plus {overhead * 1e3:.0f} ms/step of launches (GUESS)"
     return Estimate(run.run_id, steps, seconds, devices, flops * devices * steps, source)
 
 

@@ -19,8 +19,12 @@ def test_estimates_follow_the_counted_flops():
     runs = _runs("table2", ["base-en-de", "big-en-de", "base-en-fr"])
     target = estimates.parse_on("8xH100")
     e = {k: estimates.estimate(r, target) for k, r in runs.items()}
-    # big's step is at least 2.5x base's at the paper's sizes (the paper: 1.0 s against 0.4 s)
-    assert e["big-en-de"].seconds_per_step >= 2.5 * e["base-en-de"].seconds_per_step
+    # big's step computes at least 2.5x base's at the paper's sizes (the paper: 1.0 s against
+    # 0.4 s); both pay the same launch overhead on top (N = 6)
+    overhead = estimates.GPU_STEP_OVERHEAD_S + 12 * estimates.GPU_LAYER_OVERHEAD_S
+    compute = {k: v.seconds_per_step - overhead for k, v in e.items()}
+    assert compute["big-en-de"] >= 2.5 * compute["base-en-de"] > 0
+    assert "17 ms/step of launches (GUESS)" in e["base-en-de"].source
     # the same shape with another vocabulary differs only by its output layer
     de, fr = (runs[k].config.model for k in ("base-en-de", "base-en-fr"))
     out_layer = 3 * 2 * (de.vocab_size - fr.vocab_size) * de.d_model  # per target token, fwd+bwd
