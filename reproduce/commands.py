@@ -27,7 +27,7 @@ from .gpu_check import run as check_gpu
 from .logs import quiet_libraries
 from .machine import default_scale
 from .optim import accumulation
-from .records import finished, load_records, plan_state, results_dir, runs_dir
+from .records import every_table_records, finished, load_records, plan_state, results_dir, runs_dir
 from .runner import execute, planned_summary, run_here, with_data
 from .status import report as status_report
 from .sweep import load_spec
@@ -93,13 +93,9 @@ def plan_costs(spec, runs, args: argparse.Namespace, layout) -> dict[str, float]
         return estimates.rate_at(k, cache)
 
     records = {r["run_id"]: r for r in load_records(spec.table, results_dir(), move=False)}
-    model = None
-    if target.kind == "cpu":  # every table's records of this CPU: one model code, one step
-        tables = sorted(p.name for p in results_dir().iterdir() if p.is_dir()) if (
-            results_dir().is_dir()) else []
-        model = estimates.fit_cpu([r for t in tables for r in (
-            records.values() if t == spec.table else load_records(t, results_dir(), move=False))],
-            rate_at)
+    # Fitted to every table's records of this CPU: one model code, one training step.
+    model = (estimates.fit_cpu(every_table_records(results_dir()), rate_at)
+             if target.kind == "cpu" else None)
     where = (f"this CPU ({machine.cpu_name()}), {n} worker(s) x {ranks} rank(s) of {threads} "
              "thread(s)" if target.kind == "cpu" else target.label)
     print(f"each run on {layout.describe() if target.kind == 'cpu' else target.label}; plan on "

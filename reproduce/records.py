@@ -98,6 +98,13 @@ def load_records(table: str, results: Path, damaged: list[str] | None = None,
     return records
 
 
+def every_table_records(results: Path) -> list[dict[str, Any]]:
+    """The readable records of every table under ``results`` (damaged ones skipped, not moved):
+    what a cost model of one machine learns from, whichever table a plan is for."""
+    tables = sorted(p.name for p in results.iterdir() if p.is_dir()) if results.is_dir() else []
+    return [r for t in tables for r in load_records(t, results, move=False)]
+
+
 OUTPUTS = "outputs"
 
 

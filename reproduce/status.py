@@ -11,6 +11,7 @@ never started.
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import torch
 
 from . import estimates, machine
 from .claims import holder
-from .records import load_records, same_config
+from .records import every_table_records, load_records, same_config
 from .sweep import load_spec, shipped_specs
 from .workers import auto_count, steps_left
 
@@ -33,10 +34,12 @@ def table_status(table: str, results: Path, runs: Path,
     records = {r["run_id"]: r for r in load_records(spec.table, results, damaged)}
     folders = {p.name: p for p in (runs / spec.table).glob(f"{spec.table}-*") if p.is_dir()}
     seen: dict[str, set[int]] = defaultdict(set)
+    # <table>-<variant>-<scale>-seed<k>; variants and scales may hold hyphens (base-en-de, cpu-wide)
+    named = re.compile("-(" + "|".join(map(re.escape, sorted(spec.scales, key=len, reverse=True)))
+                       + r")-seed(\d+)$")
     for run_id in set(records) | set(folders):
-        parts = run_id.rsplit("-", 2)  # <table>-<variant>-<scale>-seed<k>
-        if len(parts) == 3 and parts[2].startswith("seed") and parts[2][4:].isdigit():
-            seen[parts[1]].add(int(parts[2][4:]))
+        if match := named.search(run_id):
+            seen[match.group(1)].add(int(match.group(2)))
     rows = []
     for scale in sorted(seen):
         if scale not in spec.scales:
@@ -61,7 +64,7 @@ def table_status(table: str, results: Path, runs: Path,
         unfinished = state["stale"] + state["running"] + state["stopped"] + state["missing"]
         left = [run for run in planned if run.run_id in unfinished]
         rows.append({"table": spec.table, "scale": scale, "seeds": sorted(seen[scale]), **state,
-                     "left": _time_left(left, list(records.values()), runs),
+                     "left": _time_left(left, every_table_records(results), runs),
                      "train_hours": sum(r["metrics"]["train_seconds"] for r in done) / 3600,
                      "device_hours": sum(r["metrics"]["train_seconds"] * r.get("cost", {}).get(
                          "devices", 1) for r in done) / 3600,
@@ -72,7 +75,7 @@ def table_status(table: str, results: Path, runs: Path,
 def _time_left(left: list, records: list[dict[str, Any]], runs: Path) -> dict[str, Any]:
     """What the runs not yet finished (steps left after their checkpoints) should take on this
     CPU, with the worker layout ``--workers auto`` would pick (``estimates``: counted FLOPs, the
-    cached probe, the fit to this table's records)."""
+    cached probe, the fit to this CPU's records of every table)."""
     if not left:
         return {"device_hours": 0.0, "wall_hours": 0.0, "workers": 0, "source": ""}
     n = auto_count(left)

@@ -121,3 +121,13 @@ def test_more_steps_train_on_from_the_checkpoint_fewer_start_over(dirs):
             records.retire_stale(other, work)
             assert not (work / "checkpoints").exists()
         shutil.rmtree(work)
+
+
+def test_status_reads_scales_and_variants_with_hyphens_from_run_ids(dirs):
+    # table3-base-cpu-wide-seed1 is base at cpu-wide, not a variant "base-cpu" at a scale "wide"
+    results, runs = dirs
+    for run in load_spec("table3").plan(["base"], "cpu-wide", [1]):
+        _record(run, run.config)
+    rows = status.table_status("table3", results, runs)
+    assert [(r["scale"], r["seeds"]) for r in rows] == [("cpu-wide", [1])]
+    assert rows[0]["done"] == ["table3-base-cpu-wide-seed1"]
