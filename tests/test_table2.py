@@ -36,11 +36,11 @@ def test_accumulation_reaches_the_papers_batch(batch, limit, devices, expected):
     assert not limit or micro <= limit
 
 
-def _record(variant, tokenized, sacre, flops, counted):
+def _record(variant, tokenized, sacre, flops, counted, seed=0):
     sig = {"sacrebleu": {"signature": "nrefs:1|tok:13a"},
            "tokenized": {"signature": "tok:moses|compound:##AT##-##AT##"}}
-    return {"run_id": f"table2-{variant}-smoke-seed0", "table": "table2", "variant": variant,
-            "scale": "smoke", "seed": 0, "data": {"corpus": "bible-en-de"},
+    return {"run_id": f"table2-{variant}-smoke-seed{seed}", "table": "table2", "variant": variant,
+            "scale": "smoke", "seed": seed, "data": {"corpus": "bible-en-de"},
             "metrics": {"test_bleu": sacre, "test_bleu_tokenized": tokenized, "train_seconds": 36.0},
             "bleu": {"test": sig},
             "cost": {"paper_method_flops": flops, "analytic_flops": counted, "devices": 1,
@@ -60,6 +60,18 @@ def test_table2_shows_both_bleus_and_both_costs_labelled():
     assert "| base-en-de (seed 0) | 4.25 | 3.75 | 6.5e+12 | 1.2e+12 | 0.01 h |" in table
     assert "2048" not in table and "1024 (2 accumulated)" in table
     assert "`nrefs:1|tok:13a`" in table and "compound" in table
+
+
+def test_table2_summarises_seeds_and_says_what_has_not_run():
+    table = render_table2(load_spec("table2"), [
+        _record("base-en-de", 4.0, 3.0, 6e12, 1e12, seed=0),
+        _record("base-en-de", 5.0, 4.0, 8e12, 1e12, seed=1),
+        _record("base-en-fr", 9.0, 8.0, 7e12, 1e12)])
+    assert ("| Transformer (base), ours, scale `smoke` | 4.50 ± 0.71 (n=2) | 9.00 | 7.0e+12 | "
+            "7.0e+12 |") in table
+    assert "Transformer (big), ours" not in table
+    assert "Not run at this scale yet: big-en-de, big-en-fr (" in table
+    assert "Cost: 0.0 worker-hours of training for 3 runs on test CPU" in table
 
 
 def test_paper_dry_run_prints_the_plan_without_network_or_training(monkeypatch, capsys):

@@ -3,11 +3,12 @@ and EN-FR, beside the paper's and the systems it cites."""
 
 from __future__ import annotations
 
+import statistics
 from collections import defaultdict
 from typing import Any
 
 from ..sweep import Spec
-from .common import corpus_note, devices_line, fmt, hardware, mean_std, scale_note, sci
+from .common import corpus_note, cost_line, devices_line, fmt, hardware, mean_std, scale_note, sci
 
 LANGS = ("en_de", "en_fr")
 
@@ -33,17 +34,16 @@ def render_table2(spec: Spec, records: list[dict[str, Any]]) -> str:
     details = []
     for scale, recs in by_scale.items():
         for size in ("base", "big"):
-            cells = {}
+            cells: dict[str, list[dict[str, Any]]] = defaultdict(list)
             for r in recs:
                 if r["variant"].startswith(size + "-"):
-                    lang = r["variant"].split("-", 1)[1].replace("-", "_")
-                    cells[lang] = r
+                    cells[r["variant"].split("-", 1)[1].replace("-", "_")].append(r)
             if not cells:
                 continue
-            bleu = [mean_std([c["metrics"]["test_bleu_tokenized"]], 2) if (c := cells.get(lang))
-                    else "" for lang in LANGS]
-            cost = [sci(c["cost"]["paper_method_flops"]) if (c := cells.get(lang)) else ""
+            bleu = [mean_std([c["metrics"]["test_bleu_tokenized"] for c in cells[lang]], 2)
                     for lang in LANGS]
+            cost = [sci(statistics.mean(c["cost"]["paper_method_flops"] for c in cells[lang]))
+                    if cells[lang] else "" for lang in LANGS]
             lines.append(f"| Transformer ({size}), ours, scale `{scale}` | {bleu[0]} | {bleu[1]} | "
                          f"{cost[0]} | {cost[1]} |")
         details += _table2_details(spec, scale, recs)
@@ -57,9 +57,13 @@ def render_table2(spec: Spec, records: list[dict[str, Any]]) -> str:
 
 
 def _table2_details(spec: Spec, scale: str, records: list[dict[str, Any]]) -> list[str]:
+    ran = {r["variant"] for r in records}
+    missing = [v for v in spec.variants if v not in ran]
     out = [f"## Our runs at scale `{scale}`", "", scale_note(spec.scales.get(scale), "model "
            "sizes as named"), "", "Corpus: " + corpus_note(records),
-           f"Hardware: {hardware(records)}.", *devices_line(records), "",
+           f"Hardware: {hardware(records)}.", *devices_line(records), cost_line(records),
+           *([f"Not run at this scale yet: {', '.join(missing)} (`python -m reproduce status` "
+              "says what they would take here)."] if missing else []), "",
            "| variant | tokenized BLEU (paper's convention) | sacreBLEU | cost, paper's method "
            "(FLOPs) | cost, counted (FLOPs) | training time | devices x TFLOPS | tokens/step "
            "(effective) | checkpoints averaged |", "|---|---|---|---|---|---|---|---|---|"]
