@@ -191,8 +191,12 @@ def choose_precision(run: PlannedRun, layout: Layout = ONE_DEVICE) -> tuple[str,
     finally:
         torch.set_num_threads(threads)
     if c.train.precision == "auto":
+        # Which model the timings are of, said in every record (a cached answer's "how" keeps
+        # the words of the run that timed it).
+        chosen = {**chosen, "timed_model": model}
         seconds = chosen.get("seconds_per_step")
-        timed = (", ".join(f"{p} {s:.3f} s/step" for p, s in seconds.items()) if seconds else "")
-        log.info("%s: precision auto -> %s (%s%s%s)", run.run_id, precision, chosen["how"],
-                 f": {timed}" if timed else "", ", cached" if chosen.get("cached") else "")
+        line = (", ".join(f"{p} {s:.3f} s/step" for p, s in seconds.items()) if seconds else "")
+        log.info("%s: precision auto -> %s (%s; timed: %s%s%s)", run.run_id, precision,
+                 chosen["how"], model, f": {line}" if line else "",
+                 ", cached" if chosen.get("cached") else "")
     return precision, chosen

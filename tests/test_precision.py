@@ -63,6 +63,7 @@ def test_every_variant_of_a_table_trains_in_the_precision_its_base_was_timed_in(
     chosen = [precision.choose_precision(r) for r in runs]
     assert [p for p, _ in chosen] == ["32-true"] * 3
     assert all("table3's base at `smoke`" in how["how"] for _, how in chosen)
+    assert all(how["timed_model"].startswith("table3's base at `smoke`") for _, how in chosen)
     assert len(json.loads((tmp_path / "precision.json").read_text())) == 1  # timed once
     # Without its table's base, A1 is timed as itself: the choice this prevents.
     alone = dataclasses.replace(runs[1], precision_from=None)

@@ -168,17 +168,19 @@ def test_the_changes_figure_survives_a_base_of_zero_bleu(tmp_path):
 
 def test_the_gap_over_training_pairs_each_seed_with_bases():
     def curved(variant, seed, ppls):
-        return {**record(variant, "cpu", seed, ppl=ppls[-1]),
+        return {**record(variant, "cpu", seed, ppl=ppls[-1] if ppls else 50.0),
                 "curve": {"dev_ppl": [[500 * (i + 1), 10.0 * i, p] for i, p in enumerate(ppls)]}}
 
     recs = [curved("base", 0, [100.0, 50.0]), curved("base", 1, [200.0, 40.0]),
             curved("A1", 0, [110.0, 40.0]), curved("A1", 1, [220.0, 32.0]),
             curved("A4", 2, [90.0, 45.0]),  # no base of seed 2: no pair, no row
-            curved("B1", 0, [100.0])]        # one point: only the steps it shares
+            curved("B1", 0, [100.0]),        # one point: only the steps it shares
+            curved("A2", 0, [100.0, 55.0]), curved("A2", 1, [])]  # a curve without the points
     table = render_table3(load_spec("table3"), recs)
     lines = table.splitlines()
     header = next(x for x in lines if x.startswith("| | n | step 500"))
     assert header.endswith("| step 1000 | paper, at the end |")
     assert "| A1 | 2 | +10.0% | -20.0% | +7.5% |" in lines  # seed 1 against base 1, not base 0
     assert "| B1 | 1 | +0.0% |  | +4.9% |" in lines
+    assert "| A2 | 2 | +0.0% (n=1) | +10.0% (n=1) | +1.6% |" in lines
     assert not any(x.startswith("| A4 | ") for x in lines[lines.index(header):])

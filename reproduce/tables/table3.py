@@ -143,24 +143,27 @@ def gap_over_training(spec: Spec, runs: dict[str, list[dict[str, Any]]]) -> list
     rows, steps = [], set()
     for name in (n for names in spec.rows.values() for n in names if n in runs):
         pairs = [(dev_ppl_curve(r), base[r["seed"]]) for r in runs[name] if r["seed"] in base]
-        common = set.intersection(*(set(v) & set(b) for v, b in pairs)) if pairs else set()
-        if common:
-            rows.append((name, len(pairs), {s: statistics.mean(100 * (v[s] / b[s] - 1)
-                                                               for v, b in pairs)
-                                            for s in common}))
-            steps |= common
+        gaps: dict[int, list[float]] = defaultdict(list)
+        for v, b in pairs:
+            for s in set(v) & set(b):
+                gaps[s].append(100 * (v[s] / b[s] - 1))
+        if gaps:
+            rows.append((name, len(pairs), gaps))
+            steps |= set(gaps)
     if not rows:
         return []
     steps_in = sorted(steps)
     out = ["Over training: dev PPL of each variant against base at each evaluation, in % of base "
-           "(+: worse than base), mean over seeds paired with base's; n = pairs.", "",
+           "(+: worse than base), mean over seeds paired with base's; n = pairs (a cell with "
+           "fewer says so: a curve without that point).", "",
            "| | n | " + " | ".join(f"step {s}" for s in steps_in) + " | paper, at the end |",
            "|---|---|" + "---|" * (len(steps_in) + 1)]
     paper_base = spec.variants["base"].paper.get("ppl") if "base" in spec.variants else None
     for name, n, gap in rows:
         paper = spec.variants[name].paper.get("ppl")
         out.append(f"| {name} | {n} | " + " | ".join(
-            f"{gap[s]:+.1f}%" if s in gap else "" for s in steps_in) + " | "
+            f"{statistics.mean(gap[s]):+.1f}%" + (f" (n={len(gap[s])})" if len(gap[s]) < n else "")
+            if s in gap else "" for s in steps_in) + " | "
             + (f"{100 * (paper / paper_base - 1):+.1f}%" if paper and paper_base else "–") + " |")
     return out + [""]
 
