@@ -53,10 +53,19 @@ def _step(path: Path) -> int:
 
 
 def newest_readable(directory: Path) -> Path | None:
-    """The checkpoint to resume from in ``directory``: ``last.ckpt`` if it is whole, else the
-    newest whole ``step<N>.ckpt``; None when there is none. Damaged files met on the way are
-    moved to ``<directory>/damaged/`` (never deleted) with one warning line each."""
-    candidates = [directory / LAST] + sorted(directory.glob("step*.ckpt"), key=_step, reverse=True)
+    """The checkpoint to resume from in ``directory``: the most recently written whole one of
+    ``last.ckpt`` and ``step<N>.ckpt`` (``last.ckpt`` on a tie); None when there is none.
+    Lightning writes ``step<N>.ckpt`` first and ``last.ckpt`` after it, so a process killed in
+    between leaves ``last.ckpt`` a save behind. Damaged files met on the way are moved to
+    ``<directory>/damaged/`` (never deleted) with one warning line each."""
+    def written(path: Path) -> tuple[int, bool, int]:
+        try:
+            return path.stat().st_mtime_ns, path.name == LAST, _step(path)
+        except FileNotFoundError:  # moved or removed meanwhile
+            return -1, False, -1
+
+    candidates = sorted([directory / LAST, *directory.glob("step*.ckpt")], key=written,
+                        reverse=True)
     for path in candidates:
         if not path.is_file():
             continue

@@ -1,0 +1,33 @@
+"""Which checkpoint a run resumes from: the most recently written whole one."""
+
+import os
+
+import torch
+
+from reproduce import checkpoints
+
+
+def _save(path, step, mtime):
+    torch.save({"global_step": step}, path)
+    os.utime(path, ns=(mtime, mtime))
+
+
+def test_a_last_checkpoint_a_save_behind_loses_to_the_newer_step_file(tmp_path):
+    # Lightning writes step6.ckpt, then last.ckpt: a kill in between leaves last.ckpt at step 3.
+    _save(tmp_path / "last.ckpt", 3, 1_000)
+    _save(tmp_path / "step3.ckpt", 3, 900)
+    _save(tmp_path / "step6.ckpt", 6, 2_000)
+    assert checkpoints.newest_readable(tmp_path).name == "step6.ckpt"
+    _save(tmp_path / "last.ckpt", 6, 2_000)  # the save completed: last.ckpt on a tie
+    assert checkpoints.newest_readable(tmp_path).name == "last.ckpt"
+    _save(tmp_path / "last.ckpt", 6, 2_100)
+    assert checkpoints.newest_readable(tmp_path).name == "last.ckpt"
+
+
+def test_a_damaged_newest_checkpoint_gives_way_to_the_next(tmp_path):
+    _save(tmp_path / "step3.ckpt", 3, 1_000)
+    (tmp_path / "step6.ckpt").write_bytes(b"PK\x03\x04 not a whole zip")
+    os.utime(tmp_path / "step6.ckpt", ns=(2_000, 2_000))
+    assert checkpoints.newest_readable(tmp_path).name == "step3.ckpt"
+    assert [p.name.split(".ckpt")[0] for p in (tmp_path / "damaged").iterdir()] == ["step6"]
+    assert checkpoints.newest_readable(tmp_path / "nothing-here") is None
