@@ -214,9 +214,12 @@ def test_ctrl_c_stops_every_rank(tmp_path):
     while not (work / "checkpoints" / "step6.ckpt").exists():
         assert proc.poll() is None and time.time() < deadline, proc.communicate()
         time.sleep(0.2)
+    sent = time.time()
     proc.send_signal(signal.SIGINT)
-    proc.communicate(timeout=90)
-    assert proc.returncode != 0
+    out, err = proc.communicate(timeout=90)
+    assert proc.returncode != 0, (f"exit 0 {time.time() - sent:.1f} s after SIGINT; "
+                                  f"checkpoints {sorted(p.name for p in (work / 'checkpoints').iterdir())}"
+                                  f"\n{out[-2000:]}\n{err[-4000:]}")
     assert _rank_pid(work / devices.PAYLOAD, "0") is None
     assert _rank_pid(work / devices.PAYLOAD, "1") is None
     assert claims.holder(work) is None
