@@ -207,9 +207,12 @@ def test_ctrl_c_stops_every_rank(tmp_path):
     env = _env(tmp_path)
     spec = _spec(tmp_path / "mine.yaml", train_steps=1000000)  # 300 steps
     work = tmp_path / "runs" / "mine" / "mine-base-smoke-seed0"
+    # As from a terminal: a suite started in the background (`pytest &`) inherits SIGINT ignored,
+    # and so would the command, which then trained to the end through the Ctrl-C.
     proc = subprocess.Popen([sys.executable, "-m", "reproduce", "table3", "--spec", str(spec),
                              "--scale", "smoke", "--devices", "2"], env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 300
     while not (work / "checkpoints" / "step6.ckpt").exists():
         assert proc.poll() is None and time.time() < deadline, proc.communicate()

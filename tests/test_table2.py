@@ -54,8 +54,8 @@ def test_table2_shows_both_bleus_and_both_costs_labelled():
     table = render_table2(spec, [_record("base-en-de", 4.25, 3.75, 6.5e12, 1.25e12),
                                  _record("big-en-fr", 2.5, 2.0, 7.5e13, 3.5e12)])
     ours = [line for line in table.splitlines() if ", ours," in line]
-    assert ours == ["| Transformer (base), ours, scale `smoke` | 4.25 |  | 6.5e+12 |  |",
-                    "| Transformer (big), ours, scale `smoke` |  | 2.50 |  | 7.5e+13 |"]
+    assert ours == ["| Transformer (base), ours, scale `smoke` on bible, not WMT | 4.25 |  | 6.5e+12 |  |",
+                    "| Transformer (big), ours, scale `smoke` on bible, not WMT |  | 2.50 |  | 7.5e+13 |"]
     assert "| ConvS2S | 25.16 | 40.46 | 9.6e+18 | 1.5e+20 |" in table
     assert "| base-en-de (seed 0) | 4.25 | 3.75 | 6.5e+12 | 1.2e+12 | 0.01 h |" in table
     assert "2048" not in table and "1024 (2 accumulated)" in table
@@ -67,8 +67,8 @@ def test_table2_summarises_seeds_and_says_what_has_not_run():
         _record("base-en-de", 4.0, 3.0, 6e12, 1e12, seed=0),
         _record("base-en-de", 5.0, 4.0, 8e12, 1e12, seed=1),
         _record("base-en-fr", 9.0, 8.0, 7e12, 1e12)])
-    assert ("| Transformer (base), ours, scale `smoke` | 4.50 ± 0.71 (n=2) | 9.00 | 7.0e+12 | "
-            "7.0e+12 |") in table
+    assert ("| Transformer (base), ours, scale `smoke` on bible, not WMT | 4.50 ± 0.71 (n=2) | "
+            "9.00 | 7.0e+12 | 7.0e+12 |") in table
     assert "Transformer (big), ours" not in table
     assert "Not run at this scale yet: big-en-de, big-en-fr (" in table
     assert "Cost: 0.0 worker-hours of training for 3 runs on test CPU" in table
@@ -98,3 +98,19 @@ def test_the_measured_step_extrapolates_along_the_measured_line(monkeypatch):
     monkeypatch.setattr(cost, "measure_step_seconds", lambda config, tokens, **kw: 0.5 + tokens / 1000)
     run = load_spec("table2").plan(["base-en-de"], "paper", [0])[0]
     assert cost.step_seconds(run.config) == pytest.approx(26.0)
+
+
+def test_the_figure_sets_our_bleu_against_cost_beside_every_cited_system(tmp_path):
+    from reproduce.tables.figures import _paper_points, plot_table
+
+    spec = load_spec("table2")
+    recs = [{**_record("base-en-de", 4.0, 3.0, 6e12, 1e12, seed=s), "metrics": {
+        "test_bleu": 3.0, "test_bleu_tokenized": 4.0 + s, "train_seconds": 36.0, "dev_bleu": 3.0,
+        "params": 1000}, "curve": {"dev_ppl": [[10, 1.0, 300.0], [20, 2.0, 200.0]]}}
+            for s in (0, 1)]
+    [path] = plot_table(spec, recs, tmp_path)
+    assert path.name == "table2-smoke.png" and path.stat().st_size > 10_000
+    points = _paper_points(spec)
+    assert ("Transformer (big)", "en_fr", 2.3e19, 41.8) in points
+    assert len(points) == sum(bool(r.get(f"bleu_{lang}") and r.get(f"flops_{lang}"))
+                              for r in spec.cited for lang in ("en_de", "en_fr"))

@@ -8,6 +8,7 @@ every record carries.
 
 from __future__ import annotations
 
+import statistics
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -144,37 +145,47 @@ def _plot_curves(spec: Spec, records: list[dict[str, Any]], path: Path, scale: s
     return path
 
 
+def _paper_points(spec: Spec) -> list[tuple[str, str, float, float]]:
+    """(model, en_de or en_fr, training FLOPs, BLEU) of every row Table 2 cites, the
+    Transformer's included, as the paper gives them."""
+    return [(row["model"], lang, row[f"flops_{lang}"], row[f"bleu_{lang}"]) for row in spec.cited
+            for lang in ("en_de", "en_fr") if row.get(f"bleu_{lang}") and row.get(f"flops_{lang}")]
+
+
 def _plot_bleu_params(spec: Spec, records: list[dict[str, Any]], directory: Path) -> list[Path]:
-    """Table 2: dev BLEU against parameters (mean over seeds, error bars = std) next to the
-    paper's figures, and the dev-PPL learning curves."""
+    """Table 2: test BLEU (the paper's convention) against training cost (the paper's method), ours
+    (mean over seeds, error bars = std) beside the paper's systems, and the dev-PPL curves."""
     plt = pyplot()
     written = []
+    marks = {"en_de": "o", "en_fr": "^"}
     for scale, recs in sorted(_by_scale(records).items()):
         per_variant: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for r in recs:
             per_variant[r["variant"]].append(r)
         fig, (ax_bleu, ax_paper, ax_curve) = plt.subplots(1, 3, figsize=(16, 4.8))
         for name, runs in per_variant.items():
-            params = runs[0]["metrics"]["params"] / 1e6
-            bleu = [r["metrics"]["dev_bleu"] for r in runs]
-            mean = sum(bleu) / len(bleu)
-            std = (sum((b - mean) ** 2 for b in bleu) / (len(bleu) - 1)) ** 0.5 if len(bleu) > 1 else 0
-            ax_bleu.errorbar(params, mean, yerr=std, fmt="o", capsize=3)
-            ax_bleu.annotate(name, (params, mean), textcoords="offset points", xytext=(4, 4),
-                             fontsize=8)
-            paper = spec.variants.get(name)
-            if paper and "bleu" in paper.paper and "params_m" in paper.paper:
-                ax_paper.plot(paper.paper["params_m"], paper.paper["bleu"], "s", color="grey")
-                ax_paper.annotate(name, (paper.paper["params_m"], paper.paper["bleu"]),
-                                  textcoords="offset points", xytext=(4, 4), fontsize=8)
+            cost = statistics.mean(r["cost"]["paper_method_flops"] for r in runs)
+            bleu = [r["metrics"]["test_bleu_tokenized"] for r in runs]
+            std = statistics.stdev(bleu) if len(bleu) > 1 else 0
+            lang = name.split("-", 1)[-1].replace("-", "_")
+            ax_bleu.errorbar(cost, statistics.mean(bleu), yerr=std, fmt=marks.get(lang, "o"),
+                             capsize=3)
+            ax_bleu.annotate(f"{name} (n={len(runs)})", (cost, statistics.mean(bleu)),
+                             textcoords="offset points", xytext=(4, 4), fontsize=8)
             for r in runs:
                 curve = r.get("curve", {}).get("dev_ppl") or []
                 if curve:
                     ax_curve.plot([c[0] for c in curve], [c[2] for c in curve], marker=".",
                                   label=f"{name} s{r['seed']}")
-        ax_bleu.set(title=f"ours, scale `{scale}`", xlabel="parameters (M)", ylabel="dev BLEU")
-        ax_paper.set(title="paper (WMT14 EN-DE newstest2013)", xlabel="parameters (M)",
-                     ylabel="dev BLEU")
+        for model, lang, flops, bleu in _paper_points(spec):
+            ax_paper.plot(flops, bleu, marks[lang],
+                          color="black" if model.startswith("Transformer") else "grey")
+            ax_paper.annotate(model, (flops, bleu), textcoords="offset points", xytext=(3, 3),
+                              fontsize=6)
+        for ax, title in ((ax_bleu, f"ours, scale `{scale}` (o EN-DE, ^ EN-FR)"),
+                          (ax_paper, "paper: WMT14 newstest2014 (o EN-DE, ^ EN-FR)")):
+            ax.set(title=title, xlabel="training cost, the paper's method (FLOPs)",
+                   ylabel="test BLEU (tokenized)", xscale="log")
         ax_curve.set(title="ours: dev PPL during training", xlabel="step", ylabel="dev PPL",
                      yscale="log")
         if ax_curve.lines:

@@ -44,7 +44,9 @@ def render_table2(spec: Spec, records: list[dict[str, Any]]) -> str:
                     for lang in LANGS]
             cost = [sci(statistics.mean(c["cost"]["paper_method_flops"] for c in cells[lang]))
                     if cells[lang] else "" for lang in LANGS]
-            lines.append(f"| Transformer ({size}), ours, scale `{scale}` | {bleu[0]} | {bleu[1]} | "
+            corpora = {c["data"]["corpus"].split("-")[0] for rs in cells.values() for c in rs}
+            where = "" if corpora == {"wmt14"} else f" on {'/'.join(sorted(corpora))}, not WMT"
+            lines.append(f"| Transformer ({size}), ours, scale `{scale}`{where} | {bleu[0]} | {bleu[1]} | "
                          f"{cost[0]} | {cost[1]} |")
         details += _table2_details(spec, scale, recs)
     lines += ["", "Our BLEU above is the paper's convention: Moses-tokenized, compound-split "
