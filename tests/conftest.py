@@ -1,5 +1,7 @@
 """Offline, quiet and contained: W&B offline into a temp dir, no hub access, one torch thread
-per test process (tests that start the CLI run one subprocess at a time)."""
+per test process and per CLI it starts unless a test asks for more. Test files run side by side
+on one pytest-xdist worker per core (pyproject.toml), so a second thread would fight another
+file's process for a core: two torch threads on a busy core run several times slower than one."""
 
 import os
 
@@ -14,6 +16,7 @@ def offline_environment(tmp_path_factory):
         "WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DIR": str(root / "wandb"),
         "WANDB_CACHE_DIR": str(root / "wandb-cache"), "WANDB_CONFIG_DIR": str(root / "wandb-config"),
         "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
     }
     for key, value in env.items():
         os.environ[key] = value
@@ -21,3 +24,12 @@ def offline_environment(tmp_path_factory):
         os.makedirs(env[key], exist_ok=True)
     torch.set_num_threads(1)
     yield
+
+
+@pytest.fixture(autouse=True)
+def own_wandb_service(monkeypatch):
+    """Every test starts without ``WANDB_SERVICE``. A test that logs to W&B in the pytest process
+    leaves that variable pointing at its service; a CLI started later would share the service,
+    which outlives the CLI when a test kills it and then refuses the resumed run's id ("run ID
+    ... is in use"). pytest-xdist mixes test files on a worker, so the order that hid this is gone."""
+    monkeypatch.delenv("WANDB_SERVICE", raising=False)

@@ -1,30 +1,19 @@
 """The real CLI, end to end, at the smoke scale: train, evaluate, record, render, skip, resume."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import cli, cli_env
+
 pytestmark = pytest.mark.slow
-
-
-def cli(env, *args, check=True):
-    out = subprocess.run([sys.executable, "-m", "reproduce", *args], capture_output=True,
-                         text=True, env=env, check=False)
-    if check and out.returncode != 0:
-        raise AssertionError(f"exit {out.returncode}\n{out.stdout}\n{out.stderr}")
-    return out
 
 
 @pytest.fixture(scope="module")
 def row_a(tmp_path_factory):
     root = tmp_path_factory.mktemp("cli")
-    env = {**os.environ, "REPRODUCE_RESULTS": str(root / "results"),
-           "REPRODUCE_RUNS": str(root / "runs"), "REPRODUCE_CACHE": str(root / "cache"),
-           "OMP_NUM_THREADS": "2"}
+    env = {**cli_env(root), "REPRODUCE_CACHE": str(root / "cache")}
     out = cli(env, "table3", "--row", "A", "--scale", "smoke")
     return env, root / "results", out
 
