@@ -236,6 +236,8 @@ def test_smoke_run_writes_a_record_with_f1_and_renders_the_table(cli):
     assert (f"| Transformer (4 layers), ours, scale `smoke`, WSJ, untuned, POS-tag targets | "
             f"WSJ only, discriminative | {m['test_f1']:.1f} (section 23) |") in table
     assert "| Transformer (4 layers), ours | semi-supervised | not run (no semi-supervised " in table
+    hours = r["metrics"]["train_seconds"] / 3600
+    assert f"Cost: {hours:.1f} worker-hours of training for 1 runs on {r['hardware']['cpu']}" in table
 
 
 def test_running_again_skips_and_semi_supervised_is_not_run(cli, caplog):

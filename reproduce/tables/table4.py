@@ -8,7 +8,7 @@ from typing import Any
 
 from ..data import missing_input
 from ..sweep import Spec
-from .common import fmt, hardware, mean_std, scale_note
+from .common import cost_line, fmt, hardware, mean_std, scale_note
 
 TREEBANKS = {"nltk-sample": "NLTK WSJ sample", "wsj": "WSJ"}
 
@@ -75,7 +75,7 @@ def _table4_details(spec: Spec, scale: str, kind: str, records: list[dict[str, A
            scale_note(spec.scales.get(scale), "model sizes as named"), "",
            f"Data: {first['treebank']['about']}"
            + (f" ({first['treebank']['path']})" if first["treebank"].get("path") else "") + ". "
-           f"Hardware: {hardware(records)}.", "",
+           f"Hardware: {hardware(records)}.", cost_line(records), "",
            "| run | settings | dev P | dev R | dev F1 | test P | test R | test F1 | sentences "
            "(dev, test) | well-formed outputs (test) | dev PPL | vocabulary | params ×10⁶ | steps "
            "| training time | beam, alpha, max length |", "|" + "---|" * 16]
