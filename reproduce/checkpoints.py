@@ -1,40 +1,27 @@
 """Checkpoint files a run can always resume from.
 
-Written atomically (a temporary file in the same folder, fsync, rename, fsync of the folder), so a
-kill or a full disk during a save leaves the previous checkpoint whole. Before a run resumes,
-``newest_readable`` checks its checkpoints (the zip's index and every member's CRC: a truncated
-or corrupted file fails it) and sets aside the ones that fail, so the run resumes from the newest
-readable one, or starts over when none is left.
+Written atomically (``training.AtomicCheckpointIO``: a temporary file in the same folder, fsync,
+rename, fsync of the folder), so a kill or a full disk during a save leaves the previous
+checkpoint whole. Before a run resumes, ``newest_readable`` checks its checkpoints (the zip's
+index and every member's CRC: a truncated or corrupted file fails it) and sets aside the ones that
+fail, so the run resumes from the newest readable one, or starts over when none is left. Reading
+and checking need no Lightning, so the commands that only read runs start without it.
 """
 
 from __future__ import annotations
 
-import io
 import logging
 import os
 import re
 import zipfile
 from pathlib import Path
-from typing import Any
 
-import torch
-from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
-
-from .files import timestamp, write_atomic
+from .files import timestamp
 
 log = logging.getLogger("reproduce")
 
 LAST = "last.ckpt"
 DAMAGED = "damaged"
-
-
-class AtomicCheckpointIO(TorchCheckpointIO):
-    """Lightning's checkpoint writer, saving through ``write_atomic``."""
-
-    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options=None) -> None:
-        buffer = io.BytesIO()
-        torch.save(checkpoint, buffer)
-        write_atomic(Path(path), buffer.getvalue())
 
 
 def unreadable(path: Path) -> str | None:

@@ -1,7 +1,10 @@
 """The commands behind the CLI: sweep a table (train, evaluate, record, render), render it, submit
 it to SLURM, and the tools around the records (status, verify, publish, attention, bench).
 
-Each command takes the parsed arguments and the raw argv and returns an exit status.
+Each command takes the parsed arguments and the raw argv and returns an exit status. What trains
+or loads a model (``runner``, ``launch``, ``tuning``, ``verify``, ``attention``, ``bench``) brings
+Lightning with it and is imported inside the command that needs it, so the commands that only read
+records (``--render``, ``--dry-run``, ``status``, ``publish``) start without it.
 """
 
 from __future__ import annotations
@@ -15,26 +18,20 @@ from pathlib import Path
 
 import torch
 
-from . import devices, estimates, launch, machine, workers
-from .attention import draw
-from .bench.command import run as run_bench
+from . import devices, estimates, machine, workers
 from .cost import parameter_rows
 from .dashboard import log_table
 from .dashboard import publish as publish_records
 from .data import missing_input
 from .errors import ConfigError, DamagedRecords
-from .gpu_check import run as check_gpu
 from .logs import quiet_libraries
 from .machine import default_scale
 from .optim import accumulation
 from .records import every_table_records, finished, load_records, plan_state, results_dir, runs_dir
-from .runner import execute, planned_summary, run_here, with_data
 from .status import report as status_report
-from .sweep import load_spec
+from .sweep import load_spec, planned_summary, with_data
 from .tables import RENDERERS
 from .tables.figures import plot_table
-from .tuning import tune
-from .verify import verify as verify_record
 
 
 def params(args: argparse.Namespace) -> None:
@@ -169,6 +166,8 @@ def _train_and_render(args: argparse.Namespace, argv: list[str], spec, runs, sca
     elif args.dry_run:
         plan_costs(spec, runs, args, layout)
         return
+    from . import runner
+    from .tuning import tune
     quiet_libraries()
     command = workers.command(argv)
     try:
@@ -185,13 +184,12 @@ def _train_and_render(args: argparse.Namespace, argv: list[str], spec, runs, sca
         for run in workers.reorder(runs):
             extra = None
             if tuning:
-
                 run, summary = tune(run, tuning, args.trials, args.storage, run.seed)
                 extra = {"tuning": summary}
                 print(f"{summary['study']}: best of {summary['n_trials']} trial(s): "
                       f"{summary['metric']} {summary['best_value']:.3f} with "
                       f"{summary['best_params']}")
-            record = execute(run, spec.split, command, extra, layout)
+            record = runner.execute(run, spec.split, command, extra, layout)
             if record is None:
                 print(f"{run.run_id}: another worker is training it")
                 continue
@@ -213,12 +211,10 @@ def render(spec, out, log: bool) -> list[str]:
     out.write_text(render(spec, records))
     print(f"rendered {out}" + (f" without {len(damaged)} damaged record(s)" if damaged else ""))
     if records and spec.table in ("table2", "table3"):
-
         figures = plot_table(spec, records, results_dir())
         for path in figures:
             print(f"plotted {path}")
         if log:
-
             where = log_table(spec, records, out, figures, runs_dir() / spec.table / "tables")
             print(f"logged the table to W&B ({where['mode']}, {where['dir']})")
     return damaged
@@ -292,6 +288,7 @@ def run_table4(args: argparse.Namespace, argv: list[str]) -> None:
 
 def submit(args: argparse.Namespace, argv: list[str], spec, runs, scale: str) -> None:
     """--launcher slurm: one array task per run without a record (reproduce/launch.py)."""
+    from . import launch
     todo = [run for run in runs if finished(run) is None]
     print(f"submission plan: {len(todo)} of {len(runs)} run(s) have no record; one SLURM array "
           "task each:")
@@ -339,16 +336,20 @@ def status(args: argparse.Namespace, argv: list[str]) -> int:
 
 def verify(args: argparse.Namespace, argv: list[str]) -> int:
     quiet_libraries()
+    from .verify import verify as verify_record
     return verify_record(Path(args.record), args.steps,
                          Path(args.scratch) if args.scratch else None)
 
 
 def attention(args: argparse.Namespace, argv: list[str]) -> int:
+    from .attention import draw
     print(f"plotted {draw(args.run, args.sentence, args.layer, results_dir(), runs_dir())}")
     return 0
 
 
 def bench(args: argparse.Namespace, argv: list[str]) -> int:
+    from .bench.command import run as run_bench
+    from .gpu_check import run as check_gpu
     if args.gpu:
         return check_gpu(out="results/gpu.md" if args.out == "results/performance.md"
                          else args.out)
@@ -357,5 +358,6 @@ def bench(args: argparse.Namespace, argv: list[str]) -> int:
 
 def rank_run(args: argparse.Namespace, argv: list[str]) -> int:
     """One rank of a multi-device run (``devices.train_on_ranks`` starts it)."""
+    from . import runner
     quiet_libraries()
-    return devices.rank_main(args.payload, run_here)
+    return devices.rank_main(args.payload, runner.run_here)

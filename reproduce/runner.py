@@ -215,25 +215,3 @@ def _cost(c: Config, work: dict[str, int], seconds: float, devices: int) -> dict
                                          work["src_sq"], work["tgt_sq"], work["cross"]),
         "train_hours": round(seconds / 3600, 4),
     }
-
-
-def planned_summary(run: PlannedRun, overrides: dict[str, Any]) -> str:
-    m, t = run.config.model, run.config.train
-    return (f"{run.run_id}: overrides {overrides or '{}'} -> N={m.N} d_model={m.d_model} "
-            f"d_ff={m.d_ff} h={m.h} d_k={m.d_k} d_v={m.d_v} P_drop={m.p_drop} eps_ls={t.eps_ls} "
-            f"positions={m.positions} steps={t.train_steps} batch_tokens={t.batch_tokens} "
-            f"corpus={run.config.data.corpus}")
-
-
-# --- Lightning helpers ---------------------------------------------------------------------------
-
-
-def with_data(run: PlannedRun, data_dir: str | None = None,
-              extra_trees: str | None = None) -> PlannedRun:
-    """``run`` on the user's data (``--treebank``, ``--silver``). Local data gets its own run id
-    (tag ``ptb``): a run on NLTK's sample is never taken for one on the full treebank."""
-    overrides = {k: v for k, v in (("data_dir", data_dir), ("extra_trees", extra_trees)) if v}
-    if not overrides:
-        return run
-    tag = "-".join(t for t in (run.tag, "ptb" if data_dir else "") if t)
-    return replace(run, config=run.config.overrides(**overrides), tag=tag)

@@ -8,7 +8,7 @@ factors and may only set what no variant varies, so a row means the same thing a
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -372,3 +372,23 @@ def load_spec(table_or_path: str | Path) -> Spec:
 
 def shipped_specs() -> list[Path]:
     return sorted(p for p in SWEEPS_DIR.glob("*.yaml") if p.name != "scales.yaml")
+
+
+def planned_summary(run: PlannedRun, overrides: dict[str, Any]) -> str:
+    """One line of the plan: the run, the overrides its variant names and what they resolve to."""
+    m, t = run.config.model, run.config.train
+    return (f"{run.run_id}: overrides {overrides or '{}'} -> N={m.N} d_model={m.d_model} "
+            f"d_ff={m.d_ff} h={m.h} d_k={m.d_k} d_v={m.d_v} P_drop={m.p_drop} eps_ls={t.eps_ls} "
+            f"positions={m.positions} steps={t.train_steps} batch_tokens={t.batch_tokens} "
+            f"corpus={run.config.data.corpus}")
+
+
+def with_data(run: PlannedRun, data_dir: str | None = None,
+              extra_trees: str | None = None) -> PlannedRun:
+    """``run`` on the user's data (``--treebank``, ``--silver``). Local data gets its own run id
+    (tag ``ptb``): a run on NLTK's sample is never taken for one on the full treebank."""
+    overrides = {k: v for k, v in (("data_dir", data_dir), ("extra_trees", extra_trees)) if v}
+    if not overrides:
+        return run
+    tag = "-".join(t for t in (run.tag, "ptb" if data_dir else "") if t)
+    return replace(run, config=run.config.overrides(**overrides), tag=tag)

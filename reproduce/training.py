@@ -3,6 +3,7 @@ optimizer steps, the training clock and curve, cores shared between workers), an
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import sys
@@ -13,13 +14,17 @@ from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
+import torch
+from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
 from pytorch_lightning.strategies import DDPStrategy
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from . import checkpoints, devices, workers
 from .config import Config
-from .data import TranslationData, is_treebank, load_pairs, local_files, tokenizer_name, tree_symbols
+from .data import is_treebank, load_pairs, local_files, tokenizer_name, tree_symbols
+from .data.module import TranslationData
 from .devices import ONE_DEVICE, Layout
+from .files import write_atomic
 from .lit import TranslationModule
 from .machine import REPO
 from .optim import accumulation
@@ -27,6 +32,15 @@ from .sweep import PlannedRun
 from .tokenizer import cache_dir, train_tokenizer
 
 log = logging.getLogger("reproduce")
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's checkpoint writer, saving through ``write_atomic``."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options=None) -> None:
+        buffer = io.BytesIO()
+        torch.save(checkpoint, buffer)
+        write_atomic(Path(path), buffer.getvalue())
 
 
 def build_data(c: Config):
@@ -75,7 +89,7 @@ def fit(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=(),
         max_steps=c.train.train_steps, max_epochs=-1, precision=precision,
         accelerator=layout.accelerator, devices=layout.devices, strategy=_strategy(layout),
         logger=logger, callbacks=[ckpt, clock, *callbacks],
-        plugins=[checkpoints.AtomicCheckpointIO()],
+        plugins=[AtomicCheckpointIO()],
         num_sanity_val_steps=0, log_every_n_steps=10, enable_model_summary=False,
         enable_progress_bar=sys.stderr.isatty(),
         **({"val_check_interval": c.train.val_every_steps, "check_val_every_n_epoch": None}

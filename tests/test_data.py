@@ -20,12 +20,12 @@ from reproduce.data import (
     BIBLE_TRAIN_BOOKS,
     CORPORA,
     SPLITS,
-    TranslationData,
     batch_by_tokens,
     hub,
     load_bible_verses,
     load_pairs,
 )
+from reproduce.data.module import TranslationData
 from reproduce.errors import DataError
 from reproduce.tokenizer import Tokenizer, cache_dir, load_tokenizer, train_tokenizer
 

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..data import TranslationData, batch_by_tokens, load_pairs
+from ..data import batch_by_tokens, load_pairs
+from ..data.module import TranslationData
 from ..tokenizer import cache_dir, train_tokenizer
 
 PAD, BOS, EOS = 0, 2, 3  # the tokenizer's ids (reproduce.tokenizer)

@@ -1,5 +1,8 @@
 """Parallel corpora, token-bucketed batches and the Lightning data module.
 
+The data module (``reproduce.data.module.TranslationData``) brings Lightning with it and is imported
+from its own module by the code that trains, so reading corpora and records does not load Lightning.
+
 Corpora are loaded through Hugging Face ``datasets``:
 
 * ``bible-en-de`` / ``bible-en-fr``: the offline default, verse-aligned Bibles from the SQLite file
@@ -30,11 +33,10 @@ from .bible import (
 from .corpora import CORPORA, SPLITS, is_treebank, missing_input, pairs_sha256, tokenizer_name
 from .hub import local_files
 from .loading import load_pairs
-from .module import TranslationData
 from .ngram import ngram_perplexities
 from .treebank import tree_symbols, treebank_trees
 
 __all__ = ["BIBLE_DEV_BOOKS", "BIBLE_TEST_BOOKS", "BIBLE_TRAIN_BOOKS", "CORPORA", "PAD_BATCH", "SPLITS",
-           "BibleVerse", "TranslationData", "batch_by_tokens", "bible_db_path", "clean_bible_text",
+           "BibleVerse", "batch_by_tokens", "bible_db_path", "clean_bible_text",
            "is_treebank", "load_bible_verses", "load_pairs", "local_files", "missing_input",
            "ngram_perplexities", "pairs_sha256", "tokenizer_name", "tree_symbols", "treebank_trees"]
