@@ -10,8 +10,11 @@ an interrupted sweep resumes as always. What ``--workers`` adds:
   cores follow the work: once a worker has ended, those still training share its cores too (they
   read how many are left from a file this process keeps, ``share_cores``);
 * order: the runs without a record are split into N groups of about equal measured cost
-  (``cost.step_seconds`` x steps left) and each worker starts on its own group, costliest first, then
-  helps with the others' (claimed runs are skipped), so no long run is left to start last;
+  (``cost.step_seconds`` x steps left), seed by seed (``by_seed``): each worker starts on its own
+  group, lower seeds first and costliest first within a seed, then helps with the others' (claimed
+  runs are skipped). So no long run is left to start last, and a sweep stopped part way holds
+  whole seeds (every variant at seed 0 before any at seed 1: the table fills row by row, and
+  verdicts come with the second seed);
 * one table: workers only train and record; this process renders the table when all have ended.
 
 ``--workers auto`` (the default) picks N with ``auto_count``: one worker per core on a CPU when
@@ -143,6 +146,20 @@ def balance(costs: dict[str, float], n: int) -> list[list[str]]:
     return best
 
 
+def by_seed(costs: dict[str, float], seeds: dict[str, int], n: int) -> list[list[str]]:
+    """``balance`` within each seed, lowest seed first: each seed's heaviest group goes to the
+    worker with the least work so far, so every worker finishes seed k before it starts k + 1."""
+    groups: list[list[str]] = [[] for _ in range(n)]
+    loads = [0.0] * n
+    for seed in sorted(set(seeds.values())):
+        part = balance({i: c for i, c in costs.items() if seeds[i] == seed}, n)
+        for group in sorted(part, key=lambda g: -sum(costs[i] for i in g)):
+            k = loads.index(min(loads))
+            groups[k] += group
+            loads[k] += sum(costs[i] for i in group)
+    return groups
+
+
 def worker_argv(argv: Sequence[str]) -> list[str]:
     """``argv`` without ``--workers N`` / ``--workers=N``."""
     out, skip = [], False
@@ -183,7 +200,7 @@ def launch(argv: Sequence[str], runs: list, n: int, devices: int = 1) -> int:
                  * steps_left(run) for run in todo}
     finally:
         torch.set_num_threads(previous)
-    groups = balance(costs, min(n, len(todo)))
+    groups = by_seed(costs, {run.run_id: run.seed for run in todo}, min(n, len(todo)))
     order = [run_id for group in groups for run_id in group]
     print(f"--workers {n}: {len(todo)} run(s) to train, {threads} thread(s) per worker"
           + (", one GPU each" if gpus else ""))

@@ -96,6 +96,23 @@ def test_balance_finds_the_best_split_that_longest_first_misses():
     assert sorted(i for g in balance(many, 3) for i in g) == sorted(many)
 
 
+def test_workers_finish_a_seed_before_the_next_and_stay_balanced():
+    from reproduce.workers import by_seed
+
+    # Row A at `cpu`, three seeds: every worker's list holds seed 0, then 1, then 2.
+    minutes = {"A4": 72, "A3": 64, "base": 49, "A2": 49, "A1": 44}
+    costs = {f"{v}-s{s}": m for v, m in minutes.items() for s in range(3)}
+    seeds = {i: int(i[-1]) for i in costs}
+    groups = by_seed(costs, seeds, 2)
+    assert sorted(i for g in groups for i in g) == sorted(costs)
+    for group in groups:
+        assert [seeds[i] for i in group] == sorted(seeds[i] for i in group)
+        assert {seeds[i] for i in group} == {0, 1, 2}  # both workers train every seed
+    loads = sorted(sum(costs[i] for i in g) for g in groups)
+    assert loads[1] - loads[0] <= 72  # within one run of an even split (834 / 2)
+    assert by_seed({"a": 1.0}, {"a": 0}, 1) == [["a"]]
+
+
 def test_worker_argv_and_order(monkeypatch):
     from reproduce.sweep import load_spec
     from reproduce.workers import ORDER_ENV, reorder, worker_argv
