@@ -106,7 +106,8 @@ def plan_costs(spec, runs, args: argparse.Namespace, layout) -> dict[str, float]
         if state.startswith("redo: "):
             print(f"  {run.run_id}: will be redone: {state[6:]}")
         left = workers.steps_left(run) if target.kind == "cpu" else run.config.train.train_steps
-        e = estimates.estimate(run, target, model, rate_at(threads) if model else None, left)
+        e = estimates.estimate(run, target, model, rate_at(threads) if model else None, left,
+                               estimates.cpu_step_ratio(run, threads) if model else 1.0)
         paper = estimates.paper_method_flops(e, target)
         total += e.device_hours
         t = run.config.train

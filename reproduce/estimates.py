@@ -34,6 +34,7 @@ from .errors import ConfigError
 from .files import write_atomic
 from .flops import BF16_DENSE_TFLOPS, analytic_flops, gpu_tflops, lookup
 from .machine import cpu_name, matmul_gflops
+from .precision import step_ratio, timed
 
 SENTENCE_TOKENS = 30  # typical padded sentence length, pieces (Bible verses and WMT sentences)
 # Without records to fit: the share of the probe's matmul rate a training step reaches, and a GPU's
@@ -121,11 +122,14 @@ def _record_work(record: dict[str, Any]) -> tuple[float, float, int] | None:
 
 
 def fit_cpu(records: list[dict[str, Any]], rate_at) -> CpuModel:
-    """Least squares over this CPU's records: seconds/step x rate(threads) = a F + b A, a, b >= 0.
-    ``rate_at(threads)`` is the probe. Falls back to the default with fewer than 2 records."""
+    """Least squares over this CPU's fp32 records: seconds/step x rate(threads) = a F + b A,
+    a, b >= 0. ``rate_at(threads)`` is the probe. Falls back to the default with fewer than 2
+    records. A bf16-mixed run is estimated as fp32 times its timed ratio (``estimate``)."""
     rows, target, here = [], [], cpu_name()
     for r in records:
         if r.get("hardware", {}).get("cpu") != here or not r["metrics"].get("train_steps"):
+            continue
+        if r.get("precision", "32-true") != "32-true":  # fp32 steps; bf16 is a ratio of them
             continue
         work = _record_work(r)
         if work is None:
@@ -202,17 +206,27 @@ class Estimate:
         return self.hours * self.devices
 
 
+def cpu_step_ratio(run, threads: int) -> float:
+    """A step of ``run`` in the precision ``auto`` took here over an fp32 step, from the timing
+    cached for its table's base at ``threads`` (1.0 when fp32 or not timed yet)."""
+    if run.config.train.precision != "auto":
+        return 1.0
+    return step_ratio(timed(run.precision_from or run.config, threads))
+
+
 def estimate(run, target: Target, model: CpuModel | None = None, rate: float | None = None,
-             steps: int | None = None) -> Estimate:
+             steps: int | None = None, ratio: float = 1.0) -> Estimate:
     """The run's training time on ``target`` (``steps`` left, default all of them). On this CPU,
-    ``model`` and ``rate`` (the probe at the thread count the run will use) are required."""
+    ``model`` and ``rate`` (the probe at the thread count the run will use) are required, and
+    ``ratio`` scales the fitted fp32 step to the run's precision (``cpu_step_ratio``)."""
     c = run.config
     steps = c.train.train_steps if steps is None else steps
     devices = target.devices
     flops, blocks = step_work(c, devices)
     if target.kind == "cpu":
-        seconds = model.seconds(flops, blocks, rate)
-        source = f"probe {rate:.0f} GFLOP/s, {model.source}"
+        seconds = model.seconds(flops, blocks, rate) * ratio
+        source = f"probe {rate:.0f} GFLOP/s, {model.source}" + (
+            f"; bf16-mixed at {ratio:.2f}x an fp32 step, as timed" if ratio != 1.0 else "")
     else:
         overhead = GPU_STEP_OVERHEAD_S + GPU_LAYER_OVERHEAD_S * 2 * c.model.N
         seconds = flops / (target.tflops * 1e12) + overhead
@@ -238,8 +252,9 @@ def check_against_records(runs, records: dict[str, dict[str, Any]], model: CpuMo
         if not r or r.get("hardware", {}).get("cpu") != here or _record_work(r) is None:
             continue
         threads = int(r["hardware"].get("torch_threads") or 1)
+        ratio = step_ratio(r.get("precision_choice")) if r.get("precision") == "bf16-mixed" else 1.0
         e = estimate(run, Target("cpu"), model, rate_at(threads),
-                     steps=r["metrics"]["train_steps"])
+                     steps=r["metrics"]["train_steps"], ratio=ratio)
         out.append((run.run_id, e.hours, r["metrics"]["train_seconds"] / 3600))
     return out
 

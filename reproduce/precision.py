@@ -145,6 +145,22 @@ def choose(config: Config, micro_tokens: int, cache: Path | None,
     return entry["chosen"], {**entry, "cached": False}
 
 
+def timed(config: Config, threads: int, cache: Path | None = None) -> dict[str, Any] | None:
+    """What ``choose`` cached for ``config``'s model on this machine at ``threads``, if anything."""
+    micro = accumulation(config.train.batch_tokens, config.train.device_batch_tokens, 1)[1]
+    return _read(cache or runs_dir() / "precision.json").get(_key(config, micro, threads))
+
+
+def step_ratio(choice: dict[str, Any] | None) -> float:
+    """A training step's time in the precision ``choice`` took over its time in fp32, by the
+    choice's own timings (a record's ``precision_choice``, or ``timed``); 1.0 for fp32, or when
+    nothing was timed."""
+    seconds = (choice or {}).get("seconds_per_step") or {}
+    if (choice or {}).get("chosen") != "bf16-mixed" or not seconds.get("32-true"):
+        return 1.0
+    return seconds["bf16-mixed"] / seconds["32-true"]
+
+
 def cached(config: Config, micro_tokens: int, cache: Path) -> str | None:
     """The precision ``choose`` took for ``config`` here at this thread count, if it ran before."""
     known = _read(cache).get(_key(config, micro_tokens, torch.get_num_threads()))

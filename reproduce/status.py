@@ -83,8 +83,8 @@ def _time_left(left: list, records: list[dict[str, Any]], runs: Path) -> dict[st
     cache = runs / "cost_probe.json"
     model = estimates.fit_cpu(records, lambda k: estimates.rate_at(k, cache))
     rate = estimates.rate_at(threads, cache)
-    hours = sum(estimates.estimate(run, estimates.Target("cpu"), model, rate,
-                                   steps_left(run)).hours for run in left)
+    hours = sum(estimates.estimate(run, estimates.Target("cpu"), model, rate, steps_left(run),
+                                   estimates.cpu_step_ratio(run, threads)).hours for run in left)
     return {"device_hours": hours, "wall_hours": hours / n, "workers": n, "source": model.source}
 
 

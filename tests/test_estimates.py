@@ -112,3 +112,36 @@ def test_a_tables_plan_is_fitted_to_this_cpus_records_of_every_table(tmp_path, m
                  "--dry-run"]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if "tokens/step" in x)
     assert "fitted to 2 record(s) of this CPU" in line and "GUESS" not in line
+
+
+def test_bf16_runs_are_priced_as_fp32_steps_times_their_timed_ratio(tmp_path, monkeypatch):
+    """The fit holds fp32 steps only; a bf16-mixed record is checked, and a bf16-mixed plan
+    priced, at the ratio its timing measured (the `cpu-wide` probe: 0.98 s against 2.07 s)."""
+    from reproduce import precision
+
+    runs = _runs("table3", ["base", "A1", "A2", "A4"], "cpu")
+    truth = estimates.CpuModel(a=2.0, b=3e5, fitted_on=0)
+
+    def seconds(run):
+        return truth.seconds(*estimates.step_work(run.config), 50.0)
+
+    timing = {"chosen": "bf16-mixed", "seconds_per_step": {"32-true": 2.07, "bf16-mixed": 0.98}}
+    fp32 = [_record(runs[k], seconds(runs[k])) for k in ("base", "A1", "A2")]
+    bf16 = {**_record(runs["A4"], seconds(runs["A4"]) * 0.98 / 2.07), "precision": "bf16-mixed",
+            "precision_choice": timing}
+    model = estimates.fit_cpu([*fp32, bf16], lambda k: 50.0)
+    assert model.fitted_on == 3  # the bf16 record is not an fp32 step
+    checked = estimates.check_against_records([runs["A4"]], {runs["A4"].run_id: bf16}, model,
+                                              lambda k: 50.0)
+    assert checked[0][1] == pytest.approx(checked[0][2], rel=1e-6)
+    # A plan: the ratio cached for the table's base at the run's thread count, else 1.
+    monkeypatch.setenv("REPRODUCE_RUNS", str(tmp_path))
+    assert estimates.cpu_step_ratio(runs["A4"], 1) == 1.0
+    monkeypatch.setattr(precision, "_read", lambda cache: {
+        precision._key(runs["A4"].precision_from, 2048, 1): timing})
+    assert estimates.cpu_step_ratio(runs["A4"], 1) == pytest.approx(0.98 / 2.07)
+    assert estimates.cpu_step_ratio(runs["A4"], 2) == 1.0  # timed at one thread only
+    e = estimates.estimate(runs["A4"], estimates.Target("cpu"), model, 50.0,
+                           ratio=estimates.cpu_step_ratio(runs["A4"], 1))
+    assert e.seconds_per_step == pytest.approx(seconds(runs["A4"]) * 0.98 / 2.07, rel=1e-6)
+    assert "bf16-mixed at 0.47x an fp32 step, as timed" in e.source
