@@ -118,10 +118,17 @@ def plot_changes(spec: Spec, records: list[dict[str, Any]], path: Path, scale: s
     return path
 
 
+def curve_rows(spec: Spec, records: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
+    """The rows with a run of their own among ``records`` (base is drawn in each), or base alone
+    when none has one: a panel holding only base's curve says nothing."""
+    ran = {r["variant"] for r in records}
+    return [(row, names) for row, names in spec.rows.items() if ran & set(names)] or [("base", [])]
+
+
 def _plot_curves(spec: Spec, records: list[dict[str, Any]], path: Path, scale: str) -> Path:
-    """Dev PPL during training, one line per run, one panel per row (base in each)."""
+    """Dev PPL during training, one line per run, one panel per row of ``curve_rows``."""
     plt = pyplot()
-    rows = list(spec.rows.items())
+    rows = curve_rows(spec, records)
     fig, axes = plt.subplots(1, len(rows), figsize=(3.2 * len(rows), 3.6), squeeze=False,
                              sharey=True)
     for ax, (row, names) in zip(axes[0], rows, strict=True):
