@@ -132,14 +132,18 @@ def _plot_curves(spec: Spec, records: list[dict[str, Any]], path: Path, scale: s
     fig, axes = plt.subplots(1, len(rows), figsize=(3.2 * len(rows), 3.6), squeeze=False,
                              sharey=True)
     for ax, (row, names) in zip(axes[0], rows, strict=True):
+        colour = {"base": "black", **{name: f"C{i}" for i, name in enumerate(names)}}
+        seeds = defaultdict(list)  # a colour per variant, its seeds alike: one legend entry
         for r in sorted(records, key=lambda r: (r["variant"], r["seed"])):
-            if r["variant"] not in ("base", *names):
-                continue
-            curve = r.get("curve", {}).get("dev_ppl") or []
-            if curve:
+            if r["variant"] in colour and r.get("curve", {}).get("dev_ppl"):
+                seeds[r["variant"]].append(r)
+        for name, runs in seeds.items():
+            for k, r in enumerate(runs):
+                curve = r["curve"]["dev_ppl"]
                 ax.plot([c[0] for c in curve], [c[2] for c in curve], marker=".",
-                        color="black" if r["variant"] == "base" else None,
-                        linewidth=0.8, label=f"{r['variant']} s{r['seed']}")
+                        color=colour[name], linewidth=0.8,
+                        label=f"{name} (seed{'s' if len(runs) > 1 else ''} "
+                        f"{', '.join(str(x['seed']) for x in runs)})" if k == 0 else None)
         ax.set(title=f"({row})", xlabel="step", yscale="log")
         if ax.lines:
             ax.legend(fontsize=6)
