@@ -93,7 +93,7 @@ def test_changes_from_base_agree_only_beyond_seed_noise():
 
 def test_the_table_and_its_figure_go_to_wandb_offline(tmp_path):
     from reproduce.dashboard import log_table, table_rows
-    from reproduce.tables.figures import curve_rows, plot_table
+    from reproduce.tables.figures import plot_table, rows_with_runs
 
     spec = load_spec("table3")
     recs = [record("base", "cpu", 0, ppl=7.0, bleu=3.0),
@@ -103,8 +103,8 @@ def test_the_table_and_its_figure_go_to_wandb_offline(tmp_path):
     assert rows[0][:5] == ["A1", "cpu", 0, 8.0, 2.0] and rows[0][10:12] == [5.29, 24.9]
     figures = plot_table(spec, recs, tmp_path)
     assert [p.name for p in figures] == ["table3-cpu.png", "table3-cpu-curves.png"]
-    assert curve_rows(spec, recs) == [("A", ["A1", "A2", "A3", "A4"])]  # no panel of base alone
-    assert curve_rows(spec, recs[:1]) == [("base", [])]
+    assert rows_with_runs(spec, recs) == [("A", ["A1", "A2", "A3", "A4"])]  # no panel of base alone
+    assert rows_with_runs(spec, recs[:1]) == [("base", [])]
     md = tmp_path / "table3.md"
     md.write_text(render_table3(spec, recs))
     where = log_table(spec, recs, md, figures, tmp_path / "wandb")

@@ -53,9 +53,10 @@ VERDICT_MARKS = {"yes": "✓ agrees", "no": "✗ opposite", "no effect": "≈ wi
 
 
 def plot_changes(spec: Spec, records: list[dict[str, Any]], path: Path, scale: str) -> Path:
-    """One panel per row (A, B, ...) and metric (PPL left, BLEU right): each variant's change
-    from base in % of base, the paper's (grey) above ours (colour, mean over seeds; error bar:
-    2 standard errors of the difference, as the verdict uses), the verdict at the right."""
+    """One panel per row that has run (A, B, ...; ``rows_with_runs``; every row when none has)
+    and metric (PPL left, BLEU right): each variant's change from base in % of base, the paper's
+    (grey) above ours (colour, mean over seeds; error bar: 2 standard errors of the difference,
+    as the verdict uses), the verdict at the right. The title names the rows left out."""
     import math
     import statistics
 
@@ -63,7 +64,12 @@ def plot_changes(spec: Spec, records: list[dict[str, Any]], path: Path, scale: s
     runs: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in records:
         runs[r["variant"]].append(r)
-    rows = [(row, [n for n in names if n in spec.variants]) for row, names in spec.rows.items()]
+    rows = [(row, [n for n in names if n in spec.variants])
+            for row, names in rows_with_runs(spec, records) if names]
+    unrun = [row for row in spec.rows if row not in dict(rows)]
+    if not rows:
+        rows = [(row, [n for n in names if n in spec.variants]) for row, names in spec.rows.items()]
+        unrun = []
     heights = [max(1, len(names)) for _, names in rows]
     fig, axes = plt.subplots(len(rows), 2, figsize=(12, 1.2 + 0.62 * sum(heights)),
                              squeeze=False, gridspec_kw={"height_ratios": heights})
@@ -108,8 +114,9 @@ def plot_changes(spec: Spec, records: list[dict[str, Any]], path: Path, scale: s
     fig.legend(unique.values(), unique.keys(), loc="upper right", fontsize=8)
     n_base = len(runs.get("base", []))
     fig.suptitle(f"{spec.table} at scale `{scale}`: each variant's change from base, the paper's "
-                 f"(grey) and ours (colour; error bar: our seed noise, 2 SE; base n={n_base})",
-                 fontsize=10, x=0.45)
+                 f"(grey) and ours (colour; error bar: our seed noise, 2 SE; base n={n_base})"
+                 + (f"\nnot run at this scale: row{'s' if len(unrun) > 1 else ''} "
+                    f"{', '.join(unrun)}" if unrun else ""), fontsize=10, x=0.45)
     fig.tight_layout(rect=(0, 0, 1, 0.97))
     fig.subplots_adjust(wspace=0.45)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -118,9 +125,10 @@ def plot_changes(spec: Spec, records: list[dict[str, Any]], path: Path, scale: s
     return path
 
 
-def curve_rows(spec: Spec, records: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
+def rows_with_runs(spec: Spec, records: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
     """The rows with a run of their own among ``records`` (base is drawn in each), or base alone
-    when none has one: a panel holding only base's curve says nothing."""
+    when none has one: a panel of base's curve alone, or of the paper's bars alone, says nothing
+    of ours (the table lists what has not run)."""
     ran = {r["variant"] for r in records}
     return [(row, names) for row, names in spec.rows.items() if ran & set(names)] or [("base", [])]
 
@@ -128,7 +136,7 @@ def curve_rows(spec: Spec, records: list[dict[str, Any]]) -> list[tuple[str, lis
 def _plot_curves(spec: Spec, records: list[dict[str, Any]], path: Path, scale: str) -> Path:
     """Dev PPL during training, one line per run, one panel per row of ``curve_rows``."""
     plt = pyplot()
-    rows = curve_rows(spec, records)
+    rows = rows_with_runs(spec, records)
     fig, axes = plt.subplots(1, len(rows), figsize=(3.2 * len(rows), 3.6), squeeze=False,
                              sharey=True)
     for ax, (row, names) in zip(axes[0], rows, strict=True):
