@@ -252,9 +252,8 @@ def check_against_records(runs, records: dict[str, dict[str, Any]], model: CpuMo
         if not r or r.get("hardware", {}).get("cpu") != here or _record_work(r) is None:
             continue
         threads = int(r["hardware"].get("torch_threads") or 1)
-        ratio = step_ratio(r.get("precision_choice")) if r.get("precision") == "bf16-mixed" else 1.0
         e = estimate(run, Target("cpu"), model, rate_at(threads),
-                     steps=r["metrics"]["train_steps"], ratio=ratio)
+                     steps=r["metrics"]["train_steps"], ratio=step_ratio(r.get("precision_choice")))
         out.append((run.run_id, e.hours, r["metrics"]["train_seconds"] / 3600))
     return out
 

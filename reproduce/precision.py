@@ -161,12 +161,6 @@ def step_ratio(choice: dict[str, Any] | None) -> float:
     return seconds["bf16-mixed"] / seconds["32-true"]
 
 
-def cached(config: Config, micro_tokens: int, cache: Path) -> str | None:
-    """The precision ``choose`` took for ``config`` here at this thread count, if it ran before."""
-    known = _read(cache).get(_key(config, micro_tokens, torch.get_num_threads()))
-    return known["chosen"] if known else None
-
-
 def resolve_precision(precision: str, config: Config | None = None) -> str:
     """``auto``: bf16 mixed precision where it trains faster, else fp32. With ``config``, the
     answer ``precision.choose`` cached for its model on this machine, if any; a training run
@@ -177,10 +171,9 @@ def resolve_precision(precision: str, config: Config | None = None) -> str:
     if torch.cuda.is_available():
         return "bf16-mixed" if torch.cuda.is_bf16_supported() else "32-true"
     if config is not None:
-        micro = accumulation(config.train.batch_tokens, config.train.device_batch_tokens, 1)[1]
-        known = cached(config, micro, runs_dir() / "precision.json")
+        known = timed(config, torch.get_num_threads())
         if known:
-            return known
+            return known["chosen"]
     return "bf16-mixed" if bf16_matmul_not_slower() else "32-true"
 
 
@@ -193,17 +186,17 @@ def choose_precision(run: PlannedRun, layout: Layout = ONE_DEVICE) -> tuple[str,
     # One precision for a table at a scale: timing each variant's own model let a variant whose
     # matmuls are larger (A1: one head of 128) train in bf16 beside fp32 variants, so the row
     # measured precision along with heads. The spec's base decides for all of them.
-    timed, model = c, "this model"
+    reference, model = c, "this model"
     if run.precision_from is not None:
-        timed = run.precision_from.overrides(precision=c.train.precision)
+        reference = run.precision_from.overrides(precision=c.train.precision)
         model = f"{run.table}'s base at `{run.scale}` (one precision for all its variants)"
-    micro = accumulation(timed.train.batch_tokens, timed.train.device_batch_tokens,
+    micro = accumulation(reference.train.batch_tokens, reference.train.device_batch_tokens,
                          layout.devices)[1]
     threads = torch.get_num_threads()
     if layout.accelerator == "cpu" and layout.devices > 1:
         torch.set_num_threads(max(1, threads // layout.devices))  # as each rank will have
     try:
-        precision, chosen = choose(timed, micro, runs_dir() / "precision.json", model=model)
+        precision, chosen = choose(reference, micro, runs_dir() / "precision.json", model=model)
     finally:
         torch.set_num_threads(threads)
     if c.train.precision == "auto":

@@ -44,7 +44,7 @@ def test_the_answer_is_cached_per_model_and_threads(config, tmp_path, cpu_bf16_s
 
     got, how = precision.choose(config, 1024, cache, timer=never)
     assert got == "bf16-mixed" and how["cached"]
-    assert precision.cached(config, 1024, cache) == "bf16-mixed"
+    assert precision.timed(config, torch.get_num_threads(), cache)["chosen"] == "bf16-mixed"
     # Another model shape is another entry, timed afresh.
     other = config.overrides(d_model=config.model.d_model * 2)
     got, _ = precision.choose(other, 1024, cache, timer=lambda c, t: {"32-true": 0.5,

@@ -58,18 +58,16 @@ def plot_changes(spec: Spec, records: list[dict[str, Any]], path: Path, scale: s
     (grey) above ours (colour, mean over seeds; error bar: 2 standard errors of the difference,
     as the verdict uses), the verdict at the right. The title names the rows left out."""
     import math
-    import statistics
 
     plt = pyplot()
     runs: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in records:
         runs[r["variant"]].append(r)
-    rows = [(row, [n for n in names if n in spec.variants])
-            for row, names in rows_with_runs(spec, records) if names]
-    unrun = [row for row in spec.rows if row not in dict(rows)]
-    if not rows:
-        rows = [(row, [n for n in names if n in spec.variants]) for row, names in spec.rows.items()]
-        unrun = []
+    shown = dict(rows_with_runs(spec, records))
+    if shown == {"base": []}:  # no row has run: the paper's bars of every row
+        shown = spec.rows
+    rows = [(row, [n for n in names if n in spec.variants]) for row, names in shown.items()]
+    unrun = [row for row in spec.rows if row not in shown]
     heights = [max(1, len(names)) for _, names in rows]
     fig, axes = plt.subplots(len(rows), 2, figsize=(12, 1.2 + 0.62 * sum(heights)),
                              squeeze=False, gridspec_kw={"height_ratios": heights})
@@ -134,7 +132,7 @@ def rows_with_runs(spec: Spec, records: list[dict[str, Any]]) -> list[tuple[str,
 
 
 def _plot_curves(spec: Spec, records: list[dict[str, Any]], path: Path, scale: str) -> Path:
-    """Dev PPL during training, one line per run, one panel per row of ``curve_rows``."""
+    """Dev PPL during training, one line per run, one panel per row of ``rows_with_runs``."""
     plt = pyplot()
     rows = rows_with_runs(spec, records)
     fig, axes = plt.subplots(1, len(rows), figsize=(3.2 * len(rows), 3.6), squeeze=False,
