@@ -55,7 +55,7 @@ def params(args: argparse.Namespace) -> None:
 def run_table(args: argparse.Namespace, argv: list[str]) -> None:
     spec = load_spec(args.spec or args.table)
     scale = args.scale or default_scale()
-    names = spec.select(args.row, args.variant)
+    names = spec.select(args.row, args.variant, scale)
     runs = spec.plan(names, scale, args.seeds)
     sc = spec.scale(scale)
     print(f"{spec.table}: {len(runs)} run(s) at scale `{scale}`"
@@ -256,7 +256,7 @@ def run_table4(args: argparse.Namespace, argv: list[str]) -> None:
         if path and not os.path.exists(path):
             raise ConfigError(f"{flag} {path!r}: no such file or folder ({what})")
     runs = [with_data(run, args.treebank, args.silver)
-            for run in spec.plan(spec.select(args.row, args.variant), scale, args.seeds)]
+            for run in spec.plan(spec.select(args.row, args.variant, scale), scale, args.seeds)]
     tuning = spec.search_space(scale) if args.tune else None
     if args.trials < 1:
         raise ConfigError(f"--trials {args.trials}: must be at least 1")

@@ -44,7 +44,7 @@ def table_status(table: str, results: Path, runs: Path,
     for scale in sorted(seen):
         if scale not in spec.scales:
             continue
-        planned = spec.plan(list(spec.variants), scale, sorted(seen[scale]))
+        planned = spec.plan(spec.variants_at(scale), scale, sorted(seen[scale]))
         state: dict[str, list[str]] = {"done": [], "stale": [], "running": [], "stopped": [],
                                        "missing": []}
         for run in planned:

@@ -62,6 +62,9 @@ class Scale:
     # Devices one run trains on unless --devices says otherwise: a number or "auto" (every visible
     # GPU; 1 on a CPU). Where a run trains, not what it is: never part of its config.
     devices: int | str = 1
+    # The rows of the table this scale is for (a table's own scale, e.g. a probe of one row);
+    # empty: every row. Runs, `status` and the rendered table keep to them.
+    rows: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -111,24 +114,50 @@ class Spec:
         """The row a variant belongs to; base, and a variant in no row, are their own."""
         return next((row for row, names in self.rows.items() if variant in names), variant)
 
-    def select(self, rows: list[str] | None = None, variants: list[str] | None = None) -> list[str]:
+    def rows_at(self, scale: str | None = None) -> dict[str, list[str]]:
+        """The rows run at ``scale``: those its ``rows:`` names, or every row (also for None and
+        for a scale the spec no longer has, whose records still render)."""
+        kept = self.scales[scale].rows if scale in self.scales else ()
+        return {row: names for row, names in self.rows.items() if not kept or row in kept}
+
+    def variants_at(self, scale: str) -> list[str]:
+        """Every variant planned at ``scale``: all of the spec's, or, for a scale that names its
+        rows, base and those rows' variants."""
+        if not self.scale(scale).rows:
+            return list(self.variants)
+        return self.select(scale=scale)
+
+    def select(self, rows: list[str] | None = None, variants: list[str] | None = None,
+               scale: str | None = None) -> list[str]:
         """Variant names for the given rows (each row also runs base) or explicit variants; with
-        neither, base and every row's variants (a variant in no row runs only when named)."""
+        neither, base and every row's variants (a variant in no row runs only when named). At a
+        scale that names its rows (``rows_at``), a row or variant outside them is an error."""
+        kept = self.rows_at(scale)
         chosen: list[str] = []
         for row in rows or []:
             if row not in self.rows:
                 raise SpecError(f"{self.path.name}: unknown row {row!r}; valid rows: "
                                 f"{', '.join(self.rows)}")
+            if row not in kept:
+                raise SpecError(self._outside(scale, f"row {row}"))
             chosen += (["base"] if "base" in self.variants else []) + self.rows[row]
         for name in variants or []:
             if name not in self.variants:
                 raise SpecError(f"{self.path.name}: unknown variant {name!r}; valid variants: "
                                 f"{', '.join(self.variants)}")
+            if len(kept) < len(self.rows) and name != "base" and not any(
+                    name in names for names in kept.values()):
+                raise SpecError(self._outside(scale, f"variant {name} (row {self.row_of(name)})"))
             chosen.append(name)
         if not rows and not variants:
-            in_rows = {name for names in self.rows.values() for name in names}
+            in_rows = {name for names in kept.values() for name in names}
             chosen = [name for name in self.variants if name == "base" or name in in_rows]
         return list(dict.fromkeys(chosen))
+
+    def _outside(self, scale: str | None, what: str) -> str:
+        return (f"{self.path.name}: scales.{scale}.rows is [{', '.join(self.rows_at(scale))}]: "
+                f"{what} is not run at scale `{scale}`; choose one of those rows, another scale, "
+                f"or add the row to scales.{scale}.rows")
 
     def scale(self, name: str) -> Scale:
         if name not in self.scales:
@@ -181,7 +210,7 @@ class Spec:
 SPEC_KEYS = {"table", "caption", "split", "base", "variants", "rows", "scales", "cited", "preset",
              "tune"}
 VARIANT_KEYS = {"set", "paper"}
-SCALE_KEYS = {"about", "width", "steps", "corpus", "vocab", "set", "tune", "devices"}
+SCALE_KEYS = {"about", "width", "steps", "corpus", "vocab", "set", "tune", "devices", "rows"}
 TUNE_KEYS = {"metric", "direction", "knobs"}
 KNOB_KEYS = {"low", "high", "log", "choices"}
 
@@ -246,7 +275,10 @@ def _check_variants_against(scales: dict[str, Any], variants: dict[str, Variant]
                     f"{', '.join(sorted(sets))})")
 
 
-def load_scales(path: Path, data: dict[str, Any], varied: set[str]) -> dict[str, Scale]:
+def load_scales(path: Path, data: dict[str, Any], varied: set[str],
+                rows: dict[str, list[str]] | None = None) -> dict[str, Scale]:
+    """Scales from ``data`` (``path`` names the file in errors); ``rows``: the spec's rows, which
+    its own scales may name (None for the shared scales, which are every table's: no ``rows:``)."""
     scales = {}
     for name, raw in data.items():
         where = f"{path.name}: scales.{name}"
@@ -265,10 +297,21 @@ def load_scales(path: Path, data: dict[str, Any], varied: set[str]) -> dict[str,
         if devices != "auto" and (not isinstance(devices, int) or isinstance(devices, bool)
                                   or devices < 1):
             raise SpecError(f"{where}.devices = {devices!r}: must be a positive integer or auto")
+        kept = raw.get("rows", [])
+        if kept and rows is None:
+            raise SpecError(f"{where}.rows: a shared scale is every table's and runs every row; "
+                            "name rows in a table's own scale (its spec's `scales:`)")
+        if not isinstance(kept, list) or not all(isinstance(r, str) for r in kept):
+            raise SpecError(f"{where}.rows = {kept!r}: expected a list of row names")
+        for row in kept:
+            if row not in (rows or {}):
+                raise SpecError(f"{where}.rows: unknown row {row!r}; valid rows: "
+                                f"{', '.join(rows or {})}")
         scales[name] = Scale(name, str(raw.get("about", "")), float(raw.get("width", 1)),
                              float(raw.get("steps", 1)), _mapping(raw.get("corpus"), where),
                              _mapping(raw.get("vocab"), where), overrides,
-                             load_knobs(raw.get("tune"), f"{where}.tune", varied), devices)
+                             load_knobs(raw.get("tune"), f"{where}.tune", varied), devices,
+                             tuple(kept))
     return scales
 
 
@@ -350,7 +393,7 @@ def load_spec(table_or_path: str | Path) -> Spec:
     shared = {k: v for k, v in _read_yaml(SWEEPS_DIR / "scales.yaml").items() if k not in own}
     _check_variants_against(shared, variants, path)
     scales = load_scales(SWEEPS_DIR / "scales.yaml", shared, varied)
-    scales.update(load_scales(path, own, varied))
+    scales.update(load_scales(path, own, varied, rows))
     cited = data.get("cited") or []
     if not isinstance(cited, list) or not all(isinstance(c, dict) for c in cited):
         raise SpecError(f"{path.name}: cited: expected a list of mappings (one per published row)")

@@ -106,6 +106,10 @@ def _write(tmp_path, text):
     ("variants: {base: {}}\nscales: {tiny: {set: {d_ff: 4}}}", r"scales.tiny.set: d_ff"),
     ("variants: {base: {set: {h: 2}}}\nscales: {tiny: {width: 2}}", r"scales.tiny.width = 2"),
     ("variants: [", "not valid YAML"),
+    ("variants: {base: {}, A1: {set: {h: 2}}}\nrows: {A: [A1]}\nscales: {probe: {rows: [B]}}",
+     r"bad.yaml: scales.probe.rows: unknown row 'B'; valid rows: A"),
+    ("variants: {base: {}, A1: {set: {h: 2}}}\nrows: {A: [A1]}\nscales: {probe: {rows: A}}",
+     r"bad.yaml: scales.probe.rows = 'A': expected a list of row names"),
 ])
 def test_bad_specs_fail_with_the_right_message(tmp_path, text, message):
     with pytest.raises(SpecError, match=message):
@@ -115,6 +119,29 @@ def test_bad_specs_fail_with_the_right_message(tmp_path, text, message):
 def test_unknown_row_lists_valid_rows():
     with pytest.raises(SpecError, match="unknown row 'Z'; valid rows: A, B, C, D, E, big"):
         load_spec("table3").select(rows=["Z"])
+
+
+def test_a_scale_that_names_its_rows_plans_only_them():
+    # cpu-wide is table3's probe of row A: base and A1-A4 by default, any other row an error
+    # naming the file, the field and the rows it allows
+    spec = load_spec("table3")
+    assert spec.select(scale="cpu-wide") == ["base", "A1", "A2", "A3", "A4"]
+    assert spec.variants_at("cpu-wide") == ["base", "A1", "A2", "A3", "A4"]
+    assert spec.select(rows=["A"], variants=["base"], scale="cpu-wide")[0] == "base"
+    assert list(spec.rows_at("cpu-wide")) == ["A"] and spec.rows_at("cpu") == spec.rows
+    assert spec.variants_at("cpu") == list(spec.variants)
+    for rows, variants, what in ((["C"], None, "row C"), (None, ["D1"], r"variant D1 \(row D\)")):
+        with pytest.raises(SpecError, match=r"table3.yaml: scales.cpu-wide.rows is \[A\]: "
+                                            + what + " is not run at scale `cpu-wide`"):
+            spec.select(rows, variants, scale="cpu-wide")
+    assert "C1" in spec.select(rows=["C"], scale="cpu")
+
+
+def test_a_shared_scale_may_not_name_rows(tmp_path):
+    from reproduce.sweep import load_scales
+    with pytest.raises(SpecError, match=r"scales.yaml: scales.tiny.rows: a shared scale is every "
+                                        "table's"):
+        load_scales(tmp_path / "scales.yaml", {"tiny": {"rows": ["A"]}}, set())
 
 
 def test_params_cli_lists_all_variants_with_exact_counts():

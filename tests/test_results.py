@@ -64,6 +64,15 @@ def test_scales_are_never_mixed_and_seeds_are_summarised():
     assert "100.00" in smoke and "7.00" not in smoke
 
 
+def test_a_scale_that_names_its_rows_renders_only_them():
+    table = render_table3(load_spec("table3"), [record("base", "cpu-wide"), record("A1", "cpu-wide"),
+                                                record("base", "cpu")])
+    wide = table.split("## Scale `cpu-wide`")[1]
+    assert _row(wide, "A4")[3] == "" and "This scale runs row A only." in wide
+    assert "| (B) B1 |" not in wide and "4 have no verdict" in wide
+    assert "| (B) B1 |" in table.split("## Scale `cpu-wide`")[0]  # cpu runs every row
+
+
 def test_no_records_renders_an_empty_table():
     assert "No runs recorded yet." in render_table3(load_spec("table3"), [])
 

@@ -131,3 +131,5 @@ def test_status_reads_scales_and_variants_with_hyphens_from_run_ids(dirs):
     rows = status.table_status("table3", results, runs)
     assert [(r["scale"], r["seeds"]) for r in rows] == [("cpu-wide", [1])]
     assert rows[0]["done"] == ["table3-base-cpu-wide-seed1"]
+    # cpu-wide names its rows (A): the others are not missing there
+    assert rows[0]["missing"] == [f"table3-A{k}-cpu-wide-seed1" for k in range(1, 5)]

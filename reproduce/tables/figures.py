@@ -65,9 +65,9 @@ def plot_changes(spec: Spec, records: list[dict[str, Any]], path: Path, scale: s
         runs[r["variant"]].append(r)
     shown = dict(rows_with_runs(spec, records))
     if shown == {"base": []}:  # no row has run: the paper's bars of every row
-        shown = spec.rows
+        shown = spec.rows_at(scale)
     rows = [(row, [n for n in names if n in spec.variants]) for row, names in shown.items()]
-    unrun = [row for row in spec.rows if row not in shown]
+    unrun = [row for row in spec.rows_at(scale) if row not in shown]
     heights = [max(1, len(names)) for _, names in rows]
     fig, axes = plt.subplots(len(rows), 2, figsize=(12, 1.2 + 0.62 * sum(heights)),
                              squeeze=False, gridspec_kw={"height_ratios": heights})

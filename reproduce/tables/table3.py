@@ -85,7 +85,7 @@ def _scale_table(spec: Spec, scale: str, records: list[dict[str, Any]]) -> list[
     out += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     details = ["| | seeds | BLEU (test) ours | params ×10⁶ paper / ours | our d_model, d_ff, h, "
                "d_k, d_v | training hours (each) |", "|---|---|---|---|---|---|"]
-    groups = [("base", ["base"])] + list(spec.rows.items())
+    groups = [("base", ["base"])] + list(spec.rows_at(scale).items())
     tally: dict[str, Counter[str]] = {"PPL": Counter(), "BLEU": Counter()}
     for row, names in groups:
         for i, name in enumerate(n for n in names if n in spec.variants):
@@ -131,17 +131,18 @@ def _scale_table(spec: Spec, scale: str, records: list[dict[str, Any]]) -> list[
             "vocabulary.", *reference_line(records), *devices_line(records),
             cost_line(records), "",
             f"Details of our {sum(len(v) for v in runs.values())} runs (commands and configs are "
-            "in each record):", "", *details, "", *gap_over_training(spec, runs)]
+            "in each record):", "", *details, "", *gap_over_training(spec, runs, scale)]
     return out
 
 
-def gap_over_training(spec: Spec, runs: dict[str, list[dict[str, Any]]]) -> list[str]:
+def gap_over_training(spec: Spec, runs: dict[str, list[dict[str, Any]]],
+                      scale: str) -> list[str]:
     """Each variant's dev PPL against base's at every evaluation, in % of base, with seeds paired
     (a variant's seed s against base's seed s): whether a gap closes as training goes on, which
     a short schedule would hide, or widens."""
     base = {r["seed"]: dev_ppl_curve(r) for r in runs.get("base", [])}
     rows, steps = [], set()
-    for name in (n for names in spec.rows.values() for n in names if n in runs):
+    for name in (n for names in spec.rows_at(scale).values() for n in names if n in runs):
         pairs = [(dev_ppl_curve(r), base[r["seed"]]) for r in runs[name] if r["seed"] in base]
         gaps: dict[int, list[float]] = defaultdict(list)
         for v, b in pairs:
