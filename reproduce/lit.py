@@ -27,6 +27,9 @@ class TranslationModule(pl.LightningModule):
         self.config = Config.from_dict(config)
         self.model = Transformer(self.config.model)
         self._dev = torch.zeros(2, dtype=torch.float64)  # (nll sum, target tokens)
+        # What an evaluation pass logs as: "dev", or "train_sample" for the final weights' NLL
+        # on a sample of the training pairs (runner.run_here)
+        self.eval_name = "dev"
         # Work done so far, padded as computed, for the analytic FLOP count (reproduce.flops):
         # B*S, B*T, B*S*S, B*T*T, B*T*S summed over micro-batches, and real target tokens.
         self.work = dict.fromkeys(WORK_KEYS, 0)
@@ -78,8 +81,8 @@ class TranslationModule(pl.LightningModule):
             total = total.sum(0)
         nll = (total[0] / total[1].clamp(min=1)).item()
         # Already the total over ranks (all_gather above); sync_dist averages equal values.
-        self.log("dev/nll", nll, sync_dist=True)
-        self.log("dev/ppl", math.exp(min(nll, 50.0)), prog_bar=True, sync_dist=True)
+        self.log(f"{self.eval_name}/nll", nll, sync_dist=True)
+        self.log(f"{self.eval_name}/ppl", math.exp(min(nll, 50.0)), prog_bar=True, sync_dist=True)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["work"] = dict(self.work)

@@ -84,6 +84,9 @@ def run_here(run: PlannedRun, split: str, command: str, work: Path,
     weights = _final_weights(module, work / "checkpoints", c.train.average_last)
     trainer.limit_val_batches = 1.0
     dev = trainer.validate(module, datamodule=data, verbose=False)[0]  # shards, gathered
+    module.eval_name = "train_sample"  # the same weights on training pairs: fit against dev
+    sample = trainer.validate(module, dataloaders=data.train_sample_dataloader(), verbose=False)[0]
+    module.eval_name = "dev"
     if not zero:
         return None  # rank 0 decodes every sentence and writes the record
     scores, headline = task_scores(module.model, tokenizer, data, c,
@@ -92,6 +95,7 @@ def run_here(run: PlannedRun, split: str, command: str, work: Path,
     metrics = {
         "dev_ppl": round(float(dev["dev/ppl"]), 3),
         "dev_nll": round(float(dev["dev/nll"]), 4),
+        "train_sample_nll": round(float(sample["train_sample/nll"]), 4),
         **headline,
         "params": count_parameters(module.model),
         "train_steps": trainer.global_step,
@@ -107,6 +111,7 @@ def run_here(run: PlannedRun, split: str, command: str, work: Path,
         "metrics": metrics, **scores, "paper": run.paper,
         "data": {"corpus": c.data.corpus, "train_pairs": data.num_train_pairs,
                  "dropped_train_pairs": data.dropped, "dev_pairs": len(data.dev_pairs),
+                 "train_sample_pairs": min(data.num_train_pairs, len(data.dev_pairs)),
                  "test_pairs": len(data.test_pairs), "vocab_size": tokenizer.vocab_size,
                  "sha256": data.sha256, "vocab_sha256": tokenizer.sha256,
                  "reference_ppl": data.reference_perplexities(), **local_data(c)},

@@ -367,6 +367,22 @@ def test_data_module_reshuffles_each_epoch_and_shards_by_rank(module):
         module.trainer = None
 
 
+def test_the_training_sample_is_fixed_training_pairs_as_many_as_dev(module, small_tokenizer):
+    # seed 7's module scores the same 40 training pairs as seed 0's: variants and seeds compare
+    other = TranslationData("bible-en-de", small_tokenizer, batch_tokens=1200, max_train_pairs=300,
+                            max_eval_pairs=40, seed=7)
+    other.setup()
+
+    def sources(loader):  # each pair's source pieces, padding stripped
+        return sorted(tuple(r[r != 0].tolist()) for b in loader for r in b["src"])
+
+    sample, again = sources(module.train_sample_dataloader()), sources(
+        other.train_sample_dataloader())
+    assert sample == again and len(sample) == len(module.dev_pairs) == 40
+    train = set(sources(module.train_dataloader()))
+    assert set(sample) <= train and not set(sample) & set(sources(module.val_dataloader()))
+
+
 def test_data_module_drops_long_training_pairs(small_tokenizer):
     dm = TranslationData(
         "bible-en-de", small_tokenizer, batch_tokens=400, max_tokens_per_sentence=30,

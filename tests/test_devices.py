@@ -74,6 +74,11 @@ def test_two_processes_train_one_run_with_one_record_one_wandb_run_one_table(tmp
                          enable_model_summary=False)
     dev = trainer.validate(module, datamodule=data, verbose=False)[0]
     assert round(float(dev["dev/ppl"]), 3) == pytest.approx(record["metrics"]["dev_ppl"], abs=2e-3)
+    module.eval_name = "train_sample"  # so is the NLL on the training sample
+    fit = trainer.validate(module, dataloaders=data.train_sample_dataloader(), verbose=False)[0]
+    assert float(fit["train_sample/nll"]) == pytest.approx(record["metrics"]["train_sample_nll"],
+                                                           abs=2e-4)
+    assert record["data"]["train_sample_pairs"] == len(data.dev_pairs)
 
 
 def test_two_ranks_equal_one_rank_accumulating_two_micro_batches(tmp_path):

@@ -75,7 +75,7 @@ def _copy(clean: Path, to: Path) -> Path:
 
 def _comparable(record: dict) -> dict:
     m = record["metrics"]
-    keep = ("dev_ppl", "dev_nll", "dev_bleu", "test_bleu", "dev_bleu_tokenized",
+    keep = ("dev_ppl", "dev_nll", "train_sample_nll", "dev_bleu", "test_bleu", "dev_bleu_tokenized",
             "test_bleu_tokenized", "train_steps")
     return {"metrics": {k: m[k] for k in keep},
             "curve": {k: [[p[0], p[2]] for p in v] for k, v in record["curve"].items()},

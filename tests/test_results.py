@@ -178,20 +178,37 @@ def test_the_changes_figure_survives_a_base_of_zero_bleu(tmp_path):
 
 
 def test_the_gap_over_training_pairs_each_seed_with_bases():
-    def curved(variant, seed, ppls):
-        return {**record(variant, "cpu", seed, ppl=ppls[-1] if ppls else 50.0),
-                "curve": {"dev_ppl": [[500 * (i + 1), 10.0 * i, p] for i, p in enumerate(ppls)]}}
+    def curved(variant, seed, ppls, losses=(4.0, 3.0), **metrics):
+        r = record(variant, "cpu", seed, ppl=ppls[-1] if ppls else 50.0)
+        r["metrics"].update(metrics)
+        # train loss at steps 200, 400, ..., 1000: the last fifth (after step 800) is the last
+        return {**r, "curve": {"dev_ppl": [[500 * (i + 1), 10.0 * i, p] for i, p in enumerate(ppls)],
+                               "train_loss": [[200 * (i + 1), 1.0, losses[0]] for i in range(4)]
+                               + [[1000, 1.0, losses[1]]]}}
 
-    recs = [curved("base", 0, [100.0, 50.0]), curved("base", 1, [200.0, 40.0]),
-            curved("A1", 0, [110.0, 40.0]), curved("A1", 1, [220.0, 32.0]),
+    recs = [curved("base", 0, [100.0, 50.0], dev_nll=3.0), curved("base", 1, [200.0, 40.0],
+                                                                   dev_nll=3.2),
+            curved("A1", 0, [110.0, 40.0], (5.0, 2.9), dev_nll=2.9),
+            curved("A1", 1, [220.0, 32.0], (5.0, 2.7), dev_nll=3.0),
             curved("A4", 2, [90.0, 45.0]),  # no base of seed 2: no pair, no row
             curved("B1", 0, [100.0]),        # one point: only the steps it shares
             curved("A2", 0, [100.0, 55.0]), curved("A2", 1, [])]  # a curve without the points
-    table = render_table3(load_spec("table3"), recs)
+    d1 = curved("D1", 0, [90.0, 45.0], (3.0, 2.0))
+    d1["config"] = {**d1["config"], "model": {**d1["config"]["model"], "p_drop": 0.0}}
+    table = render_table3(load_spec("table3"), recs + [d1])
     lines = table.splitlines()
     header = next(x for x in lines if x.startswith("| | n | step 500"))
-    assert header.endswith("| step 1000 | paper, at the end |")
-    assert "| A1 | 2 | +10.0% | -20.0% | +7.5% |" in lines  # seed 1 against base 1, not base 0
-    assert "| B1 | 1 | +0.0% |  | +4.9% |" in lines
-    assert "| A2 | 2 | +0.0% (n=1) | +10.0% (n=1) | +1.6% |" in lines
+    assert header.endswith("| step 1000 | paper, at the end | Δ dev NLL, end | Δ train loss, "
+                           "last fifth |")
+    # seed 1 against base 1, not base 0; nats: dev (2.9 - 3.0 + 3.0 - 3.2) / 2, training loss
+    # over the last fifth (2.9 - 3.0 + 2.7 - 3.0) / 2, the earlier points left out
+    assert "| A1 | 2 | +10.0% | -20.0% | +7.5% | -0.150 | -0.200 |" in lines
+    assert "| B1 | 1 | +0.0% |  | +4.9% |  | +0.000 |" in lines  # no dev_nll in its records
+    assert "| A2 | 2 | +0.0% (n=1) | +10.0% (n=1) | +1.6% |  | +0.000 |" in lines
+    assert "| D1 | 1 | -10.0% | -10.0% | +17.3% |  | another loss |" in lines  # no dropout
     assert not any(x.startswith("| A4 | ") for x in lines[lines.index(header):])
+    assert "Δ train NLL" not in table
+    # with a training-sample NLL in both records of a pair, its own column
+    recs[0]["metrics"]["train_sample_nll"], recs[2]["metrics"]["train_sample_nll"] = 2.5, 2.25
+    lines = render_table3(load_spec("table3"), recs).splitlines()
+    assert "| A1 | 2 | +10.0% | -20.0% | +7.5% | -0.150 | -0.200 | -0.250 (n=1) |" in lines

@@ -144,6 +144,16 @@ class TranslationData(pl.LightningDataModule):
         """Token-bucketed dev batches, short to long."""
         return self._loader(self._ready(self._dev), shuffle=False)
 
+    def train_sample_dataloader(self) -> DataLoader:
+        """Batches of a fixed sample of the training pairs, as many as dev has, short to long: the
+        final weights' NLL on it beside dev's tells fitting from generalizing. The sample is
+        drawn with one seed for every run of a corpus, so variants and seeds score the same
+        pairs."""
+        train = self._ready(self._train)
+        n = min(len(train), len(self._ready(self._dev)))
+        pick = np.sort(np.random.default_rng(0).choice(len(train), size=n, replace=False))
+        return self._loader(train.subset(torch.from_numpy(pick)), shuffle=False)
+
     def source_batches(
         self, sources: list[str], batch_tokens: int
     ) -> Iterator[tuple[list[int], torch.LongTensor]]:

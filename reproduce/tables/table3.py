@@ -139,34 +139,81 @@ def gap_over_training(spec: Spec, runs: dict[str, list[dict[str, Any]]],
                       scale: str) -> list[str]:
     """Each variant's dev PPL against base's at every evaluation, in % of base, with seeds paired
     (a variant's seed s against base's seed s): whether a gap closes as training goes on, which
-    a short schedule would hide, or widens."""
-    base = {r["seed"]: dev_ppl_curve(r) for r in runs.get("base", [])}
+    a short schedule would hide, or widens. Beside it, the same pairs' gaps at the end in nats:
+    dev NLL, and the training loss over the last fifth of the steps, which tell a variant that
+    fits the training data faster (both gaps alike) from one that generalizes better from the
+    same fit (a dev gap without a training one)."""
+    base = {r["seed"]: r for r in runs.get("base", [])}
     rows, steps = [], set()
     for name in (n for names in spec.rows_at(scale).values() for n in names if n in runs):
-        pairs = [(dev_ppl_curve(r), base[r["seed"]]) for r in runs[name] if r["seed"] in base]
+        pairs = [(r, base[r["seed"]]) for r in runs[name] if r["seed"] in base]
         gaps: dict[int, list[float]] = defaultdict(list)
-        for v, b in pairs:
+        for v, b in ((dev_ppl_curve(v), dev_ppl_curve(b)) for v, b in pairs):
             for s in set(v) & set(b):
                 gaps[s].append(100 * (v[s] / b[s] - 1))
+        nll = [v["metrics"]["dev_nll"] - b["metrics"]["dev_nll"] for v, b in pairs
+               if "dev_nll" in v["metrics"] and "dev_nll" in b["metrics"]]
+        # None: the variant changes what the training loss is (smoothing, dropout)
+        fit = [tv - tb for tv, tb in ((late_train_loss(v), late_train_loss(b)) for v, b in pairs)
+               if tv is not None and tb is not None] if all(same_loss(v, b) for v, b in pairs) \
+            else None
+        sample = [v["metrics"]["train_sample_nll"] - b["metrics"]["train_sample_nll"]
+                  for v, b in pairs if all("train_sample_nll" in r["metrics"] for r in (v, b))]
         if gaps:
-            rows.append((name, len(pairs), gaps))
+            rows.append((name, len(pairs), gaps, nll, fit, sample))
             steps |= set(gaps)
     if not rows:
         return []
     steps_in = sorted(steps)
     out = ["Over training: dev PPL of each variant against base at each evaluation, in % of base "
            "(+: worse than base), mean over seeds paired with base's; n = pairs (a cell with "
-           "fewer says so: a curve without that point).", "",
-           "| | n | " + " | ".join(f"step {s}" for s in steps_in) + " | paper, at the end |",
-           "|---|---|" + "---|" * (len(steps_in) + 1)]
+           "fewer says so: a curve without that point). At the end, the same pairs' gaps in "
+           "nats: dev NLL, and the training loss (label-smoothed, dropout on) averaged over the "
+           "last fifth of the steps. Alike, the variant fits the training data faster or slower; "
+           "a dev gap without a training one, it generalizes better or worse from the same fit."
+           + (" Δ train NLL: the final weights on a fixed sample of training pairs as large as "
+              "dev, scored as dev is (no smoothing, no dropout), in records that have it."
+              if any(row[5] for row in rows) else ""),
+           "", "| | n | " + " | ".join(f"step {s}" for s in steps_in)
+           + " | paper, at the end | Δ dev NLL, end | Δ train loss, last fifth |"
+           + (" Δ train NLL, end |" if any(row[5] for row in rows) else ""),
+           "|---|---|" + "---|" * (len(steps_in) + 3 + any(row[5] for row in rows))]
     paper_base = spec.variants["base"].paper.get("ppl") if "base" in spec.variants else None
-    for name, n, gap in rows:
+
+    def nats(values: list[float], n: int) -> str:
+        return (f"{statistics.mean(values):+.3f}" + (f" (n={len(values)})" if len(values) < n
+                                                     else "")) if values else ""
+
+    for name, n, gap, nll, fit, sample in rows:
         paper = spec.variants[name].paper.get("ppl")
         out.append(f"| {name} | {n} | " + " | ".join(
             f"{statistics.mean(gap[s]):+.1f}%" + (f" (n={len(gap[s])})" if len(gap[s]) < n else "")
             if s in gap else "" for s in steps_in) + " | "
-            + (f"{100 * (paper / paper_base - 1):+.1f}%" if paper and paper_base else "–") + " |")
+            + (f"{100 * (paper / paper_base - 1):+.1f}%" if paper and paper_base else "–")
+            + f" | {nats(nll, n)} | {'another loss' if fit is None else nats(fit, n)} |"
+            + (f" {nats(sample, n)} |" if any(row[5] for row in rows) else ""))
     return out + [""]
+
+
+def same_loss(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two records' training losses measure the same thing: the same label smoothing and
+    dropout (D1, D3, D4 and big change what the training loss is, not only how well it fits)."""
+    def what(r: dict[str, Any]) -> tuple[Any, Any]:
+        c = r.get("config", {})
+        return c.get("train", {}).get("eps_ls"), c.get("model", {}).get("p_drop")
+    return what(a) == what(b)
+
+
+def late_train_loss(record: dict[str, Any], fraction: float = 0.2) -> float | None:
+    """The mean training loss logged over the last ``fraction`` of a record's steps (points are
+    [step, seconds, loss]); None without a curve. One batch's loss is noisy: a mean over the
+    last fifth compares runs, a last point does not."""
+    points = record.get("curve", {}).get("train_loss") or []
+    if not points:
+        return None
+    last = max(step for step, _, _ in points)
+    late = [loss for step, _, loss in points if step > (1 - fraction) * last]
+    return statistics.mean(late)
 
 
 def dev_ppl_curve(record: dict[str, Any]) -> dict[int, float]:
