@@ -151,20 +151,18 @@ def gap_over_training(spec: Spec, runs: dict[str, list[dict[str, Any]]],
         for v, b in ((dev_ppl_curve(v), dev_ppl_curve(b)) for v, b in pairs):
             for s in set(v) & set(b):
                 gaps[s].append(100 * (v[s] / b[s] - 1))
-        nll = [v["metrics"]["dev_nll"] - b["metrics"]["dev_nll"] for v, b in pairs
-               if "dev_nll" in v["metrics"] and "dev_nll" in b["metrics"]]
         # None: the variant changes what the training loss is (smoothing, dropout)
         fit = [tv - tb for tv, tb in ((late_train_loss(v), late_train_loss(b)) for v, b in pairs)
                if tv is not None and tb is not None] if all(same_loss(v, b) for v, b in pairs) \
             else None
-        sample = [v["metrics"]["train_sample_nll"] - b["metrics"]["train_sample_nll"]
-                  for v, b in pairs if all("train_sample_nll" in r["metrics"] for r in (v, b))]
         if gaps:
-            rows.append((name, len(pairs), gaps, nll, fit, sample))
+            rows.append((name, len(pairs), gaps, _paired(pairs, "dev_nll"), fit,
+                         _paired(pairs, "train_sample_nll")))
             steps |= set(gaps)
     if not rows:
         return []
     steps_in = sorted(steps)
+    sampled = any(row[5] for row in rows)  # records that scored a training sample
     out = ["Over training: dev PPL of each variant against base at each evaluation, in % of base "
            "(+: worse than base), mean over seeds paired with base's; n = pairs (a cell with "
            "fewer says so: a curve without that point). At the end, the same pairs' gaps in "
@@ -173,11 +171,11 @@ def gap_over_training(spec: Spec, runs: dict[str, list[dict[str, Any]]],
            "a dev gap without a training one, it generalizes better or worse from the same fit."
            + (" Δ train NLL: the final weights on a fixed sample of training pairs as large as "
               "dev, scored as dev is (no smoothing, no dropout), in records that have it."
-              if any(row[5] for row in rows) else ""),
+              if sampled else ""),
            "", "| | n | " + " | ".join(f"step {s}" for s in steps_in)
            + " | paper, at the end | Δ dev NLL, end | Δ train loss, last fifth |"
-           + (" Δ train NLL, end |" if any(row[5] for row in rows) else ""),
-           "|---|---|" + "---|" * (len(steps_in) + 3 + any(row[5] for row in rows))]
+           + (" Δ train NLL, end |" if sampled else ""),
+           "|---|---|" + "---|" * (len(steps_in) + 3 + sampled)]
     paper_base = spec.variants["base"].paper.get("ppl") if "base" in spec.variants else None
 
     def nats(values: list[float], n: int) -> str:
@@ -191,8 +189,14 @@ def gap_over_training(spec: Spec, runs: dict[str, list[dict[str, Any]]],
             if s in gap else "" for s in steps_in) + " | "
             + (f"{100 * (paper / paper_base - 1):+.1f}%" if paper and paper_base else "–")
             + f" | {nats(nll, n)} | {'another loss' if fit is None else nats(fit, n)} |"
-            + (f" {nats(sample, n)} |" if any(row[5] for row in rows) else ""))
+            + (f" {nats(sample, n)} |" if sampled else ""))
     return out + [""]
+
+
+def _paired(pairs: list[tuple[dict[str, Any], dict[str, Any]]], key: str) -> list[float]:
+    """Variant minus base of metric ``key`` for each (variant, base) pair that both record."""
+    return [v["metrics"][key] - b["metrics"][key] for v, b in pairs
+            if key in v["metrics"] and key in b["metrics"]]
 
 
 def same_loss(a: dict[str, Any], b: dict[str, Any]) -> bool:
