@@ -133,3 +133,17 @@ def test_status_reads_scales_and_variants_with_hyphens_from_run_ids(dirs):
     assert rows[0]["done"] == ["table3-base-cpu-wide-seed1"]
     # cpu-wide names its rows (A): the others are not missing there
     assert rows[0]["missing"] == [f"table3-A{k}-cpu-wide-seed1" for k in range(1, 5)]
+
+
+def test_status_says_how_far_each_started_run_got(dirs):
+    # one run of the smoke base stopped with a checkpoint at step 20, one started without any
+    results, runs = dirs
+    done, stopped, fresh = load_spec("table3").plan(["base", "A1", "A2"], "smoke", [0])
+    _record(done, done.config)
+    (runs / "table3" / stopped.run_id / "checkpoints").mkdir(parents=True)
+    (runs / "table3" / stopped.run_id / "checkpoints" / "step20.ckpt").write_bytes(b"x")
+    (runs / "table3" / fresh.run_id).mkdir(parents=True)
+    out = status.report(results, runs)
+    steps = stopped.config.train.train_steps
+    assert f"stopped  {stopped.run_id} (checkpoint at step 20 of {steps})" in out
+    assert f"stopped  {fresh.run_id} (no checkpoint yet)" in out
