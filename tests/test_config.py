@@ -137,6 +137,16 @@ def test_a_scale_that_names_its_rows_plans_only_them():
     assert "C1" in spec.select(rows=["C"], scale="cpu")
 
 
+def test_cpu_long_is_cpu_trained_twice_as_long():
+    # the probe of row A's schedule: every setting of `cpu` but the steps, so its first 2500
+    # steps are the `cpu` run's (lrate depends on the step and warm-up, not on the run's length)
+    spec = load_spec("table3")
+    for name in spec.variants_at("cpu-long"):
+        cpu, long = spec.resolve(name, "cpu"), spec.resolve(name, "cpu-long")
+        assert long.train.train_steps == 2 * cpu.train.train_steps == 5000
+        assert long.overrides(train_steps=cpu.train.train_steps) == cpu
+
+
 def test_a_shared_scale_may_not_name_rows(tmp_path):
     from reproduce.sweep import load_scales
     with pytest.raises(SpecError, match=r"scales.yaml: scales.tiny.rows: a shared scale is every "
