@@ -138,8 +138,8 @@ def test_a_scale_that_names_its_rows_plans_only_them():
 
 
 def test_cpu_long_is_cpu_trained_twice_as_long():
-    # the probe of row A's schedule: every setting of `cpu` but the steps, so its first 2500
-    # steps are the `cpu` run's (lrate depends on the step and warm-up, not on the run's length)
+    # the probe of row A's schedule: every setting of `cpu` but the steps (and lrate
+    # depends on the step and warm-up, not on the run's length)
     spec = load_spec("table3")
     for name in spec.variants_at("cpu-long"):
         cpu, long = spec.resolve(name, "cpu"), spec.resolve(name, "cpu-long")
