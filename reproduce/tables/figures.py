@@ -135,8 +135,9 @@ def _plot_curves(spec: Spec, records: list[dict[str, Any]], path: Path, scale: s
     """Dev PPL during training, one line per run, one panel per row of ``rows_with_runs``."""
     plt = pyplot()
     rows = rows_with_runs(spec, records)
-    fig, axes = plt.subplots(1, len(rows), figsize=(3.2 * len(rows), 3.6), squeeze=False,
-                             sharey=True)
+    # one panel (a scale that runs one row) still needs the width of its title
+    fig, axes = plt.subplots(1, len(rows), figsize=(max(5.5, 3.2 * len(rows)), 3.6),
+                             squeeze=False, sharey=True)
     for ax, (row, names) in zip(axes[0], rows, strict=True):
         colour = {"base": "black", **{name: f"C{i}" for i, name in enumerate(names)}}
         seeds = defaultdict(list)  # a colour per variant, its seeds alike: one legend entry
