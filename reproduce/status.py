@@ -63,12 +63,12 @@ def table_status(table: str, results: Path, runs: Path,
         flops = [r.get("cost", {}).get("paper_method_flops") for r in done]
         unfinished = state["stale"] + state["running"] + state["stopped"] + state["missing"]
         left = [run for run in planned if run.run_id in unfinished]
-        # how far the started ones got: the step of the checkpoint each would resume from
-        saved = {run.run_id: run.config.train.train_steps - steps_left(run) for run in left
-                 if run.run_id in state["running"] + state["stopped"]}
+        # how far the started ones got: (the step of the checkpoint each would resume from, of)
+        started = set(state["running"] + state["stopped"])
+        saved = {run.run_id: (run.config.train.train_steps - steps_left(run),
+                              run.config.train.train_steps) for run in left if run.run_id in started}
         rows.append({"table": spec.table, "scale": scale, "seeds": sorted(seen[scale]), **state,
                      "checkpoint_steps": saved,
-                     "train_steps": {run.run_id: run.config.train.train_steps for run in left},
                      "left": _time_left(left, every_table_records(results), runs),
                      "train_hours": sum(r["metrics"]["train_seconds"] for r in done) / 3600,
                      "device_hours": sum(r["metrics"]["train_seconds"] * r.get("cost", {}).get(
@@ -115,8 +115,8 @@ def report(results: Path, runs: Path, verbose: bool = False,
                              f"({left['source']})")
             for key in ("stale", "running", "stopped") + (("missing",) if verbose else ()):
                 for run_id in row[key]:
-                    step = row["checkpoint_steps"].get(run_id)
+                    step, steps = row["checkpoint_steps"].get(run_id, (None, None))
                     lines.append(f"  {key:8} {run_id}" + (
-                        f" (checkpoint at step {step} of {row['train_steps'][run_id]})"
+                        f" (checkpoint at step {step} of {steps})"
                         if step else " (no checkpoint yet)" if step == 0 else ""))
     return "\n".join(lines)

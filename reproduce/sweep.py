@@ -133,6 +133,7 @@ class Spec:
         neither, base and every row's variants (a variant in no row runs only when named). At a
         scale that names its rows (``rows_at``), a row or variant outside them is an error."""
         kept = self.rows_at(scale)
+        in_kept = {name for names in kept.values() for name in names}
         chosen: list[str] = []
         for row in rows or []:
             if row not in self.rows:
@@ -145,13 +146,11 @@ class Spec:
             if name not in self.variants:
                 raise SpecError(f"{self.path.name}: unknown variant {name!r}; valid variants: "
                                 f"{', '.join(self.variants)}")
-            if len(kept) < len(self.rows) and name != "base" and not any(
-                    name in names for names in kept.values()):
+            if len(kept) < len(self.rows) and name != "base" and name not in in_kept:
                 raise SpecError(self._outside(scale, f"variant {name} (row {self.row_of(name)})"))
             chosen.append(name)
         if not rows and not variants:
-            in_rows = {name for names in kept.values() for name in names}
-            chosen = [name for name in self.variants if name == "base" or name in in_rows]
+            chosen = [name for name in self.variants if name == "base" or name in in_kept]
         return list(dict.fromkeys(chosen))
 
     def _outside(self, scale: str | None, what: str) -> str:

@@ -144,14 +144,19 @@ class TranslationData(pl.LightningDataModule):
         """Token-bucketed dev batches, short to long."""
         return self._loader(self._ready(self._dev), shuffle=False)
 
+    @property
+    def train_sample_pairs(self) -> int:
+        """How many training pairs ``train_sample_dataloader`` scores: as many as dev has."""
+        return min(self.num_train_pairs, len(self._ready(self._dev)))
+
     def train_sample_dataloader(self) -> DataLoader:
-        """Batches of a fixed sample of the training pairs, as many as dev has, short to long: the
-        final weights' NLL on it beside dev's tells fitting from generalizing. The sample is
-        drawn with one seed for every run of a corpus, so variants and seeds score the same
-        pairs."""
+        """Batches of a fixed sample of the training pairs (``train_sample_pairs``), short to
+        long: the final weights' NLL on it beside dev's tells fitting from generalizing. The
+        sample is drawn with one seed for every run of a corpus, so variants and seeds score the
+        same pairs."""
         train = self._ready(self._train)
-        n = min(len(train), len(self._ready(self._dev)))
-        pick = np.sort(np.random.default_rng(0).choice(len(train), size=n, replace=False))
+        pick = np.sort(np.random.default_rng(0).choice(len(train), size=self.train_sample_pairs,
+                                                       replace=False))
         return self._loader(train.subset(torch.from_numpy(pick)), shuffle=False)
 
     def source_batches(
