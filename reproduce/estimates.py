@@ -8,7 +8,11 @@ seconds:
 * this CPU: a short matmul probe (cached per CPU in ``runs/cost_probe.json``), scaled to the
   thread count the run will really use (``THREAD_EXPONENT``), times two coefficients fitted to
   the finished records of the same CPU by least squares (seconds x probe rate = a x FLOPs + b x
-  blocks). With no record to fit, the coefficients are a stated default;
+  blocks). With no record to fit, the coefficients are a stated default. Records keep what their
+  steps took when they ran: under older, slower code, or beside a test suite on a shared core, and
+  "AMD EPYC" names more than one machine. So the fit gives the shape (what a config costs against
+  another) and, where ``precision.choose`` has timed fp32 steps of the planned runs' models on
+  this machine at their thread count, those timings give the level (``level_from_timings``);
 * a GPU by name (``--on 8xH100``): its dense bf16 (or fp32) peak from ``flops.py`` times a stated
   utilization, with the step's work split over the devices, plus a stated per-step overhead for
   kernel launches and the loop (what bounds a small model on a GPU).
@@ -22,7 +26,7 @@ import functools
 import json
 import re
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -97,14 +101,18 @@ class CpuModel:
     a: float
     b: float
     fitted_on: int  # records; 0: the default
+    level: float = 1.0  # the fit scaled by this to match steps timed here (level_from_timings)
+    timed_on: int = 0  # distinct models timed; 0: not scaled
 
     def seconds(self, flops: float, blocks: float, rate: float) -> float:
-        return (self.a * flops + self.b * blocks) / (rate * 1e9)
+        return self.level * (self.a * flops + self.b * blocks) / (rate * 1e9)
 
     @property
     def source(self) -> str:
-        return (f"fitted to {self.fitted_on} record(s) of this CPU" if self.fitted_on else
-                f"GUESS: no record of this CPU to fit; {DEFAULT_CPU_UTILIZATION:.0%} of the probe")
+        fit = (f"fitted to {self.fitted_on} record(s) of this CPU" if self.fitted_on else
+               f"GUESS: no record of this CPU to fit; {DEFAULT_CPU_UTILIZATION:.0%} of the probe")
+        return fit + (f", x{self.level:.2f} to match {self.timed_on} fp32 step time(s) measured "
+                      "here" if self.timed_on else "")
 
 
 def _record_work(record: dict[str, Any]) -> tuple[float, float, int] | None:
@@ -153,6 +161,27 @@ def fit_cpu(records: list[dict[str, Any]], rate_at) -> CpuModel:
         coef = np.zeros(2)
         coef[j] = c
     return CpuModel(float(coef[0]), float(coef[1]), len(rows))
+
+
+def level_from_timings(model: CpuModel, runs, threads: int, rate: float,
+                       cache: Path | None = None) -> CpuModel:
+    """``model`` scaled to the fp32 steps ``precision.choose`` timed on this machine (``cache``,
+    default ``runs/precision.json``) for the runs' reference models at ``threads``: the median of
+    timed / predicted over the distinct models timed. Unchanged where none was timed (a fixed
+    precision, or nothing trained here yet at that thread count)."""
+    levels: dict[str, float] = {}
+    for run in runs:
+        reference = run.precision_from or run.config
+        entry = timed(reference, threads, cache) or {}
+        seconds = (entry.get("seconds_per_step") or {}).get("32-true")
+        if not seconds:
+            continue
+        flops, blocks = step_work(reference)
+        predicted = replace(model, level=1.0).seconds(flops, blocks, rate)
+        levels[json.dumps(entry, sort_keys=True)] = seconds / predicted
+    if not levels:
+        return model
+    return replace(model, level=statistics.median(levels.values()), timed_on=len(levels))
 
 
 @dataclass(frozen=True)
@@ -206,12 +235,13 @@ class Estimate:
         return self.hours * self.devices
 
 
-def cpu_step_ratio(run, threads: int) -> float:
+def cpu_step_ratio(run, threads: int, cache: Path | None = None) -> float:
     """A step of ``run`` in the precision ``auto`` took here over an fp32 step, from the timing
-    cached for its table's base at ``threads`` (1.0 when fp32 or not timed yet)."""
+    cached (``cache``, default ``runs/precision.json``) for its table's base at ``threads`` (1.0
+    when fp32 or not timed yet)."""
     if run.config.train.precision != "auto":
         return 1.0
-    return step_ratio(timed(run.precision_from or run.config, threads))
+    return step_ratio(timed(run.precision_from or run.config, threads, cache))
 
 
 def estimate(run, target: Target, model: CpuModel | None = None, rate: float | None = None,

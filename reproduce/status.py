@@ -65,7 +65,7 @@ def table_status(table: str, results: Path, runs: Path,
         left = [run for run in planned if run.run_id in unfinished]
         # how far the started ones got: (the step of the checkpoint each would resume from, of)
         started = set(state["running"] + state["stopped"])
-        saved = {run.run_id: (run.config.train.train_steps - steps_left(run),
+        saved = {run.run_id: (run.config.train.train_steps - steps_left(run, runs),
                               run.config.train.train_steps) for run in left if run.run_id in started}
         rows.append({"table": spec.table, "scale": scale, "seeds": sorted(seen[scale]), **state,
                      "checkpoint_steps": saved,
@@ -85,11 +85,13 @@ def _time_left(left: list, records: list[dict[str, Any]], runs: Path) -> dict[st
         return {"device_hours": 0.0, "wall_hours": 0.0, "workers": 0, "source": ""}
     n = auto_count(left)
     threads = max(1, min(machine.cores(), torch.get_num_threads()) // n)
-    cache = runs / "cost_probe.json"
+    cache, timings = runs / "cost_probe.json", runs / "precision.json"
     model = estimates.fit_cpu(records, lambda k: estimates.rate_at(k, cache))
     rate = estimates.rate_at(threads, cache)
-    hours = sum(estimates.estimate(run, estimates.Target("cpu"), model, rate, steps_left(run),
-                                   estimates.cpu_step_ratio(run, threads)).hours for run in left)
+    model = estimates.level_from_timings(model, left, threads, rate, timings)
+    hours = sum(estimates.estimate(run, estimates.Target("cpu"), model, rate, steps_left(run, runs),
+                                   estimates.cpu_step_ratio(run, threads, timings)).hours
+                for run in left)
     return {"device_hours": hours, "wall_hours": hours / n, "workers": n, "source": model.source}
 
 

@@ -90,12 +90,13 @@ def auto_count(runs: list, tuning: bool = False) -> int:
     return min(cores, len(todo))
 
 
-def steps_left(run) -> int:
+def steps_left(run, runs: Path | None = None) -> int:
     """Training steps a run still needs: all of them, less those of its latest checkpoint
-    (``step<N>.ckpt``), which it resumes from."""
+    (``step<N>.ckpt`` under ``runs``, default ``runs_dir()``), which it resumes from."""
     steps = run.config.train.train_steps
     try:
-        latest = last_checkpoints(runs_dir() / run.table / run.run_id / "checkpoints", 1)[0]
+        latest = last_checkpoints((runs or runs_dir()) / run.table / run.run_id / "checkpoints",
+                                  1)[0]
     except ValueError:  # none yet
         return steps
     return max(0, steps - checkpoint_step(latest))

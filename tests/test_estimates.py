@@ -145,3 +145,32 @@ def test_bf16_runs_are_priced_as_fp32_steps_times_their_timed_ratio(tmp_path, mo
                            ratio=estimates.cpu_step_ratio(runs["A4"], 1))
     assert e.seconds_per_step == pytest.approx(seconds(runs["A4"]) * 0.98 / 2.07, rel=1e-6)
     assert "bf16-mixed at 0.47x an fp32 step, as timed" in e.source
+
+
+def test_steps_timed_here_set_the_level_and_the_records_the_shape(tmp_path):
+    """Records made under slower code (or beside other jobs) price every run too high; the fp32
+    step ``precision.choose`` timed on this machine for the table's base rescales the fit, and
+    the fit still prices a variant against base by its counted work."""
+    from reproduce import precision
+
+    runs = _runs("table3", ["base", "A1", "A2", "A4"], "cpu")
+    truth = estimates.CpuModel(a=2.0, b=3e5, fitted_on=0)
+
+    def seconds(run):
+        return truth.seconds(*estimates.step_work(run.config), 50.0)
+
+    slow = [_record(runs[k], 2 * seconds(runs[k])) for k in ("base", "A1", "A2")]
+    model = estimates.fit_cpu(slow, lambda k: 50.0)
+    cache = tmp_path / "precision.json"
+    assert estimates.level_from_timings(model, runs.values(), 1, 50.0, cache) == model  # none
+    timing = {"chosen": "32-true", "seconds_per_step": {"32-true": seconds(runs["base"]),
+                                                        "bf16-mixed": 1.5 * seconds(runs["base"])}}
+    key = precision._key(runs["A4"].precision_from, 2048, 1)
+    cache.write_text(json.dumps({key: timing}))
+    level = estimates.level_from_timings(model, runs.values(), 1, 50.0, cache)
+    assert level.level == pytest.approx(0.5) and level.timed_on == 1  # one model timed, not four
+    assert "x0.50 to match 1 fp32 step time(s) measured here" in level.source
+    e = estimates.estimate(runs["A4"], estimates.Target("cpu"), level, 50.0)
+    assert e.seconds_per_step == pytest.approx(seconds(runs["A4"]), rel=1e-6)
+    # timed at one thread: a plan at two threads keeps the fit's level
+    assert estimates.level_from_timings(model, runs.values(), 2, 77.0, cache) == model
