@@ -69,7 +69,7 @@ def test_a_scale_that_names_its_rows_renders_only_them():
                                                 record("base", "cpu")])
     wide = table.split("## Scale `cpu-wide`")[1]
     assert _row(wide, "A4")[3] == "" and "This scale runs row A only." in wide
-    assert "| (B) B1 |" not in wide and "4 have no verdict" in wide
+    assert "| (B) B1 |" not in wide and "`n/a` 4 (no record" in wide
     assert "| (B) B1 |" in table.split("## Scale `cpu-wide`")[0]  # cpu runs every row
 
 
@@ -94,9 +94,8 @@ def test_changes_from_base_agree_only_beyond_seed_noise():
     assert _row(table, "A2")[-1] == "no effect; no effect"
     c3 = _row(table, "C3")
     assert [c3[4], c3[7], c3[8]] == ["-0.04 / +1.00 (±0.16)", "-0.30 / +0.60 (±0.16)", "no; no"]
-    assert "- PPL: 1 of 3 variants with a verdict" in table
-    assert "1 go the other way; 1 change by less than our seed noise" in table
-    assert "; 16 have no verdict" in table
+    assert ("- PPL, verdicts on 3 variant(s): `yes` 1 (a change in the paper's direction), `no` 1 "
+            "(the other way), `no effect` 1 (within our seed noise); `n/a` 16 (no record") in table
     assert _row(table, "D1")[-1] == "n/a; n/a"
 
 

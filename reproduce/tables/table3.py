@@ -115,9 +115,9 @@ def _scale_table(spec: Spec, scale: str, records: list[dict[str, Any]]) -> list[
     out += [""]
     for metric, counts in tally.items():
         judged = sum(counts[k] for k in ("yes", "no", "no effect"))
-        out.append(f"- {metric}: {counts['yes']} of {judged} variants with a verdict change in the "
-                   f"paper's direction; {counts['no']} go the other way; {counts['no effect']} "
-                   f"change by less than our seed noise; {counts['n/a']} have no verdict (no "
+        out.append(f"- {metric}, verdicts on {judged} variant(s): `yes` {counts['yes']} (a change "
+                   f"in the paper's direction), `no` {counts['no']} (the other way), `no effect` "
+                   f"{counts['no effect']} (within our seed noise); `n/a` {counts['n/a']} (no "
                    "record of them or of base at this scale, or one seed, which gives no noise "
                    "estimate).")
     out += ["", "PPL and BLEU are on the dev split; ours are mean ± std (n seeds). Δ: change from "
