@@ -92,8 +92,8 @@ def plan_costs(spec, runs, args: argparse.Namespace, layout) -> dict[str, float]
     records = {r["run_id"]: r for r in load_records(spec.table, results_dir(), move=False)}
     # Fitted to every table's records of this CPU: one model code, one training step.
     model = (estimates.level_from_timings(
-        estimates.fit_cpu(every_table_records(results_dir()), rate_at), runs, threads,
-        rate_at(threads)) if target.kind == "cpu" else None)
+        estimates.fit_cpu(every_table_records(results_dir()), rate_at), runs, rate_at,
+        range(1, machine.cores() + 1)) if target.kind == "cpu" else None)
     where = (f"this CPU ({machine.cpu_name()}), {n} worker(s) x {ranks} rank(s) of {threads} "
              "thread(s)" if target.kind == "cpu" else target.label)
     print(f"each run on {layout.describe() if target.kind == 'cpu' else target.label}; plan on "

@@ -12,7 +12,8 @@ seconds:
   steps took when they ran: under older, slower code, or beside a test suite on a shared core, and
   "AMD EPYC" names more than one machine. So the fit gives the shape (what a config costs against
   another) and, where ``precision.choose`` has timed fp32 steps of the planned runs' models on
-  this machine at their thread count, those timings give the level (``level_from_timings``);
+  this machine (at any thread count, each against the probe at its own), those timings give the
+  level (``level_from_timings``);
 * a GPU by name (``--on 8xH100``): its dense bf16 (or fp32) peak from ``flops.py`` times a stated
   utilization, with the step's work split over the devices, plus a stated per-step overhead for
   kernel launches and the loop (what bounds a small model on a GPU).
@@ -26,6 +27,7 @@ import functools
 import json
 import re
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -163,22 +165,22 @@ def fit_cpu(records: list[dict[str, Any]], rate_at) -> CpuModel:
     return CpuModel(float(coef[0]), float(coef[1]), len(rows))
 
 
-def level_from_timings(model: CpuModel, runs, threads: int, rate: float,
+def level_from_timings(model: CpuModel, runs, rate_at, threads: Sequence[int],
                        cache: Path | None = None) -> CpuModel:
     """``model`` scaled to the fp32 steps ``precision.choose`` timed on this machine (``cache``,
-    default ``runs/precision.json``) for the runs' reference models at ``threads``: the median of
-    timed / predicted over the distinct models timed. Unchanged where none was timed (a fixed
-    precision, or nothing trained here yet at that thread count)."""
+    default ``runs/precision.json``) for the runs' reference models, at any of ``threads``: the
+    median of timed / predicted (at ``rate_at`` that thread count) over the distinct timings.
+    Unchanged where none was timed (a fixed precision, or nothing trained here yet)."""
     levels: dict[str, float] = {}
+    unscaled = replace(model, level=1.0)
     for run in runs:
         reference = run.precision_from or run.config
-        entry = timed(reference, threads, cache) or {}
-        seconds = (entry.get("seconds_per_step") or {}).get("32-true")
-        if not seconds:
-            continue
-        flops, blocks = step_work(reference)
-        predicted = replace(model, level=1.0).seconds(flops, blocks, rate)
-        levels[json.dumps(entry, sort_keys=True)] = seconds / predicted
+        for k in threads:
+            entry = timed(reference, k, cache) or {}
+            seconds = (entry.get("seconds_per_step") or {}).get("32-true")
+            if seconds:
+                levels[json.dumps(entry, sort_keys=True)] = seconds / unscaled.seconds(
+                    *step_work(reference), rate_at(k))
     if not levels:
         return model
     return replace(model, level=statistics.median(levels.values()), timed_on=len(levels))

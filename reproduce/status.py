@@ -86,9 +86,12 @@ def _time_left(left: list, records: list[dict[str, Any]], runs: Path) -> dict[st
     n = auto_count(left)
     threads = max(1, min(machine.cores(), torch.get_num_threads()) // n)
     cache, timings = runs / "cost_probe.json", runs / "precision.json"
-    model = estimates.fit_cpu(records, lambda k: estimates.rate_at(k, cache))
-    rate = estimates.rate_at(threads, cache)
-    model = estimates.level_from_timings(model, left, threads, rate, timings)
+    def rate_at(k: int) -> float:
+        return estimates.rate_at(k, cache)
+
+    model = estimates.level_from_timings(estimates.fit_cpu(records, rate_at), left, rate_at,
+                                         range(1, machine.cores() + 1), timings)
+    rate = rate_at(threads)
     hours = sum(estimates.estimate(run, estimates.Target("cpu"), model, rate, steps_left(run, runs),
                                    estimates.cpu_step_ratio(run, threads, timings)).hours
                 for run in left)

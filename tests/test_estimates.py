@@ -162,15 +162,17 @@ def test_steps_timed_here_set_the_level_and_the_records_the_shape(tmp_path):
     slow = [_record(runs[k], 2 * seconds(runs[k])) for k in ("base", "A1", "A2")]
     model = estimates.fit_cpu(slow, lambda k: 50.0)
     cache = tmp_path / "precision.json"
-    assert estimates.level_from_timings(model, runs.values(), 1, 50.0, cache) == model  # none
+    rate = {1: 50.0, 2: 77.0}.get
+    assert estimates.level_from_timings(model, runs.values(), rate, [1, 2], cache) == model  # none
     timing = {"chosen": "32-true", "seconds_per_step": {"32-true": seconds(runs["base"]),
                                                         "bf16-mixed": 1.5 * seconds(runs["base"])}}
     key = precision._key(runs["A4"].precision_from, 2048, 1)
     cache.write_text(json.dumps({key: timing}))
-    level = estimates.level_from_timings(model, runs.values(), 1, 50.0, cache)
+    level = estimates.level_from_timings(model, runs.values(), rate, [1, 2], cache)
     assert level.level == pytest.approx(0.5) and level.timed_on == 1  # one model timed, not four
     assert "x0.50 to match 1 fp32 step time(s) measured here" in level.source
     e = estimates.estimate(runs["A4"], estimates.Target("cpu"), level, 50.0)
     assert e.seconds_per_step == pytest.approx(seconds(runs["A4"]), rel=1e-6)
-    # timed at one thread: a plan at two threads keeps the fit's level
-    assert estimates.level_from_timings(model, runs.values(), 2, 77.0, cache) == model
+    # timed at one thread, it sets the level of a plan at two too (each against its own probe)
+    e2 = estimates.estimate(runs["A4"], estimates.Target("cpu"), level, 77.0)
+    assert e2.seconds_per_step == pytest.approx(seconds(runs["A4"]) * 50 / 77, rel=1e-6)
