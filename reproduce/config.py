@@ -160,11 +160,18 @@ class DataConfig:
     linearization: str = "xx"
     max_train_pairs: int = 0
     max_eval_pairs: int = 0
+    # Every k-th training pair (1 = all): a corpus k times smaller, spread over all its books, for
+    # probes of how a result depends on the amount of data (max_train_pairs keeps the first pairs,
+    # i.e. the first books). The vocabulary is still learned from every training pair, so dev
+    # PPL stays comparable across k.
+    train_every: int = 1
 
     def __post_init__(self) -> None:
         for name in ("max_train_pairs", "max_eval_pairs"):
             value = getattr(self, name)
             _check(value >= 0, f"data.{name} = {value}: must be >= 0 (0 = all)")
+        _check(self.train_every >= 1,
+               f"data.train_every = {self.train_every}: must be >= 1 (1 = every training pair)")
         _check(bool(self.corpus), "data.corpus is empty: name a corpus")
         _check(self.linearization in LINEARIZATIONS,
                f"data.linearization = {self.linearization!r}: one of {', '.join(LINEARIZATIONS)}")

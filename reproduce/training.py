@@ -58,7 +58,8 @@ def build_data(c: Config):
                            c.train.max_tokens_per_sentence, d.max_train_pairs or None,
                            d.max_eval_pairs or None, d.data_dir or None, c.train.seed,
                            extra_trees=d.extra_trees or None, linearization=d.linearization,
-                           device_batch_tokens=c.train.device_batch_tokens)
+                           device_batch_tokens=c.train.device_batch_tokens,
+                           train_every=d.train_every)
     return tokenizer, data
 
 

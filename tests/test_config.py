@@ -147,6 +147,18 @@ def test_cpu_long_is_cpu_trained_twice_as_long():
         assert long.overrides(train_steps=cpu.train.train_steps) == cpu
 
 
+def test_the_data_size_probes_are_cpu_on_fewer_training_pairs():
+    spec = load_spec("table3")
+    for scale, every in (("cpu-half-data", 2), ("cpu-quarter-data", 4)):
+        assert list(spec.rows_at(scale)) == ["A"]
+        for name in spec.variants_at(scale):
+            cpu, fewer = spec.resolve(name, "cpu"), spec.resolve(name, scale)
+            assert fewer.data.train_every == every and cpu.data.train_every == 1
+            assert fewer.overrides(train_every=1) == cpu
+    with pytest.raises(ConfigError, match=r"data.train_every = 0: must be >= 1"):
+        spec.resolve("base", "cpu").overrides(train_every=0)
+
+
 def test_a_shared_scale_may_not_name_rows(tmp_path):
     from reproduce.sweep import load_scales
     with pytest.raises(SpecError, match=r"scales.yaml: scales.tiny.rows: a shared scale is every "

@@ -383,6 +383,23 @@ def test_the_training_sample_is_fixed_training_pairs_as_many_as_dev(module, smal
     assert set(sample) <= train and not set(sample) & set(sources(module.val_dataloader()))
 
 
+def test_train_every_keeps_every_kth_training_pair_from_all_books(module, small_tokenizer):
+    # the data-size probes (cpu-half-data): a smaller corpus spread over the books, not their
+    # first pairs; dev and test unchanged
+    from reproduce.data.corpora import pairs_sha256
+    from reproduce.data.loading import load_pairs
+
+    every = TranslationData("bible-en-de", small_tokenizer, batch_tokens=1200, max_train_pairs=300,
+                            max_eval_pairs=40, train_every=4)
+    every.setup()
+    train = load_pairs("bible-en-de", "train")
+    assert every.sha256["train"] == pairs_sha256(train[::4][:300]) != module.sha256["train"]
+    assert every.num_train_pairs == 300 and every.dev_pairs == module.dev_pairs
+    assert every.sha256["test"] == module.sha256["test"]
+    with pytest.raises(DataError, match="train_every must be at least 1"):
+        TranslationData("bible-en-de", small_tokenizer, batch_tokens=1200, train_every=0)
+
+
 def test_data_module_drops_long_training_pairs(small_tokenizer):
     dm = TranslationData(
         "bible-en-de", small_tokenizer, batch_tokens=400, max_tokens_per_sentence=30,

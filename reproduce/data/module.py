@@ -50,6 +50,7 @@ class TranslationData(pl.LightningDataModule):
         extra_trees: str | None = None,
         linearization: str = "xx",
         device_batch_tokens: int = 0,
+        train_every: int = 1,
     ):
         super().__init__()
         corpus_spec(corpus)
@@ -64,6 +65,8 @@ class TranslationData(pl.LightningDataModule):
         for name, limit in limits.items():
             if limit is not None and limit < 1:
                 raise DataError(f"{name} must be None (all pairs) or at least 1, got {limit}")
+        if train_every < 1:
+            raise DataError(f"train_every must be at least 1 (1 = every pair), got {train_every}")
         if tokenizer.pad_id != 0:
             raise DataError(
                 f"tokenizer pad_id must be 0 (batches are padded with 0); it is {tokenizer.pad_id}"
@@ -74,6 +77,7 @@ class TranslationData(pl.LightningDataModule):
         self.max_tokens_per_sentence = max_tokens_per_sentence
         self.max_train_pairs = max_train_pairs
         self.max_eval_pairs = max_eval_pairs
+        self.train_every = train_every
         self.data_dir = data_dir
         self.extra_trees = extra_trees
         self.linearization = linearization
@@ -104,7 +108,7 @@ class TranslationData(pl.LightningDataModule):
             return
         pairs = {split: load_pairs(self.corpus, split, self.data_dir, self.extra_trees,
                                    self.linearization) for split in SPLITS}
-        train = first_pairs(pairs["train"], self.max_train_pairs)
+        train = first_pairs(pairs["train"][::self.train_every], self.max_train_pairs)
         self.dev_pairs = first_pairs(pairs["dev"], self.max_eval_pairs)
         self.test_pairs = first_pairs(pairs["test"], self.max_eval_pairs)
         self.sha256 = {split: pairs_sha256(p) for split, p in
