@@ -211,3 +211,21 @@ def test_the_gap_over_training_pairs_each_seed_with_bases():
     recs[0]["metrics"]["train_sample_nll"], recs[2]["metrics"]["train_sample_nll"] = 2.5, 2.25
     lines = render_table3(load_spec("table3"), recs).splitlines()
     assert "| A1 | 2 | +10.0% | -20.0% | +7.5% | -0.150 | -0.200 | -0.250 (n=1) |" in lines
+
+
+def test_the_corpus_line_says_how_many_training_pairs_were_used_and_how_taken():
+    from reproduce.tables.common import corpus_note
+
+    full = record("base")
+    full["data"]["train_pairs"] = 29043
+    assert corpus_note([full]).endswith("Training pairs used: 29043.")
+    half = record("A1", seed=1)
+    half["data"]["train_pairs"] = 14522
+    half["config"]["data"] = {"train_every": 2}
+    first = record("A2")
+    first["data"]["train_pairs"] = 2000
+    first["config"]["data"] = {"max_train_pairs": 2000}
+    assert corpus_note([full, half, first]).endswith(
+        "Training pairs used: 2000, 14522, 29043 (every 2nd pair; the first 2000 of the training "
+        "split).")
+    assert "Training pairs" not in corpus_note([record("A3")])  # older records: not said

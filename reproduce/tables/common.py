@@ -26,7 +26,8 @@ def corpus_note(records: list[dict[str, Any]]) -> str:
     as what they are, whatever the spec called them."""
     notes = []
     for corpus in sorted({r["data"]["corpus"] for r in records if not r["data"].get("files")}):
-        notes.append(CORPUS_NOTES.get(corpus, corpus))
+        notes.append(CORPUS_NOTES.get(corpus, corpus) + _train_pairs(
+            [r for r in records if r["data"]["corpus"] == corpus and not r["data"].get("files")]))
     local = {(r["data"]["corpus"], r["data"]["data_dir"], json.dumps(r["data"]["files"])): r
              for r in records if r["data"].get("files")}
     for (corpus, where, _), r in sorted(local.items()):
@@ -40,6 +41,25 @@ def corpus_note(records: list[dict[str, Any]]) -> str:
                      f"{d['train_pairs']} pairs used (sha256 {d['files']['train']['sha256'][:12]}),"
                      f" {sizes}).{called}")
     return " ".join(notes)
+
+
+def _train_pairs(records: list[dict[str, Any]]) -> str:
+    """How many training pairs the runs used, and how they were taken where not all
+    (``data.train_every``, ``data.max_train_pairs``)."""
+    used = sorted({r["data"]["train_pairs"] for r in records if r["data"].get("train_pairs")})
+    if not used:
+        return ""
+    ways = set()
+    for r in records:
+        d = r.get("config", {}).get("data", {})
+        if d.get("train_every", 1) > 1:
+            k = d["train_every"]
+            suffix = "th" if k % 100 in (11, 12, 13) else {1: "st", 2: "nd", 3: "rd"}.get(k % 10, "th")
+            ways.add(f"every {k}{suffix} pair")
+        if d.get("max_train_pairs"):
+            ways.add(f"the first {d['max_train_pairs']}")
+    return (f" Training pairs used: {', '.join(map(str, used))}"
+            + (f" ({'; '.join(sorted(ways))} of the training split)" if ways else "") + ".")
 
 
 def mean_std(values: list[float], digits: int) -> str:
