@@ -173,8 +173,7 @@ def level_from_timings(model: CpuModel, runs, rate_at, threads: Sequence[int],
     Unchanged where none was timed (a fixed precision, or nothing trained here yet)."""
     levels: dict[str, float] = {}
     unscaled = replace(model, level=1.0)
-    for run in runs:
-        reference = run.precision_from or run.config
+    for reference in {run.precision_from or run.config for run in runs}:  # a table's runs share one
         for k in threads:
             entry = timed(reference, k, cache) or {}
             seconds = (entry.get("seconds_per_step") or {}).get("32-true")

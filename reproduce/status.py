@@ -63,13 +63,15 @@ def table_status(table: str, results: Path, runs: Path,
         flops = [r.get("cost", {}).get("paper_method_flops") for r in done]
         unfinished = state["stale"] + state["running"] + state["stopped"] + state["missing"]
         left = [run for run in planned if run.run_id in unfinished]
-        # how far the started ones got: (the step of the checkpoint each would resume from, of)
+        # steps each still needs after the checkpoint it would resume from (read once: the
+        # started ones' checkpoint steps and the time left both come from it)
+        to_go = {run.run_id: steps_left(run, runs) for run in left}
         started = set(state["running"] + state["stopped"])
-        saved = {run.run_id: (run.config.train.train_steps - steps_left(run, runs),
+        saved = {run.run_id: (run.config.train.train_steps - to_go[run.run_id],
                               run.config.train.train_steps) for run in left if run.run_id in started}
         rows.append({"table": spec.table, "scale": scale, "seeds": sorted(seen[scale]), **state,
                      "checkpoint_steps": saved,
-                     "left": _time_left(left, every_table_records(results), runs),
+                     "left": _time_left(left, to_go, every_table_records(results), runs),
                      "train_hours": sum(r["metrics"]["train_seconds"] for r in done) / 3600,
                      "device_hours": sum(r["metrics"]["train_seconds"] * r.get("cost", {}).get(
                          "devices", 1) for r in done) / 3600,
@@ -77,22 +79,24 @@ def table_status(table: str, results: Path, runs: Path,
     return rows
 
 
-def _time_left(left: list, records: list[dict[str, Any]], runs: Path) -> dict[str, Any]:
-    """What the runs not yet finished (steps left after their checkpoints) should take on this
-    CPU, with the worker layout ``--workers auto`` would pick (``estimates``: counted FLOPs, the
-    cached probe, the fit to this CPU's records of every table)."""
+def _time_left(left: list, to_go: dict[str, int], records: list[dict[str, Any]],
+               runs: Path) -> dict[str, Any]:
+    """What the runs not yet finished (``to_go``: steps left after their checkpoints) should take
+    on this CPU, with the worker layout ``--workers auto`` would pick (``estimates``: counted
+    FLOPs, the cached probe, the fit to this CPU's records of every table)."""
     if not left:
         return {"device_hours": 0.0, "wall_hours": 0.0, "workers": 0, "source": ""}
     n = auto_count(left)
     threads = max(1, min(machine.cores(), torch.get_num_threads()) // n)
     cache, timings = runs / "cost_probe.json", runs / "precision.json"
+
     def rate_at(k: int) -> float:
         return estimates.rate_at(k, cache)
 
     model = estimates.level_from_timings(estimates.fit_cpu(records, rate_at), left, rate_at,
                                          range(1, machine.cores() + 1), timings)
     rate = rate_at(threads)
-    hours = sum(estimates.estimate(run, estimates.Target("cpu"), model, rate, steps_left(run, runs),
+    hours = sum(estimates.estimate(run, estimates.Target("cpu"), model, rate, to_go[run.run_id],
                                    estimates.cpu_step_ratio(run, threads, timings)).hours
                 for run in left)
     return {"device_hours": hours, "wall_hours": hours / n, "workers": n, "source": model.source}
