@@ -86,7 +86,7 @@ def _time_left(left: list, to_go: dict[str, int], records: list[dict[str, Any]],
     FLOPs, the cached probe, the fit to this CPU's records of every table)."""
     if not left:
         return {"device_hours": 0.0, "wall_hours": 0.0, "workers": 0, "source": ""}
-    n = auto_count(left)
+    n = auto_count(left, to_go=to_go)
     threads = max(1, min(machine.cores(), torch.get_num_threads()) // n)
     cache, timings = runs / "cost_probe.json", runs / "precision.json"
 

@@ -73,21 +73,24 @@ def share_cores() -> int | None:
     return threads
 
 
-def auto_count(runs: list, tuning: bool = False) -> int:
+def auto_count(runs: list, tuning: bool = False, to_go: dict[str, int] | None = None) -> int:
     """``--workers auto``: how many workers to train ``runs`` with. One, unless this is a CPU (no
     GPU: there a run takes the devices its scale asks for) with several cores for torch, this
     process is not itself a worker, nothing is tuned first, and two or more runs without a record
     have ``AUTO_MIN_STEPS`` training steps left between them; then one worker per core, at most
-    one per run (the cores follow the work as workers end)."""
+    one per run (the cores follow the work as workers end). ``to_go``: the training steps each run
+    still needs, when the caller has read them (``status``, from its own folders); then ``runs``
+    are taken as unfinished, and neither records nor checkpoints are read here."""
     if tuning or is_worker() or torch.cuda.is_available():
         return 1
     cores = min(machine.cores(), torch.get_num_threads())  # OMP_NUM_THREADS=1 keeps one process
     if cores < 2:
         return 1
-    todo = [run for run in runs if plan_state(run) != "done"]  # reads only: dry runs call it too
-    if len(todo) < 2 or sum(steps_left(run) for run in todo) < AUTO_MIN_STEPS:
+    if to_go is None:  # reads only: dry runs call it too
+        to_go = {run.run_id: steps_left(run) for run in runs if plan_state(run) != "done"}
+    if len(to_go) < 2 or sum(to_go.values()) < AUTO_MIN_STEPS:
         return 1
-    return min(cores, len(todo))
+    return min(cores, len(to_go))
 
 
 def steps_left(run, runs: Path | None = None) -> int:

@@ -154,6 +154,10 @@ def test_workers_auto_splits_a_cpu_only_for_long_sweeps(tmp_path, monkeypatch):
     monkeypatch.setattr(workers, "plan_state",
                         lambda run: "train" if run.run_id in left else "done")
     assert workers.auto_count(row_a) == 1
+    # steps the caller read from its own folders (status): no records or checkpoints read here
+    assert workers.auto_count(row_a, to_go={run.run_id: 2500 for run in row_a[:3]}) == 3
+    assert workers.auto_count(row_a, to_go={row_a[0].run_id: 2500}) == 1
+    assert workers.auto_count(row_a, to_go={run.run_id: 10 for run in row_a}) == 1
     monkeypatch.setattr(workers, "plan_state", lambda run: "train")
     monkeypatch.setenv(workers.WORKER_ENV, "1")  # a worker never starts workers
     assert workers.auto_count(row_a) == 1
