@@ -383,7 +383,8 @@ def test_the_training_sample_is_fixed_training_pairs_as_many_as_dev(module, smal
     assert set(sample) <= train and not set(sample) & set(sources(module.val_dataloader()))
 
 
-def test_train_every_keeps_every_kth_training_pair_from_all_books(module, small_tokenizer):
+def test_train_every_keeps_every_kth_training_pair_from_all_books(module, small_tokenizer,
+                                                                  caplog):
     # the data-size probes (cpu-half-data): a smaller corpus spread over the books, not their
     # first pairs; dev and test unchanged
     from reproduce.data.corpora import pairs_sha256
@@ -391,8 +392,11 @@ def test_train_every_keeps_every_kth_training_pair_from_all_books(module, small_
 
     every = TranslationData("bible-en-de", small_tokenizer, batch_tokens=1200, max_train_pairs=300,
                             max_eval_pairs=40, train_every=4)
-    every.setup()
+    with caplog.at_level("INFO", logger="reproduce"):
+        every.setup()
     train = load_pairs("bible-en-de", "train")
+    assert (f"training on 300 of the {len(train)} pairs (train_every=4, max_train_pairs=300)"
+            in caplog.text)
     assert every.sha256["train"] == pairs_sha256(train[::4][:300]) != module.sha256["train"]
     assert every.num_train_pairs == 300 and every.dev_pairs == module.dev_pairs
     assert every.sha256["test"] == module.sha256["test"]

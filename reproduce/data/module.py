@@ -109,6 +109,10 @@ class TranslationData(pl.LightningDataModule):
         pairs = {split: load_pairs(self.corpus, split, self.data_dir, self.extra_trees,
                                    self.linearization) for split in SPLITS}
         train = first_pairs(pairs["train"][::self.train_every], self.max_train_pairs)
+        if len(train) < len(pairs["train"]):
+            logger.info("%s train: training on %d of the %d pairs (train_every=%d,"
+                        " max_train_pairs=%s)", self.corpus, len(train), len(pairs["train"]),
+                        self.train_every, self.max_train_pairs)
         self.dev_pairs = first_pairs(pairs["dev"], self.max_eval_pairs)
         self.test_pairs = first_pairs(pairs["test"], self.max_eval_pairs)
         self.sha256 = {split: pairs_sha256(p) for split, p in
