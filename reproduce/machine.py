@@ -53,8 +53,11 @@ def commit() -> dict[str, Any]:
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True,
                               check=False).stdout.strip()
+    # results/ is what runs write (records, rendered tables): a sweep's own output there is no
+    # change to the code that made a record, so it does not make the tree dirty.
     return {"sha": git("rev-parse", "HEAD") or None,
-            "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                              ":(exclude)results"))}
 
 
 def hardware() -> dict[str, Any]:

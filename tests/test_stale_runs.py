@@ -147,3 +147,29 @@ def test_status_says_how_far_each_started_run_got(dirs):
     steps = stopped.config.train.train_steps
     assert f"stopped  {stopped.run_id} (checkpoint at step 20 of {steps})" in out
     assert f"stopped  {fresh.run_id} (no checkpoint yet)" in out
+
+
+def test_a_record_calls_the_code_dirty_for_edits_outside_results_only(tmp_path, monkeypatch):
+    # a sweep re-renders results/ while its workers still run: that is no edit of the code a
+    # record names
+    import subprocess
+
+    from reproduce import machine
+
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path,
+                       check=True, capture_output=True)
+
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "table3.md").write_text("old\n")
+    (tmp_path / "model.py").write_text("x = 1\n")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-qm", "c")
+    monkeypatch.setattr(machine, "REPO", tmp_path)
+    assert machine.commit()["dirty"] is False
+    (tmp_path / "results" / "table3.md").write_text("new\n")
+    (tmp_path / "results" / "r.json").write_text("{}\n")
+    assert machine.commit()["dirty"] is False
+    (tmp_path / "model.py").write_text("x = 2\n")
+    assert machine.commit()["dirty"] is True
