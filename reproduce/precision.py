@@ -205,7 +205,10 @@ def choose_precision(run: PlannedRun, layout: Layout = ONE_DEVICE) -> tuple[str,
         chosen = {**chosen, "timed_model": model}
         seconds = chosen.get("seconds_per_step")
         line = (", ".join(f"{p} {s:.3f} s/step" for p, s in seconds.items()) if seconds else "")
-        log.info("%s: precision auto -> %s (%s; timed: %s%s%s)", run.run_id, precision,
-                 chosen["how"], model, f": {line}" if line else "",
-                 ", cached" if chosen.get("cached") else "")
+        # A cached answer was timed by an earlier run of the same model, maybe at another scale
+        # (its "how" names that one): said so, lest the line seem to time another model.
+        how = (f"cached from an earlier run of the same model: {chosen['how']}"
+               if chosen.get("cached") else chosen["how"])
+        log.info("%s: precision auto -> %s, for %s%s (%s)", run.run_id, precision, model,
+                 f": {line}" if line else "", how)
     return precision, chosen

@@ -53,15 +53,20 @@ def test_the_answer_is_cached_per_model_and_threads(config, tmp_path, cpu_bf16_s
 
 
 def test_every_variant_of_a_table_trains_in_the_precision_its_base_was_timed_in(
-        tmp_path, monkeypatch, cpu_bf16_screen_passes):
+        tmp_path, monkeypatch, cpu_bf16_screen_passes, caplog):
     # Timed alone, row A's single 128-wide head (A1) would take bf16; base and 32 heads would not.
     monkeypatch.setattr(precision, "runs_dir", lambda: tmp_path)
     monkeypatch.setattr(precision, "step_seconds", lambda c, t: {
         "32-true": 1.0, "bf16-mixed": 0.5 if c.model.h == 1 else 1.2})
     runs = [dataclasses.replace(r, config=r.config.overrides(precision="auto"))
             for r in load_spec("table3").plan(["base", "A1", "A4"], "smoke", [0])]
-    chosen = [precision.choose_precision(r) for r in runs]
+    with caplog.at_level("INFO", logger=precision.log.name):
+        chosen = [precision.choose_precision(r) for r in runs]
     assert [p for p, _ in chosen] == ["32-true"] * 3
+    # the log says which answers were timed by an earlier run, not by this one
+    lines = [m for m in caplog.messages if "precision auto" in m]
+    assert len(lines) == 3 and "cached" not in lines[0]
+    assert all("cached from an earlier run of the same model: timed" in m for m in lines[1:])
     assert all("table3's base at `smoke`" in how["how"] for _, how in chosen)
     assert all(how["timed_model"].startswith("table3's base at `smoke`") for _, how in chosen)
     assert len(json.loads((tmp_path / "precision.json").read_text())) == 1  # timed once
