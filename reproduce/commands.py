@@ -78,10 +78,14 @@ def plan_costs(spec, runs, args: argparse.Namespace, layout) -> dict[str, float]
         target = dataclasses.replace(target, devices=layout.devices)
     states = {run.run_id: plan_state(run) for run in runs}
     todo = [run for run in runs if states[run.run_id] != "done"]
+    # steps each still needs on a CPU, after the checkpoint it would resume from (read once: the
+    # worker count and each run's estimate both come from it)
+    to_go = ({run.run_id: workers.steps_left(run) for run in todo} if target.kind == "cpu"
+             else {run.run_id: run.config.train.train_steps for run in todo})
     n = 1
     if target.kind == "cpu":
         n = args.workers if isinstance(args.workers, int) else (
-            1 if layout.devices > 1 else workers.auto_count(todo))
+            1 if layout.devices > 1 else workers.auto_count(todo, to_go=to_go))
     ranks = target.devices if target.kind == "cpu" else 1
     threads = max(1, min(machine.cores(), torch.get_num_threads()) // max(n * ranks, 1))
     cache = runs_dir() / "cost_probe.json"
@@ -106,8 +110,8 @@ def plan_costs(spec, runs, args: argparse.Namespace, layout) -> dict[str, float]
             continue
         if state.startswith("redo: "):
             print(f"  {run.run_id}: will be redone: {state[6:]}")
-        left = workers.steps_left(run) if target.kind == "cpu" else run.config.train.train_steps
-        e = estimates.estimate(run, target, model, rate_at(threads) if model else None, left,
+        e = estimates.estimate(run, target, model, rate_at(threads) if model else None,
+                               to_go[run.run_id],
                                estimates.cpu_step_ratio(run, threads) if model else 1.0)
         paper = estimates.paper_method_flops(e, target)
         total += e.device_hours

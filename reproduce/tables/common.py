@@ -25,9 +25,10 @@ def corpus_note(records: list[dict[str, Any]]) -> str:
     """What the runs were trained on: a shipped corpus by its note; local files (``data_dir``)
     as what they are, whatever the spec called them."""
     notes = []
-    for corpus in sorted({r["data"]["corpus"] for r in records if not r["data"].get("files")}):
-        notes.append(CORPUS_NOTES.get(corpus, corpus) + _train_pairs(
-            [r for r in records if r["data"]["corpus"] == corpus and not r["data"].get("files")]))
+    shipped = [r for r in records if not r["data"].get("files")]
+    for corpus in sorted({r["data"]["corpus"] for r in shipped}):
+        notes.append(CORPUS_NOTES.get(corpus, corpus)
+                     + _train_pairs([r for r in shipped if r["data"]["corpus"] == corpus]))
     local = {(r["data"]["corpus"], r["data"]["data_dir"], json.dumps(r["data"]["files"])): r
              for r in records if r["data"].get("files")}
     for (corpus, where, _), r in sorted(local.items()):
