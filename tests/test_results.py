@@ -48,6 +48,7 @@ def test_rendering_puts_ours_beside_the_papers():
     assert a1[:4] == ["(A) A1", "h 1, d_k 512, d_v 512", "5.29", "8.50"] and a1[5] == "24.9"
     a2 = _row(table, "A2")
     assert a2[3] == "" and a2[6] == "" and a2[4] == "+0.08 / –"  # no record: ours stay empty
+    assert a2[2] == "5.00"  # the paper's PPL as it prints it (YAML reads 5.00 as 5.0)
     assert _row(table, "E")[1] == "learned positions"
     details = table.split("Details of our 2 runs")[1]
     assert "| base | 0 | 4.0 | 65 / 2.50 |" in details and "| A2 |" not in details

@@ -109,8 +109,12 @@ def signed(value: float | None) -> str:
     return "" if value is None else f"{value:+.2f}"
 
 
-def fmt(value: Any) -> str:
-    return "" if value is None else str(value)
+def fmt(value: Any, digits: int | None = None) -> str:
+    """A cell: empty for None; with ``digits``, a number printed as the paper prints it (its
+    PPL 5.00, not 5.0)."""
+    if value is None:
+        return ""
+    return str(value) if digits is None else f"{value:.{digits}f}"
 
 
 def layouts(records: list[dict[str, Any]]) -> str:

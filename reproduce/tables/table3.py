@@ -98,7 +98,7 @@ def _scale_table(spec: Spec, scale: str, records: list[dict[str, Any]]) -> list[
                 tally[v.metric][v.verdict] += name != "base"
             delta = ["" if name == "base" else f"{v.paper_cell or '–'} / {v.ours_cell or '–'}"
                      for v in verdicts]
-            cells = [label, _configuration(spec, name), fmt(paper.get("ppl")),
+            cells = [label, _configuration(spec, name), fmt(paper.get("ppl"), 2),
                      mean_std(metric[0], 2), delta[0], fmt(paper.get("bleu")),
                      mean_std(metric[1], 1), delta[1],
                      "" if name == "base" else "; ".join(v.verdict for v in verdicts)]
