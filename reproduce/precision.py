@@ -10,6 +10,10 @@ scale, so a row's variants differ only in what the row varies (timed one by one,
 128-wide head took bf16 at 1.5x while base and the other heads stayed fp32). The
 answer is cached per machine, thread count and model shape (``runs/precision.json``), and both
 timings go into the record.
+Once a table has records at a scale, they decide: its later runs there train in the precision
+those trained in (``settled``), whatever this machine would choose. Machines differ between
+sessions (an Intel CPU with AMX times bf16 ~5x faster, a GPU takes bf16), and a section whose
+base trained in fp32 would otherwise get variants in bf16, which puts precision into the gaps.
 On CUDA: bf16-mixed where the GPU supports it. A CPU whose bf16 matmul is slower than fp32 (avx2
 only: ~150x slower) trains in fp32 without timing a step.
 """
@@ -30,7 +34,7 @@ from .files import write_atomic
 from .machine import cpu_flags, cpu_name, matmul_gflops
 from .model import Transformer
 from .optim import accumulation, adam_with_schedule, output_loss
-from .records import runs_dir
+from .records import load_records, results_dir, runs_dir
 from .sweep import PlannedRun
 
 log = logging.getLogger("reproduce")
@@ -177,6 +181,20 @@ def resolve_precision(precision: str, config: Config | None = None) -> str:
     return "bf16-mixed" if bf16_matmul_not_slower() else "32-true"
 
 
+def settled(run: PlannedRun, results: Path) -> tuple[str, dict[str, int]] | None:
+    """The precision ``auto`` resolved to in the records of ``run``'s table at its scale (other
+    runs than ``run`` itself, with ``precision: auto``): (the precision most of them trained in,
+    how many trained in each), or None without such records."""
+    counts: dict[str, int] = {}
+    for r in load_records(run.table, results, move=False):
+        if (r.get("scale") == run.scale and r.get("run_id") != run.run_id and r.get("precision")
+                and (r.get("config") or {}).get("train", {}).get("precision") == "auto"):
+            counts[r["precision"]] = counts.get(r["precision"], 0) + 1
+    if not counts:
+        return None
+    return max(sorted(counts), key=counts.__getitem__), counts
+
+
 def choose_precision(run: PlannedRun, layout: Layout = ONE_DEVICE) -> tuple[str, dict[str, Any]]:
     """The precision ``run`` trains with on ``layout`` and how it was chosen (``precision.choose``:
     for ``auto`` on a CPU, a timed fp32 and bf16-mixed step of its table's base model at the
@@ -203,12 +221,29 @@ def choose_precision(run: PlannedRun, layout: Layout = ONE_DEVICE) -> tuple[str,
         # Which model the timings are of, said in every record (a cached answer's "how" keeps
         # the words of the run that timed it).
         chosen = {**chosen, "timed_model": model}
+        if run.precision_from is not None and (found := settled(run, results_dir())):
+            precision, counts = found
+            here = chosen["chosen"]
+            chosen = {**chosen, "chosen": precision, "here": here, "records": counts,
+                      "how": f"as {sum(counts.values())} record(s) of {run.table} at "
+                             f"`{run.scale}` trained (one precision per table and scale; "
+                             f"this machine alone would take {here}: {chosen['how']})"}
+            if len(counts) > 1:
+                log.warning("%s: the records of %s at `%s` trained in several precisions (%s); "
+                            "this run takes the most common, %s", run.run_id, run.table,
+                            run.scale, ", ".join(f"{p} {n}" for p, n in sorted(counts.items())),
+                            precision)
+            if precision == "bf16-mixed" and not torch.cuda.is_available() \
+                    and not bf16_matmul_not_slower():
+                log.warning("%s: trains in bf16-mixed as its table's records at `%s` did, but "
+                            "bf16 matmuls are slower than fp32 on this CPU: expect a slow run",
+                            run.run_id, run.scale)
         seconds = chosen.get("seconds_per_step")
         line = (", ".join(f"{p} {s:.3f} s/step" for p, s in seconds.items()) if seconds else "")
         # A cached answer was timed by an earlier run of the same model, maybe at another scale
         # (its "how" names that one): said so, lest the line seem to time another model.
         how = (f"cached from an earlier run of the same model: {chosen['how']}"
-               if chosen.get("cached") else chosen["how"])
+               if chosen.get("cached") and "records" not in chosen else chosen["how"])
         log.info("%s: precision auto -> %s, for %s%s (%s)", run.run_id, precision, model,
                  f": {line}" if line else "", how)
     return precision, chosen

@@ -75,6 +75,51 @@ def test_every_variant_of_a_table_trains_in_the_precision_its_base_was_timed_in(
     assert precision.choose_precision(alone)[0] == "bf16-mixed"
 
 
+def _record(folder, run_id, scale, trained_in, asked="auto"):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{run_id}.json").write_text(json.dumps({
+        "run_id": run_id, "scale": scale, "precision": trained_in, "metrics": {},
+        "config": {"train": {"precision": asked}}}))
+
+
+def test_a_table_with_records_at_a_scale_keeps_their_precision_on_another_machine(
+        tmp_path, monkeypatch, cpu_bf16_screen_passes, caplog):
+    # This machine times bf16 2x faster (as an Intel CPU with AMX would, or a GPU takes bf16), but
+    # the table's base already trained in fp32 at this scale: the variants must follow it.
+    monkeypatch.setattr(precision, "runs_dir", lambda: tmp_path / "runs")
+    monkeypatch.setattr(precision, "results_dir", lambda: tmp_path / "results")
+    monkeypatch.setattr(precision, "step_seconds", lambda c, t: {"32-true": 1.0,
+                                                                  "bf16-mixed": 0.5})
+    base, a1 = [dataclasses.replace(r, config=r.config.overrides(precision="auto"))
+                for r in load_spec("table3").plan(["base", "A1"], "smoke", [0])]
+    assert precision.choose_precision(a1)[0] == "bf16-mixed"  # no records yet: this machine's
+
+    folder = tmp_path / "results" / "table3"
+    _record(folder, base.run_id, "smoke", "32-true")
+    _record(folder, "table3-A2-cpu-seed0", "cpu", "bf16-mixed")     # another scale
+    _record(folder, "table3-A3-smoke-seed0", "smoke", "bf16-mixed", asked="bf16-mixed")  # set
+    with caplog.at_level("INFO", logger=precision.log.name):
+        chosen, how = precision.choose_precision(a1)
+    assert chosen == "32-true" and how["chosen"] == "32-true" and how["here"] == "bf16-mixed"
+    assert how["records"] == {"32-true": 1}
+    assert "as 1 record(s) of table3 at `smoke` trained" in how["how"]
+    assert precision.step_ratio(how) == 1.0  # estimates: an fp32 step
+    assert any("precision auto -> 32-true" in m and "this machine alone would take bf16-mixed"
+               in m for m in caplog.messages)
+    # A run's own earlier record (stale, to be redone) does not decide for it.
+    assert precision.choose_precision(base)[0] == "bf16-mixed"
+    # Records that disagree: the most common precision, with a warning.
+    _record(folder, "table3-A4-smoke-seed0", "smoke", "bf16-mixed")
+    _record(folder, "table3-A4-smoke-seed1", "smoke", "bf16-mixed")
+    with caplog.at_level("WARNING", logger=precision.log.name):
+        assert precision.choose_precision(a1)[0] == "bf16-mixed"
+    assert any("trained in several precisions (32-true 1, bf16-mixed 2)" in m
+               for m in caplog.messages)
+    # A run without a table (precision_from None: a config of its own) is not bound by any.
+    assert precision.choose_precision(dataclasses.replace(a1, precision_from=None))[0] \
+        == "bf16-mixed"
+
+
 def test_no_step_is_timed_where_a_bf16_matmul_is_slower(config, tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(precision, "bf16_matmul_not_slower", lambda: False)
