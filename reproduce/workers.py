@@ -6,7 +6,8 @@ core: small matrix products scale poorly across threads (on the 2-core developme
 command started N times, so the claims (``reproduce/claims.py``) keep each run to one worker, and
 an interrupted sweep resumes as always. What ``--workers`` adds:
 
-* threads: each worker gets ``cores // N`` (``OMP_NUM_THREADS``), or one GPU of N; on a CPU the
+* threads: each worker gets ``cores // N`` (``OMP_NUM_THREADS``), and its own GPUs where there
+  are enough, else a share of one (``gpu_blocks``: small models on one GPU); on a CPU the
   cores follow the work: once a worker has ended, those still training share its cores too (they
   read how many are left from a file this process keeps, ``share_cores``);
 * order: the runs without a record are split into N groups of about equal measured cost
@@ -105,6 +106,23 @@ def steps_left(run, runs: Path | None = None) -> int:
     return max(0, steps - checkpoint_step(latest))
 
 
+def gpu_blocks(n: int, devices: int, gpus: int, visible: str | None) -> list[str]:
+    """``CUDA_VISIBLE_DEVICES`` of each of ``n`` workers whose runs take ``devices`` GPUs each,
+    of the ``gpus`` this process may use (``visible``: its own ``CUDA_VISIBLE_DEVICES``, if set):
+    worker k the k-th block. With more one-GPU workers than GPUs, workers share them, worker k on
+    GPU k mod ``gpus``: a small model leaves a GPU idle between its kernels, and several runs side
+    by side fill it (a `cpu`-scale sweep on one GPU). Runs on several GPUs each (DDP) cannot
+    share: their ranks would meet on one GPU."""
+    ids = visible.split(",") if visible else [str(i) for i in range(gpus)]
+    if n * devices <= len(ids):
+        return [",".join(ids[k * devices:(k + 1) * devices]) for k in range(n)]
+    if devices == 1:
+        return [ids[k % len(ids)] for k in range(n)]
+    raise ConfigError(f"--workers {n} --devices {devices}: this machine has {len(ids)} GPU(s), "
+                      f"{devices} per worker at most {len(ids) // devices} worker(s) (only "
+                      "one-GPU runs share a GPU)")
+
+
 def _write_share(path: Path, active: int, cores: int) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(f"{active} {cores}\n")
@@ -185,9 +203,7 @@ def launch(argv: Sequence[str], runs: list, n: int, devices: int = 1) -> int:
     if n < 1:
         raise ConfigError(f"--workers {n}: must be at least 1")
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if gpus and n * devices > gpus:
-        raise ConfigError(f"--workers {n} --devices {devices}: this machine has {gpus} GPU(s), "
-                          f"{devices} per worker at most {gpus // devices} worker(s)")
+    visible = gpu_blocks(n, devices, gpus, os.environ.get("CUDA_VISIBLE_DEVICES")) if gpus else []
     cores = machine.cores()
     if not gpus and n * devices > cores:
         raise ConfigError(f"--workers {n} --devices {devices}: on a CPU each device is a process "
@@ -206,8 +222,10 @@ def launch(argv: Sequence[str], runs: list, n: int, devices: int = 1) -> int:
         torch.set_num_threads(previous)
     groups = by_seed(costs, {run.run_id: run.seed for run in todo}, min(n, len(todo)))
     order = [run_id for group in groups for run_id in group]
+    shared = gpus and len(groups) > gpus
     print(f"--workers {n}: {len(todo)} run(s) to train, {threads} thread(s) per worker"
-          + (", one GPU each" if gpus else ""))
+          + (f", {len(groups)} workers sharing {gpus} GPU(s)" if shared
+             else f", {devices} GPU(s) each" if gpus else ""))
     share = None if gpus else Path(tempfile.mkdtemp(prefix="reproduce-workers-")) / "share"
     if share is not None:
         _write_share(share, len(groups), cores)
@@ -221,10 +239,8 @@ def launch(argv: Sequence[str], runs: list, n: int, devices: int = 1) -> int:
                                   "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)})
         if share is not None:
             env[SHARE_ENV] = str(share)
-        if gpus:  # the k-th block of the GPUs this process may use
-            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-            ids = visible.split(",") if visible else [str(i) for i in range(gpus)]
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(ids[k * devices:(k + 1) * devices])
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = visible[k]
         proc = subprocess.Popen([sys.executable, "-m", "reproduce", *worker_argv(argv)], env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 bufsize=1)

@@ -166,6 +166,22 @@ def test_workers_auto_splits_a_cpu_only_for_long_sweeps(tmp_path, monkeypatch):
     assert workers.auto_count(row_a) == 1
 
 
+def test_workers_get_their_own_gpus_or_share_them_when_runs_take_one_each():
+    from reproduce import workers
+    from reproduce.errors import ConfigError
+
+    assert workers.gpu_blocks(2, 1, 2, None) == ["0", "1"]
+    assert workers.gpu_blocks(2, 2, 4, None) == ["0,1", "2,3"]
+    assert workers.gpu_blocks(2, 2, 4, "4,5,6,7") == ["4,5", "6,7"]  # this process's own GPUs
+    # more one-GPU workers than GPUs: they share, round-robin (small models on one GPU)
+    assert workers.gpu_blocks(4, 1, 1, None) == ["0"] * 4
+    assert workers.gpu_blocks(5, 1, 2, "3,5") == ["3", "5", "3", "5", "3"]
+    # DDP ranks of two runs would meet on one GPU: refused, with what the machine has
+    with pytest.raises(ConfigError, match=r"--workers 3 --devices 2: this machine has 4 GPU\(s\), "
+                       r"2 per worker at most 2 worker\(s\)"):
+        workers.gpu_blocks(3, 2, 4, None)
+
+
 def test_workers_flag_rejects_what_is_not_a_count(capsys):
     from reproduce.__main__ import main
 
