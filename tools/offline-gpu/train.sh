@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# On the offline GPU machine, in the repository root, with .kit/ from tools/offline-gpu/kit.sh:
+#   tools/offline-gpu/train.sh OUT_ARCHIVE SECONDS -- python3 -m reproduce table3 --row B \
+#       --scale cpu --seeds 0 1 2 --workers 8
+# installs the carried wheels its Python lacks, points the data at the carried Bible extract
+# and tokenizers, runs the command (W&B offline) for at most SECONDS (then interrupts it), and
+# packs what it wrote under results/ (records, outputs, tables) with its log into OUT_ARCHIVE
+# (.tar.gz), also when it failed or was stopped part way. Unpack the archive in the repository
+# root here; the same command resumes whatever did not finish (runs left part way restart: their
+# checkpoints stay on that machine).
+set -uo pipefail
+out=$1; seconds=$2; shift 2; [ "${1:-}" = "--" ] && shift
+cd "$(dirname "$0")/../.."
+# PYTHON: the interpreter to install into (default python3: on the lent machines, the one with torch)
+"${PYTHON:-python3}" -m pip install -q --no-index --find-links .kit/whl wandb datasets sacremoses nltk \
+    || { echo "train.sh: the carried wheels do not install here"; exit 3; }
+[ -f .kit/bible.db ] || gunzip -k .kit/bible.db.gz
+export REPRODUCE_BIBLE_DB=$PWD/.kit/bible.db REPRODUCE_CACHE=$PWD/.kit/cache WANDB_MODE=offline \
+       HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+touch .kit/started
+timeout --signal=INT --kill-after=60 "$seconds" "$@" 2>&1 | tee .kit/train.log
+status=${PIPESTATUS[0]}
+new=$(find results -newer .kit/started -type f \( -name '*.json' -o -name '*.gz' -o -name '*.md' \
+      -o -name '*.png' \))
+tar -czf "$out" .kit/train.log $new
+echo "train.sh: exit $status; $(echo "$new" | grep -c '\.json$') record file(s) -> $out"
+exit "$status"
