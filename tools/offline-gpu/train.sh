@@ -12,7 +12,7 @@ set -uo pipefail
 out=$1; seconds=$2; shift 2; [ "${1:-}" = "--" ] && shift
 cd "$(dirname "$0")/../.."
 # PYTHON: the interpreter to install into (default python3: on the lent machines, the one with torch)
-"${PYTHON:-python3}" -m pip install -q --no-index --find-links .kit/whl wandb datasets sacremoses nltk \
+"${PYTHON:-python3}" -m pip install -q --no-index --find-links .kit/whl -r .kit/requirements.txt \
     || { echo "train.sh: the carried wheels do not install here"; exit 3; }
 [ -f .kit/bible.db ] || gunzip -k .kit/bible.db.gz
 export REPRODUCE_BIBLE_DB=$PWD/.kit/bible.db REPRODUCE_CACHE=$PWD/.kit/cache WANDB_MODE=offline \
