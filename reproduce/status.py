@@ -69,9 +69,16 @@ def table_status(table: str, results: Path, runs: Path,
         started = set(state["running"] + state["stopped"])
         saved = {run.run_id: (run.config.train.train_steps - to_go[run.run_id],
                               run.config.train.train_steps) for run in left if run.run_id in started}
+        # what the finished runs trained in; with `precision: auto` the runs still to come follow
+        # it (precision.settled), whatever this machine would choose
+        trained_in: dict[str, int] = defaultdict(int)
+        for r in done:
+            trained_in[r.get("precision") or "unrecorded"] += 1
         rows.append({"table": spec.table, "scale": scale, "seeds": sorted(seen[scale]), **state,
-                     "checkpoint_steps": saved,
-                     "left": _time_left(left, to_go, every_table_records(results), runs),
+                     "checkpoint_steps": saved, "precision": dict(trained_in),
+                     "left": _time_left(left, to_go, every_table_records(results), runs,
+                                        settled=max(trained_in, key=trained_in.get)
+                                        if trained_in else None),
                      "train_hours": sum(r["metrics"]["train_seconds"] for r in done) / 3600,
                      "device_hours": sum(r["metrics"]["train_seconds"] * r.get("cost", {}).get(
                          "devices", 1) for r in done) / 3600,
@@ -80,10 +87,12 @@ def table_status(table: str, results: Path, runs: Path,
 
 
 def _time_left(left: list, to_go: dict[str, int], records: list[dict[str, Any]],
-               runs: Path) -> dict[str, Any]:
+               runs: Path, settled: str | None = None) -> dict[str, Any]:
     """What the runs not yet finished (``to_go``: steps left after their checkpoints) should take
     on this CPU, with the worker layout ``--workers auto`` would pick (``estimates``: counted
-    FLOPs, the cached probe, the fit to this CPU's records of every table)."""
+    FLOPs, the cached probe, the fit to this CPU's records of every table). ``settled``: the
+    precision the scale's finished runs trained in, which ``auto`` runs follow; fp32 steps are
+    estimated as fp32 whatever this machine timed."""
     if not left:
         return {"device_hours": 0.0, "wall_hours": 0.0, "workers": 0, "source": ""}
     n = auto_count(left, to_go=to_go)
@@ -97,9 +106,18 @@ def _time_left(left: list, to_go: dict[str, int], records: list[dict[str, Any]],
                                          range(1, machine.cores() + 1), timings)
     rate = rate_at(threads)
     hours = sum(estimates.estimate(run, estimates.Target("cpu"), model, rate, to_go[run.run_id],
-                                   estimates.cpu_step_ratio(run, threads, timings)).hours
+                                   1.0 if settled == "32-true" and
+                                   run.config.train.precision == "auto"
+                                   else estimates.cpu_step_ratio(run, threads, timings)).hours
                 for run in left)
     return {"device_hours": hours, "wall_hours": hours / n, "workers": n, "source": model.source}
+
+
+def _counts(precisions: dict[str, int]) -> str:
+    """``32-true``, or ``32-true (10), bf16-mixed (2)`` when the runs differ."""
+    if len(precisions) == 1:
+        return next(iter(precisions))
+    return ", ".join(f"{p} ({n})" for p, n in sorted(precisions.items()))
 
 
 def report(results: Path, runs: Path, verbose: bool = False,
@@ -116,7 +134,8 @@ def report(results: Path, runs: Path, verbose: bool = False,
             lines.append(f"{row['table']} at `{row['scale']}` (seeds {row['seeds']}): {counts}; "
                          f"spent {row['train_hours']:.2f} h training ({row['device_hours']:.2f} "
                          f"device-hours, {row['paper_method_flops']:.2g} FLOPs by the paper's "
-                         "method)")
+                         "method)" + (f"; trained in {_counts(row['precision'])}"
+                                      if row["precision"] else ""))
             left = row["left"]
             if left["workers"]:
                 lines.append(f"  left: about {left['device_hours']:.1f} h of training on this CPU,"

@@ -147,6 +147,12 @@ def test_status_says_how_far_each_started_run_got(dirs):
     steps = stopped.config.train.train_steps
     assert f"stopped  {stopped.run_id} (checkpoint at step 20 of {steps})" in out
     assert f"stopped  {fresh.run_id} (no checkpoint yet)" in out
+    # the precision the finished runs trained in (a record without one says so)
+    assert "1 done" in out and "; trained in unrecorded" in out
+    records.write_record(records.record_path(done), {
+        "run_id": done.run_id, "config": done.config.to_dict(), "precision": "32-true",
+        "metrics": {"train_seconds": 1.0}})
+    assert "; trained in 32-true\n" in status.report(results, runs)
 
 
 def test_a_record_calls_the_code_dirty_for_edits_outside_results_only(tmp_path, monkeypatch):
@@ -173,3 +179,19 @@ def test_a_record_calls_the_code_dirty_for_edits_outside_results_only(tmp_path, 
     assert machine.commit()["dirty"] is False
     (tmp_path / "model.py").write_text("x = 2\n")
     assert machine.commit()["dirty"] is True
+
+
+def test_time_left_estimates_fp32_steps_where_the_finished_runs_trained_in_fp32(dirs, monkeypatch):
+    # This machine timed bf16 twice as fast (cached), but a scale whose runs trained in fp32 keeps
+    # its remaining `auto` runs in fp32 (precision.settled): their steps are estimated as fp32.
+    from reproduce import estimates
+
+    results, runs = dirs
+    run = dataclasses.replace(_run(), config=_run().config.overrides(precision="auto"))
+    monkeypatch.setattr(estimates, "cpu_step_ratio", lambda run, threads, cache: 0.5)
+    to_go = {run.run_id: 1000}
+    free = status._time_left([run], to_go, [], runs)
+    fp32 = status._time_left([run], to_go, [], runs, settled="32-true")
+    assert fp32["device_hours"] == pytest.approx(2 * free["device_hours"])
+    assert status._time_left([run], to_go, [], runs, settled="bf16-mixed")["device_hours"] \
+        == pytest.approx(free["device_hours"])
