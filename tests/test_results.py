@@ -3,6 +3,8 @@
 import json
 from pathlib import Path
 
+import pytest
+
 from reproduce.records import load_records, write_record
 from reproduce.sweep import load_spec
 from reproduce.tables.table3 import render_table3
@@ -78,6 +80,21 @@ def test_no_records_renders_an_empty_table():
     assert "No runs recorded yet." in render_table3(load_spec("table3"), [])
 
 
+def test_seed_noise_is_a_95_percent_welch_interval_not_two_standard_errors():
+    from reproduce.tables.noise import difference_noise, t_quantile
+
+    # Student's t 97.5% points (tables): 12.706 (1 df), 4.303 (2), 2.776 (4), 2.042 (30)
+    for df, t in [(1, 12.706), (2, 4.303), (3, 3.182), (4, 2.776), (30, 2.042)]:
+        assert t_quantile(0.975, df) == pytest.approx(t, abs=2e-3)
+    base, variant = [10.0, 10.1, 10.2], [10.2, 10.3, 10.4]  # +0.2, each side's std 0.1
+    se = (2 * 0.01 / 3) ** 0.5
+    assert 2 * se < 0.2 < difference_noise(variant, base) == pytest.approx(2.776 * se, rel=1e-3)
+    # unequal spreads: Welch's degrees of freedom fall towards the noisier side's n - 1
+    wide = difference_noise([9.0, 10.0, 11.0], [10.0, 10.01, 10.02])
+    assert wide == pytest.approx(4.303 * (1 / 3 + 0.0001 / 3) ** 0.5, rel=1e-2)
+    assert difference_noise([1.0, 1.0], [2.0, 2.0]) == 0.0
+
+
 def test_changes_from_base_agree_only_beyond_seed_noise():
     spec = load_spec("table3")
     recs = [record("base", "cpu", s, ppl=p, bleu=b) for s, p, b in
@@ -91,10 +108,11 @@ def test_changes_from_base_agree_only_beyond_seed_noise():
     recs += [record("D1", "cpu", 0, ppl=9.0, bleu=3.5)]             # one seed: no verdict
     table = render_table3(spec, recs)
     a1 = _row(table, "A1")
-    assert [a1[4], a1[7], a1[8]] == ["+0.37 / +2.00 (±0.16)", "-0.90 / -1.00 (±0.16)", "yes; yes"]
+    # the 95% Welch interval: t(0.975, 4 df) = 2.776 x SE 0.0816 (three seeds a side, std 0.1)
+    assert [a1[4], a1[7], a1[8]] == ["+0.37 / +2.00 (±0.23)", "-0.90 / -1.00 (±0.23)", "yes; yes"]
     assert _row(table, "A2")[-1] == "no effect; no effect"
     c3 = _row(table, "C3")
-    assert [c3[4], c3[7], c3[8]] == ["-0.04 / +1.00 (±0.16)", "-0.30 / +0.60 (±0.16)", "no; no"]
+    assert [c3[4], c3[7], c3[8]] == ["-0.04 / +1.00 (±0.23)", "-0.30 / +0.60 (±0.23)", "no; no"]
     assert ("- PPL, verdicts on 3 variant(s): `yes` 1 (a change in the paper's direction), `no` 1 "
             "(the other way), `no effect` 1 (within our seed noise); `n/a` 16 (no record") in table
     assert _row(table, "D1")[-1] == "n/a; n/a"

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..sweep import Spec
+from .noise import difference_noise
 from .table3 import compare_to_base
 
 
@@ -55,9 +56,8 @@ VERDICT_MARKS = {"yes": "✓ agrees", "no": "✗ opposite", "no effect": "≈ wi
 def plot_changes(spec: Spec, records: list[dict[str, Any]], path: Path, scale: str) -> Path:
     """One panel per row that has run (A, B, ...; ``rows_with_runs``; every row when none has)
     and metric (PPL left, BLEU right): each variant's change from base in % of base, the paper's
-    (grey) above ours (colour, mean over seeds; error bar: 2 standard errors of the difference,
+    (grey) above ours (colour, mean over seeds; error bar: the 95% interval of the difference,
     as the verdict uses), the verdict at the right. The title names the rows left out."""
-    import math
 
     plt = pyplot()
     runs: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -92,8 +92,7 @@ def plot_changes(spec: Spec, records: list[dict[str, Any]], path: Path, scale: s
                     b = statistics.mean(base_ours)
                     err = None
                     if len(ours) > 1 and len(base_ours) > 1:
-                        err = 200 * math.sqrt(statistics.variance(ours) / len(ours) +
-                                              statistics.variance(base_ours) / len(base_ours)) / b
+                        err = 100 * difference_noise(ours, base_ours) / b
                     ax.barh(i + 0.2, 100 * (statistics.mean(ours) - b) / b, 0.38, xerr=err,
                             capsize=3, color=f"C{m}", label="ours")
                     mark = f"{VERDICT_MARKS[verdict]} (n={len(ours)})"
@@ -112,7 +111,7 @@ def plot_changes(spec: Spec, records: list[dict[str, Any]], path: Path, scale: s
     fig.legend(unique.values(), unique.keys(), loc="upper right", fontsize=8)
     n_base = len(runs.get("base", []))
     fig.suptitle(f"{spec.table} at scale `{scale}`: each variant's change from base, the paper's "
-                 f"(grey) and ours (colour; error bar: our seed noise, 2 SE; base n={n_base})"
+                 f"(grey) and ours (colour; error bar: our seed noise, 95% interval; base n={n_base})"
                  + (f"\nnot run at this scale: row{'s' if len(unrun) > 1 else ''} "
                     f"{', '.join(unrun)}" if unrun else ""), fontsize=10, x=0.45)
     fig.tight_layout(rect=(0, 0, 1, 0.97))

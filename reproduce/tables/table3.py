@@ -3,7 +3,6 @@ each variant's change from base, our seed noise and a verdict."""
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass
@@ -11,6 +10,7 @@ from typing import Any
 
 from ..sweep import Spec
 from .common import corpus_note, cost_line, devices_line, fmt, mean_std, reference_line, scale_note, signed
+from .noise import difference_noise
 
 # Table 3's columns, in the paper's order: (header, config section, field).
 SHAPE_COLUMNS = [("N", "model", "N"), ("d_model", "model", "d_model"), ("d_ff", "model", "d_ff"),
@@ -121,10 +121,11 @@ def _scale_table(spec: Spec, scale: str, records: list[dict[str, Any]]) -> list[
                    "record of them or of base at this scale, or one seed, which gives no noise "
                    "estimate).")
     out += ["", "PPL and BLEU are on the dev split; ours are mean ± std (n seeds). Δ: change from "
-            "base (variant − base), the paper's / ours, with our seed noise (±: 2 standard errors "
-            "of the difference of means). *verdict*: `yes` when our change has the paper's sign "
-            "and exceeds that noise; `no` when it exceeds it with the other sign; `no effect` "
-            "when it is within it; `n/a` with fewer than 2 seeds of either.", "",
+            "base (variant − base), the paper's / ours, with our seed noise (±: half-width of the "
+            "95% confidence interval of the difference of means, Welch's t). *verdict*: `yes` when "
+            "our change has the paper's sign and exceeds that noise; `no` when it exceeds it with "
+            "the other sign; `no effect` when it is within it; `n/a` with fewer than 2 seeds of "
+            "either.", "",
             "Corpus: " + corpus_note(records),
             f"BLEU: sacreBLEU on detokenized output, beam search as the paper; signature "
             f"`{'`, `'.join(signatures)}`. PPL: per word-piece on the dev split, our BPE "
@@ -237,7 +238,8 @@ def compare_to_base(spec: Spec, runs: dict[str, list[dict[str, Any]]], variant: 
                     paper_key: str) -> Verdict:
     """Our change from base beside the paper's, and whether the two agree in sign.
 
-    A change inside our seed noise (2 standard errors of the difference of the two means) is
+    A change inside our seed noise (the 95% confidence interval of the difference of the two
+    means, Welch's t: ``noise.difference_noise``) is
     "no effect", never agreement; with fewer than two seeds on either side there is no noise
     estimate and no verdict."""
     metric = {"ppl": "PPL", "bleu": "BLEU"}[paper_key]
@@ -251,8 +253,7 @@ def compare_to_base(spec: Spec, runs: dict[str, list[dict[str, Any]]], variant: 
     delta = statistics.mean(ours_v) - statistics.mean(ours_b)
     if len(ours_v) < 2 or len(ours_b) < 2 or paper_delta is None:
         return Verdict(metric, signed(paper_delta), signed(delta), "n/a")
-    noise = 2 * math.sqrt(statistics.variance(ours_v) / len(ours_v)
-                          + statistics.variance(ours_b) / len(ours_b))
+    noise = difference_noise(ours_v, ours_b)
     if abs(delta) <= noise:
         verdict = "no effect"
     else:
