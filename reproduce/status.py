@@ -106,9 +106,8 @@ def _time_left(left: list, to_go: dict[str, int], records: list[dict[str, Any]],
                                          range(1, machine.cores() + 1), timings)
     rate = rate_at(threads)
     hours = sum(estimates.estimate(run, estimates.Target("cpu"), model, rate, to_go[run.run_id],
-                                   1.0 if settled == "32-true" and
-                                   run.config.train.precision == "auto"
-                                   else estimates.cpu_step_ratio(run, threads, timings)).hours
+                                   estimates.cpu_step_ratio(run, threads, timings,
+                                                            settled)).hours
                 for run in left)
     return {"device_hours": hours, "wall_hours": hours / n, "workers": n, "source": model.source}
 
