@@ -58,7 +58,6 @@ def plot_changes(spec: Spec, records: list[dict[str, Any]], path: Path, scale: s
     and metric (PPL left, BLEU right): each variant's change from base in % of base, the paper's
     (grey) above ours (colour, mean over seeds; error bar: the 95% interval of the difference,
     as the verdict uses), the verdict at the right. The title names the rows left out."""
-
     plt = pyplot()
     runs: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in records:
