@@ -27,7 +27,7 @@ from .errors import ConfigError, DamagedRecords
 from .logs import quiet_libraries
 from .machine import default_scale
 from .optim import accumulation
-from .precision import settled as settled_precision
+from .precision import most_common, trained_in
 from .records import every_table_records, finished, load_records, plan_state, results_dir, runs_dir
 from .status import report as status_report
 from .sweep import load_spec, planned_summary, with_data
@@ -95,14 +95,9 @@ def plan_costs(spec, runs, args: argparse.Namespace, layout) -> dict[str, float]
         return estimates.rate_at(k, cache)
 
     records = {r["run_id"]: r for r in load_records(spec.table, results_dir(), move=False)}
-    trained_in: dict[str, str | None] = {}  # scale -> what its records trained in (auto follows)
-
-    def _settled(run) -> str | None:
-        if run.scale not in trained_in:
-            found = settled_precision(run, results_dir())
-            trained_in[run.scale] = found[0] if found else None
-        return trained_in[run.scale]
-
+    # per scale, the precision its records trained in, which `auto` runs follow
+    settled = {scale: most_common(trained_in(records.values(), scale))
+               for scale in {run.scale for run in runs}}
     # Fitted to every table's records of this CPU: one model code, one training step.
     model = (estimates.level_from_timings(
         estimates.fit_cpu(every_table_records(results_dir()), rate_at), runs, rate_at,
@@ -121,7 +116,7 @@ def plan_costs(spec, runs, args: argparse.Namespace, layout) -> dict[str, float]
             print(f"  {run.run_id}: will be redone: {state[6:]}")
         e = estimates.estimate(run, target, model, rate_at(threads) if model else None,
                                to_go[run.run_id],
-                               estimates.cpu_step_ratio(run, threads, settled=_settled(run))
+                               estimates.cpu_step_ratio(run, threads, settled=settled[run.scale])
                                if model else 1.0)
         paper = estimates.paper_method_flops(e, target)
         total += e.device_hours

@@ -181,18 +181,28 @@ def resolve_precision(precision: str, config: Config | None = None) -> str:
     return "bf16-mixed" if bf16_matmul_not_slower() else "32-true"
 
 
+def trained_in(records, scale: str, exclude: str | None = None) -> dict[str, int]:
+    """How many of ``records`` at ``scale`` with ``precision: auto`` (other than the run
+    ``exclude``) trained in each precision."""
+    counts: dict[str, int] = {}
+    for r in records:
+        if (r.get("scale") == scale and r.get("run_id") != exclude and r.get("precision")
+                and (r.get("config") or {}).get("train", {}).get("precision") == "auto"):
+            counts[r["precision"]] = counts.get(r["precision"], 0) + 1
+    return counts
+
+
+def most_common(counts: dict[str, int]) -> str | None:
+    """The precision most runs trained in (ties: the first by name); None without any."""
+    return max(sorted(counts), key=counts.__getitem__) if counts else None
+
+
 def settled(run: PlannedRun, results: Path) -> tuple[str, dict[str, int]] | None:
     """The precision ``auto`` resolved to in the records of ``run``'s table at its scale (other
     runs than ``run`` itself, with ``precision: auto``): (the precision most of them trained in,
     how many trained in each), or None without such records."""
-    counts: dict[str, int] = {}
-    for r in load_records(run.table, results, move=False):
-        if (r.get("scale") == run.scale and r.get("run_id") != run.run_id and r.get("precision")
-                and (r.get("config") or {}).get("train", {}).get("precision") == "auto"):
-            counts[r["precision"]] = counts.get(r["precision"], 0) + 1
-    if not counts:
-        return None
-    return max(sorted(counts), key=counts.__getitem__), counts
+    counts = trained_in(load_records(run.table, results, move=False), run.scale, run.run_id)
+    return (most_common(counts), counts) if counts else None
 
 
 def choose_precision(run: PlannedRun, layout: Layout = ONE_DEVICE) -> tuple[str, dict[str, Any]]:

@@ -20,6 +20,7 @@ import torch
 
 from . import estimates, machine
 from .claims import holder
+from .precision import most_common, trained_in
 from .records import every_table_records, load_records, same_config
 from .sweep import load_spec, shipped_specs
 from .workers import auto_count, steps_left
@@ -69,16 +70,16 @@ def table_status(table: str, results: Path, runs: Path,
         started = set(state["running"] + state["stopped"])
         saved = {run.run_id: (run.config.train.train_steps - to_go[run.run_id],
                               run.config.train.train_steps) for run in left if run.run_id in started}
-        # what the finished runs trained in; with `precision: auto` the runs still to come follow
-        # it (precision.settled), whatever this machine would choose
-        trained_in: dict[str, int] = defaultdict(int)
+        # what the finished runs trained in (shown); the runs still to come with `precision:
+        # auto` follow what those with `auto` trained in (precision.settled), whatever this
+        # machine would choose
+        shown: dict[str, int] = defaultdict(int)
         for r in done:
-            trained_in[r.get("precision") or "unrecorded"] += 1
+            shown[r.get("precision") or "unrecorded"] += 1
         rows.append({"table": spec.table, "scale": scale, "seeds": sorted(seen[scale]), **state,
-                     "checkpoint_steps": saved, "precision": dict(trained_in),
+                     "checkpoint_steps": saved, "precision": dict(shown),
                      "left": _time_left(left, to_go, every_table_records(results), runs,
-                                        settled=max(trained_in, key=trained_in.get)
-                                        if trained_in else None),
+                                        settled=most_common(trained_in(done, scale))),
                      "train_hours": sum(r["metrics"]["train_seconds"] for r in done) / 3600,
                      "device_hours": sum(r["metrics"]["train_seconds"] * r.get("cost", {}).get(
                          "devices", 1) for r in done) / 3600,
