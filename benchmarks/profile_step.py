@@ -20,10 +20,9 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from reproduce.bench.inputs import Bible
+from reproduce.bench.inputs import Bible, batch_flops
 from reproduce.bench.report import environment
 from reproduce.bench.training import plain_step
-from reproduce.flops import analytic_flops
 from reproduce.lit import TranslationModule
 from reproduce.machine import matmul_gflops
 from reproduce.sweep import load_spec
@@ -46,12 +45,6 @@ def group_of(name: str) -> str:
         if any(k in name for k in keys):
             return group
     return "other (elementwise, copies, autograd bookkeeping)"
-
-
-def batch_flops(config, batch) -> float:
-    src, tgt = batch["src"], batch["tgt_in"]
-    b, s, t = src.shape[0], src.shape[1], tgt.shape[1]
-    return analytic_flops(config.model, src.numel(), tgt.numel(), b * s * s, b * t * t, b * t * s)
 
 
 def main() -> int:
@@ -85,7 +78,7 @@ def main() -> int:
     for event in prof.key_averages():
         shares[group_of(event.key)] += event.self_cpu_time_total
     total = sum(shares.values())
-    rate = sum(batch_flops(config, b) for b in timed) / len(timed) / seconds / 1e9
+    rate = sum(batch_flops(m, b) for b in timed) / len(timed) / seconds / 1e9
     peak = matmul_gflops(torch.float32, 512, budget=0.3)
     info = environment()
     print(f"{info['cpu']}, {info['cores']} cores, load average {info['load_average'][0]:.2f}; "

@@ -11,8 +11,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..config import ModelConfig
 from ..data import batch_by_tokens, load_pairs
 from ..data.module import TranslationData
+from ..flops import analytic_flops
 from ..tokenizer import cache_dir, train_tokenizer
 
 PAD, BOS, EOS = 0, 2, 3  # the tokenizer's ids (reproduce.tokenizer)
@@ -49,6 +51,12 @@ OTHER = {False: Plan(None, 3, 3, 8, 8, 2), True: Plan(None, 2, 2, 4, 6, 1)}
 
 def real_tokens(batch: dict[str, torch.Tensor]) -> int:
     return int((batch["tgt_out"] != PAD).sum())
+
+
+def batch_flops(model_config: ModelConfig, batch: dict[str, torch.Tensor]) -> float:
+    """Training FLOPs of one padded batch as computed (``flops.analytic_flops``)."""
+    (b, s), t = batch["src"].shape, batch["tgt_in"].shape[1]
+    return analytic_flops(model_config, b * s, b * t, b * s * s, b * t * t, b * t * s)
 
 
 def synthetic_batches(vocab: int, batch_tokens: int, count: int, max_len: int,

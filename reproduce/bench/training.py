@@ -9,7 +9,6 @@ from collections.abc import Callable
 import torch
 
 from ..config import Config
-from ..flops import analytic_flops
 from ..lit import TranslationModule
 from ..optim import adam_with_schedule
 from ..peers import (
@@ -21,7 +20,7 @@ from ..peers import (
     smoothed_cross_entropy,
     trainable_parameters,
 )
-from .inputs import BOS, EOS, OURS, Plan, real_tokens
+from .inputs import BOS, EOS, OURS, Plan, batch_flops, real_tokens
 from .timing import Result, interleaved, precision_context
 
 
@@ -133,11 +132,7 @@ def bench_training(config: Config, batches: list[dict[str, torch.Tensor]], plan:
     times = interleaved({name: (lambda run=run: run(batches)) for name, run in runs.items()},
                         plan.rounds)
     tokens = sum(real_tokens(b) for b in batches)
-    flops = sum(analytic_flops(c, b["src"].numel(), b["tgt_in"].numel(),
-                               b["src"].shape[0] * b["src"].shape[1] ** 2,
-                               b["tgt_in"].shape[0] * b["tgt_in"].shape[1] ** 2,
-                               b["src"].shape[0] * b["src"].shape[1] * b["tgt_in"].shape[1])
-                for b in batches)
+    flops = sum(batch_flops(c, b) for b in batches)
     results = []
     for name, (model, _) in models.items():
         r = Result(name, trainable_parameters(model), times[name], tokens, flops)

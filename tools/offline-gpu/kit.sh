@@ -12,7 +12,8 @@ py=${1:-3.12}
 kit=.kit
 rm -rf "$kit" && mkdir -p "$kit/whl" "$kit/cache"
 # Our dependencies the GPU image lacks, at the versions this venv runs (and theirs, resolved for
-# that Python). pip on the GPU machine installs only those its own packages do not satisfy.
+# that Python). pip on the GPU machine installs these pinned versions where it lacks them or has
+# others, and takes their dependencies from its own packages where those satisfy them.
 # sacreBLEU and sentencepiece are pinned too: the BLEU signature and the tokenizers stay ours.
 .venv/bin/pip list --format=freeze 2>/dev/null \
     | grep -iE '^(wandb|datasets|nltk|sacremoses|optuna|submitit|sacrebleu|sentencepiece)==' \
@@ -31,6 +32,7 @@ done
 .venv/bin/python -m reproduce bible-db "$kit/bible.db" && gzip -9 "$kit/bible.db"
 cp -r "${REPRODUCE_CACHE:-cache}/spm" "$kit/cache/" 2>/dev/null || true
 # The commit the records there will name (that copy has no .git): build the kit after committing.
-echo "$(git rev-parse HEAD)$(git diff --quiet HEAD -- . ':(exclude)results' || echo ' dirty')" \
-    > "$kit/commit"
+# machine.commit's own rule, so "dirty" means there what it means in every record.
+.venv/bin/python -c 'from reproduce.machine import commit; c = commit()
+print(c["sha"] + (" dirty" if c["dirty"] else ""))' > "$kit/commit"
 du -sh "$kit" "$kit/whl" "$kit/bible.db.gz"

@@ -2,7 +2,7 @@
 # On the offline GPU machine, in the repository root, with .kit/ from tools/offline-gpu/kit.sh:
 #   tools/offline-gpu/train.sh OUT_ARCHIVE SECONDS -- python3 -m reproduce table3 --row B \
 #       --scale cpu --seeds 0 1 2 --workers 8
-# installs the carried wheels its Python lacks, points the data at the carried Bible extract
+# installs the kit's pinned packages (.kit/requirements.txt) from its wheels, points the data at the carried Bible extract
 # and tokenizers, runs the command (W&B offline) for at most SECONDS (then interrupts it), and
 # packs what it wrote under results/ (records, outputs, tables) with its log into OUT_ARCHIVE
 # (.tar.gz), also when it failed or was stopped part way. Unpack the archive in the repository
