@@ -232,8 +232,9 @@ def choose_precision(run: PlannedRun, layout: Layout = ONE_DEVICE) -> tuple[str,
         # the words of the run that timed it).
         chosen = {**chosen, "timed_model": model}
         if run.precision_from is not None and (found := settled(run, results_dir())):
+            # what this machine alone would take (choose's answer; on CUDA its "how" alone says it)
+            here = precision
             precision, counts = found
-            here = chosen["chosen"]
             chosen = {**chosen, "chosen": precision, "here": here, "records": counts,
                       "how": f"as {sum(counts.values())} record(s) of {run.table} at "
                              f"`{run.scale}` trained (one precision per table and scale; "
