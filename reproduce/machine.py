@@ -49,7 +49,8 @@ def cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-# "<sha>" or "<sha> dirty": the commit of a tree copied without .git (tools/offline-gpu)
+# "<sha>" or "<sha> dirty": the commit of a tree copied to another machine (tools/offline-gpu);
+# set, it wins over the copy's .git
 COMMIT_ENV = "REPRODUCE_COMMIT"
 
 
@@ -57,11 +58,12 @@ def commit() -> dict[str, Any]:
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True,
                               check=False).stdout.strip()
-    sha = git("rev-parse", "HEAD")
-    if not sha and os.environ.get(COMMIT_ENV):
-        # a copy of the tree without its .git (carried to an offline machine) names its commit
+    if os.environ.get(COMMIT_ENV):
+        # a copy of the tree carried to an offline machine names its commit: it may have no .git,
+        # or one whose HEAD lags (the lent GPU machines' copies named an older commit, "dirty")
         named, _, dirty = os.environ[COMMIT_ENV].partition(" ")
         return {"sha": named, "dirty": dirty == "dirty", "from": COMMIT_ENV}
+    sha = git("rev-parse", "HEAD")
     # results/ is what runs write (records, rendered tables): a sweep's own output there is no
     # change to the code that made a record, so it does not make the tree dirty.
     return {"sha": sha or None,

