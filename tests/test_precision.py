@@ -120,6 +120,21 @@ def test_a_table_with_records_at_a_scale_keeps_their_precision_on_another_machin
         == "bf16-mixed"
 
 
+def test_a_gpu_follows_the_precision_of_its_tables_records(tmp_path, monkeypatch):
+    # The CUDA answer of `choose` has no "chosen" key: the first sweep on an H200 failed here.
+    monkeypatch.setattr(precision, "runs_dir", lambda: tmp_path / "runs")
+    monkeypatch.setattr(precision, "results_dir", lambda: tmp_path / "results")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H200")
+    base, c1 = [dataclasses.replace(r, config=r.config.overrides(precision="auto"))
+                for r in load_spec("table3").plan(["base", "C1"], "smoke", [0])]
+    _record(tmp_path / "results" / "table3", base.run_id, "smoke", "32-true")
+    chosen, how = precision.choose_precision(c1)
+    assert chosen == "32-true" and how["here"] == "bf16-mixed"
+    assert "this machine alone would take bf16-mixed: CUDA (NVIDIA H200)" in how["how"]
+
+
 def test_no_step_is_timed_where_a_bf16_matmul_is_slower(config, tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(precision, "bf16_matmul_not_slower", lambda: False)
