@@ -33,6 +33,7 @@ from .status import report as status_report
 from .sweep import load_spec, planned_summary, with_data
 from .tables import RENDERERS
 from .tables.figures import plot_table
+from .tracking import wandb_mode
 
 
 def params(args: argparse.Namespace) -> None:
@@ -225,7 +226,7 @@ def render(spec, out, log: bool) -> list[str]:
         figures = plot_table(spec, records, results_dir())
         for path in figures:
             print(f"plotted {path}")
-        if log:
+        if log and wandb_mode() != "disabled":
             where = log_table(spec, records, out, figures, runs_dir() / spec.table / "tables")
             print(f"logged the table to W&B ({where['mode']}, {where['dir']})")
     return damaged
@@ -233,6 +234,9 @@ def render(spec, out, log: bool) -> list[str]:
 
 def publish(args: argparse.Namespace, argv: list[str]) -> int:
     """``publish``: the committed records of one table (and scale) as W&B runs (dashboard.py)."""
+    if wandb_mode() == "disabled":
+        raise ConfigError("publish: WANDB_MODE=disabled turns W&B off; unset it (offline without "
+                          "WANDB_API_KEY, online with it)")
     quiet_libraries()
     spec = load_spec(args.table)
     damaged: list[str] = []

@@ -3,7 +3,8 @@
 Each training run logs itself (``training.wandb_logger``: grouped by table/row, tagged with scale
 and seed). After a sweep renders its Markdown, one more W&B run of job type ``table`` logs the
 same rows so that the project page shows the table. Offline unless an API key is set; offline runs
-sync later with ``wandb sync <dir>``. Nothing here needs an account.
+sync later with ``wandb sync <dir>``; nothing with ``WANDB_MODE=disabled`` (``tracking``; the
+callers check). Nothing here needs an account.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 from .files import write_atomic
 from .sweep import Spec
+from .tracking import wandb_mode
 
 # wandb is imported where it is used: 1.3 s that rendering without logging never needs.
 COLUMNS = ["variant", "scale", "seed", "dev_ppl", "dev_bleu", "test_bleu", "test_bleu_tokenized",
@@ -40,7 +42,7 @@ def log_table(spec: Spec, records: list[dict[str, Any]], markdown: Path, figures
     """Log the rendered table, its rows and figures as one W&B run; returns where it went."""
     import wandb
 
-    online = bool(os.environ.get("WANDB_API_KEY")) and os.environ.get("WANDB_MODE") != "offline"
+    online = wandb_mode() == "online"
     directory.mkdir(parents=True, exist_ok=True)
     run = wandb.init(project=os.environ.get("WANDB_PROJECT", "reproduce"), dir=str(directory),
                      name=f"{spec.table}-table", group=spec.table, job_type="table",
@@ -68,7 +70,7 @@ def publish(spec: Spec, records: list[dict[str, Any]], markdown: Path, figures: 
     a record that changed is logged as a new run. Offline unless an API key is set."""
     import wandb
 
-    online = bool(os.environ.get("WANDB_API_KEY")) and os.environ.get("WANDB_MODE") != "offline"
+    online = wandb_mode() == "online"
     directory.mkdir(parents=True, exist_ok=True)
     ledger_path = directory / "published.json"
     ledger = json.loads(ledger_path.read_text()) if ledger_path.exists() else {}

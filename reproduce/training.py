@@ -30,6 +30,7 @@ from .machine import REPO
 from .optim import accumulation
 from .sweep import PlannedRun
 from .tokenizer import cache_dir, train_tokenizer
+from .tracking import wandb_mode
 
 log = logging.getLogger("reproduce")
 
@@ -235,17 +236,20 @@ class TrainClock(pl.Callback):
 
 
 def wandb_logger(run: PlannedRun, work: Path, precision: str):
-    """W&B, offline unless an API key is set (sync later with `wandb sync`)."""
+    """W&B, offline unless an API key is set (sync later with `wandb sync`); False (no logger)
+    with ``WANDB_MODE=disabled`` (``tracking.wandb_mode``)."""
     from pytorch_lightning.loggers import WandbLogger  # imports wandb: 1.3 s, only when training
 
+    mode = wandb_mode()
+    if mode == "disabled":
+        return False  # Lightning's "no logger"; the record says W&B was off
     work.mkdir(parents=True, exist_ok=True)
-    online = bool(os.environ.get("WANDB_API_KEY")) and os.environ.get("WANDB_MODE") != "offline"
     os.environ.setdefault("WANDB_SILENT", "true")
     return WandbLogger(
         project=os.environ.get("WANDB_PROJECT", "reproduce"), name=run.run_id,
         id=run.run_id.replace(".", "_"), group=f"{run.table}/{run.row}", job_type=run.variant,
         tags=[run.table, f"row:{run.row}", f"scale:{run.scale}", f"seed:{run.seed}"],
-        save_dir=str(work), offline=not online, resume="allow",
+        save_dir=str(work), offline=mode == "offline", resume="allow",
         config={**_flat(run.config), "table": run.table, "row": run.row,
                 "variant": run.variant, "scale": run.scale, "precision": precision},
     )
@@ -257,6 +261,8 @@ def _flat(config: Config) -> dict[str, Any]:
 
 
 def finish_wandb(logger, metrics: dict[str, Any]) -> dict[str, Any]:
+    if not logger:  # WANDB_MODE=disabled
+        return {"id": None, "mode": "disabled", "dir": None, "url": None}
     experiment = logger.experiment
     for key, value in metrics.items():
         experiment.summary[f"final/{key}"] = value

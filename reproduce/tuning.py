@@ -105,7 +105,8 @@ def train_and_score(run: PlannedRun, callbacks=()) -> dict[str, Any]:
         dev = trainer.validate(module, datamodule=data, verbose=False)[0]
         _, headline = runner.task_scores(module.model, tokenizer, data, c, splits=("dev",))
     finally:
-        logger.experiment.finish()
+        if logger:  # False with WANDB_MODE=disabled
+            logger.experiment.finish()
     return {"dev_ppl": float(dev["dev/ppl"]), "dev_nll": float(dev["dev/nll"]), **headline}
 
 

@@ -111,3 +111,30 @@ def test_repo_readme_and_ci_run_the_same_test_command():
     root = Path(__file__).resolve().parent.parent
     ci = (root / ".ci" / "run").read_text().strip().splitlines()[-1]
     assert ci in (root / "README.md").read_text()
+
+
+def test_wandb_mode_disabled_trains_and_renders_without_wandb(tmp_path):
+    env = {**cli_env(tmp_path), "WANDB_MODE": "disabled"}
+    out = cli(env, "table3", "--variant", "base", "--scale", "smoke")
+    record = json.loads((tmp_path / "results/table3/table3-base-smoke-seed0.json").read_text())
+    assert record["wandb"] == {"id": None, "mode": "disabled", "dir": None, "url": None}
+    assert "logged the table to W&B" not in out.stdout
+    assert not list(tmp_path.rglob("wandb"))  # no run folder, for the run or the table
+    refused = cli(env, "publish", "--table", "table3", check=False)
+    assert refused.returncode != 0 and "WANDB_MODE=disabled" in refused.stderr
+
+
+def test_wandb_mode_follows_wandb_s_own_switch(monkeypatch):
+    from reproduce.tracking import wandb_mode
+
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    for mode, key, want in ((None, None, "offline"), ("online", None, "offline"),
+                            (None, "k", "online"), ("offline", "k", "offline"),
+                            ("dryrun", "k", "offline"), ("disabled", "k", "disabled"),
+                            ("disabled", None, "disabled")):
+        for name, value in (("WANDB_MODE", mode), ("WANDB_API_KEY", key)):
+            if value is None:
+                monkeypatch.delenv(name, raising=False)
+            else:
+                monkeypatch.setenv(name, value)
+        assert wandb_mode() == want, (mode, key)
