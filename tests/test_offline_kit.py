@@ -53,3 +53,16 @@ def test_train_sh_packs_the_records_a_sweep_made_on_a_copy(tmp_path, git):
     assert "results/table3/outputs/table3-base-smoke-seed0.test.hyp.gz" in names
     assert b'"sha": "0123abc"' in record and b'"from": "REPRODUCE_COMMIT"' in record
     assert (kit / "bible.db").is_file()  # the extract, unpacked and read
+    if git:
+        return
+    # A second call on the same machine gets the tree copied again (its records gone) but keeps
+    # runs/: the record comes back from there, and the finished run is not trained or evaluated.
+    shutil.rmtree(tree / "results")
+    again = subprocess.run(
+        ["bash", str(tree / "tools/offline-gpu/train.sh"), str(tmp_path / "again.tar.gz"), "300",
+         "--", sys.executable, "-m", "reproduce", "table3", "--variant", "base", "--scale",
+         "smoke"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "1 record file(s) kept from an earlier call" in again.stdout
+    assert "finished earlier" in again.stdout and "recorded" not in again.stdout
+    assert "train.sh: exit 0; 0 record file(s)" in again.stdout
