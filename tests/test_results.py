@@ -58,6 +58,16 @@ def test_rendering_puts_ours_beside_the_papers():
     assert "Cost: 0.0 worker-hours of training for 2 runs on" in table
 
 
+def test_the_details_name_the_gpu_a_run_trained_on():
+    gpu = record("A1", seed=1)
+    gpu["hardware"] = {"cpu": "Xeon", "gpus": ["NVIDIA H200"]}
+    table = render_table3(load_spec("table3"), [record("base"), record("A1"), gpu])
+    details = table.split("Details of our 3 runs")[1]
+    assert "| A1 | 0, 1 |" in details and "| 0.02, 0.02 (H200) |" in details
+    assert "| 0.02 |" in details  # base: a CPU run, unnamed
+    assert "1x NVIDIA H200" in table.split("Cost:")[1]
+
+
 def test_scales_are_never_mixed_and_seeds_are_summarised():
     spec = load_spec("table3")
     table = render_table3(spec, [record("base", "cpu", 0, ppl=6.0), record("base", "cpu", 1, ppl=8.0),

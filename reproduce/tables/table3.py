@@ -84,7 +84,7 @@ def _scale_table(spec: Spec, scale: str, records: list[dict[str, Any]]) -> list[
               "BLEU paper", "BLEU ours", "ΔBLEU paper / ours", "verdict PPL; BLEU"]
     out += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     details = ["| | seeds | BLEU (test) ours | params ×10⁶ paper / ours | our d_model, d_ff, h, "
-               "d_k, d_v | training hours (each) |", "|---|---|---|---|---|---|"]
+               "d_k, d_v | training hours (each; on a CPU unless named) |", "|---|---|---|---|---|---|"]
     groups = [("base", ["base"])] + list(spec.rows_at(scale).items())
     tally: dict[str, Counter[str]] = {"PPL": Counter(), "BLEU": Counter()}
     for row, names in groups:
@@ -110,7 +110,8 @@ def _scale_table(spec: Spec, scale: str, records: list[dict[str, Any]]) -> list[
                     f"{mean_std(metric[2], 1)} | {fmt(paper.get('params_m')) or '–'} / "
                     f"{_params([r['metrics']['params'] for r in ours])} | "
                     f"{m['d_model']}, {m['d_ff']}, {m['h']}, {m['d_k']}, {m['d_v']} | "
-                    + ", ".join(f"{r['metrics']['train_seconds'] / 3600:.2f}" for r in ours)
+                    + ", ".join(f"{r['metrics']['train_seconds'] / 3600:.2f}" + _on_gpu(r)
+                                for r in ours)
                     + " |")
     out += [""]
     for metric, counts in tally.items():
@@ -134,6 +135,12 @@ def _scale_table(spec: Spec, scale: str, records: list[dict[str, Any]]) -> list[
             f"Details of our {sum(len(v) for v in runs.values())} runs (commands and configs are "
             "in each record):", "", *details, "", *gap_over_training(spec, runs, scale)]
     return out
+
+
+def _on_gpu(record: dict[str, Any]) -> str:
+    """" (H200)" after a run trained on a GPU: its hours are not a CPU run's."""
+    gpus = record["hardware"].get("gpus") or []
+    return f" ({gpus[0].removeprefix('NVIDIA ')})" if gpus else ""
 
 
 def gap_over_training(spec: Spec, runs: dict[str, list[dict[str, Any]]],
