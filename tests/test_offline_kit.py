@@ -40,10 +40,14 @@ def test_train_sh_packs_the_records_a_sweep_made_on_a_copy(tmp_path, git):
     env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1",
            "REPRODUCE_RUNS": str(tmp_path / "runs")}
     env.pop("REPRODUCE_RESULTS", None)  # the copy's own results/, as on the GPU machine
-    out = subprocess.run(
-        ["bash", str(tree / "tools/offline-gpu/train.sh"), str(tmp_path / "back.tar.gz"), "300",
-         "--", sys.executable, "-m", "reproduce", "table3", "--variant", "base", "--scale",
-         "smoke"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+
+    def train(archive: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["bash", str(tree / "tools/offline-gpu/train.sh"), str(tmp_path / archive), "300",
+             "--", sys.executable, "-m", "reproduce", "table3", "--variant", "base", "--scale",
+             "smoke"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+
+    out = train("back.tar.gz")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "train.sh: exit 0; 1 record file(s)" in out.stdout
     with tarfile.open(tmp_path / "back.tar.gz") as archive:
@@ -58,10 +62,7 @@ def test_train_sh_packs_the_records_a_sweep_made_on_a_copy(tmp_path, git):
     # A second call on the same machine gets the tree copied again (its records gone) but keeps
     # runs/: the record comes back from there, and the finished run is not trained or evaluated.
     shutil.rmtree(tree / "results")
-    again = subprocess.run(
-        ["bash", str(tree / "tools/offline-gpu/train.sh"), str(tmp_path / "again.tar.gz"), "300",
-         "--", sys.executable, "-m", "reproduce", "table3", "--variant", "base", "--scale",
-         "smoke"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    again = train("again.tar.gz")
     assert again.returncode == 0, again.stdout + again.stderr
     assert "1 record file(s) kept from an earlier call" in again.stdout
     assert "finished earlier" in again.stdout and "recorded" not in again.stdout
