@@ -18,6 +18,8 @@ CPUINFO = Path("/proc/cpuinfo")
 REPO = Path(__file__).resolve().parent.parent
 # Set in a --workers worker on a CPU: a file "<workers still running> <cores they share>" (workers.py)
 SHARE_ENV = "REPRODUCE_WORKER_SHARE"
+# How many workers of one --workers command train on this worker's GPU (workers.gpu_blocks)
+GPU_SHARE_ENV = "REPRODUCE_GPU_SHARE"
 
 
 @lru_cache(maxsize=1)
@@ -109,3 +111,12 @@ def measured_tflops(n: int = 1024, repeats: int = 8) -> float:
     """This CPU's sustained fp32 matmul rate, in TFLOPS (the paper's method needs one)."""
     times = matmul_seconds(torch.float32, n, budget=float("inf"), most=repeats)
     return round(2 * n ** 3 * len(times) / sum(times) / 1e12, 4)
+
+
+def gpu_share() -> int:
+    """How many workers of this command share this process's GPU (1: it has its own). Other
+    processes on that GPU, another command's workers say, are not counted."""
+    try:
+        return max(1, int(os.environ.get(GPU_SHARE_ENV, "1")))
+    except ValueError:
+        return 1

@@ -130,6 +130,14 @@ def write_outputs(folder: Path, run_id: str, split: str, hypotheses: list[str],
     return {"hypotheses": str(hyp_path), "references": str(ref_path)}
 
 
+def device_hours(record: dict[str, Any]) -> float:
+    """Hours of device time a record's training took: its hours x its devices, a share of one
+    GPU where several of a command's workers trained side by side on it (``gpu_shared_by``)."""
+    cost = record.get("cost", {})
+    return (record["metrics"]["train_seconds"] * cost.get("devices", 1)
+            / cost.get("gpu_shared_by", 1) / 3600)
+
+
 def results_dir() -> Path:
     return Path(os.environ.get("REPRODUCE_RESULTS", REPO / "results"))
 

@@ -25,7 +25,7 @@ from .data import is_treebank, treebank_trees
 from .devices import ONE_DEVICE, Layout
 from .evaluate import parse_scores, sacre_bleu, translate
 from .flops import analytic_flops, gpu_tflops, paper_cost
-from .machine import commit, hardware, measured_tflops
+from .machine import commit, gpu_share, hardware, measured_tflops
 from .model import count_parameters
 from .parsing import treebank_description
 from .precision import choose_precision
@@ -208,14 +208,20 @@ def task_scores(model, tokenizer, data, c: Config, splits: tuple[str, ...] = ("d
 
 def _cost(c: Config, work: dict[str, int], seconds: float, devices: int) -> dict[str, Any]:
     """Training cost two ways: the paper's (time x devices x sustained TFLOPS) and counted FLOPs."""
+    share = 1
     if torch.cuda.is_available():
         name = torch.cuda.get_device_name(0)
         tflops, source = gpu_tflops(name), "GPU table (reproduce/flops.py)"
+        share = gpu_share()
+        if share > 1:  # several runs side by side on one GPU: each had a share of it
+            source += f"; the GPU shared by {share} workers, 1/{share} of it per run"
     else:
         name, tflops, source = hardware()["cpu"], measured_tflops(), "measured fp32 matmul peak"
     return {
-        "paper_method_flops": None if tflops is None else paper_cost(seconds / 3600, devices, tflops),
-        "device": name, "devices": devices, "tflops_per_device": tflops, "tflops_source": source,
+        "paper_method_flops": None if tflops is None
+        else paper_cost(seconds / 3600, devices, tflops) / share,
+        "device": name, "devices": devices, "gpu_shared_by": share,
+        "tflops_per_device": tflops, "tflops_source": source,
         "analytic_flops": analytic_flops(c.model, work["src_tokens"], work["tgt_tokens"],
                                          work["src_sq"], work["tgt_sq"], work["cross"]),
         "train_hours": round(seconds / 3600, 4),

@@ -21,7 +21,7 @@ import torch
 from . import estimates, machine
 from .claims import holder
 from .precision import most_common, trained_in
-from .records import every_table_records, load_records, same_config
+from .records import device_hours, every_table_records, load_records, same_config
 from .sweep import load_spec, shipped_specs
 from .workers import auto_count, steps_left
 
@@ -81,8 +81,7 @@ def table_status(table: str, results: Path, runs: Path,
                      "left": _time_left(left, to_go, every_table_records(results), runs,
                                         settled=most_common(trained_in(done, scale))),
                      "train_hours": sum(r["metrics"]["train_seconds"] for r in done) / 3600,
-                     "device_hours": sum(r["metrics"]["train_seconds"] * r.get("cost", {}).get(
-                         "devices", 1) for r in done) / 3600,
+                     "device_hours": sum(device_hours(r) for r in done),
                      "paper_method_flops": sum(f for f in flops if f)})
     return rows
 

@@ -40,7 +40,7 @@ from . import machine
 from .averaging import checkpoint_step, last_checkpoints
 from .cost import step_seconds
 from .errors import ConfigError
-from .machine import SHARE_ENV
+from .machine import GPU_SHARE_ENV, SHARE_ENV
 from .masking import mask
 from .records import finished, plan_state, runs_dir
 
@@ -121,6 +121,12 @@ def gpu_blocks(n: int, devices: int, gpus: int, visible: str | None) -> list[str
     raise ConfigError(f"--workers {n} --devices {devices}: this machine has {len(ids)} GPU(s), "
                       f"{devices} per worker at most {len(ids) // devices} worker(s) (only "
                       "one-GPU runs share a GPU)")
+
+
+def shared_by(blocks: list[str]) -> list[int]:
+    """For each worker's GPUs (``gpu_blocks``), how many of the workers train on them: the
+    record's ``cost.gpu_shared_by``, its share of the GPU's time."""
+    return [blocks.count(b) for b in blocks]
 
 
 def _write_share(path: Path, active: int, cores: int) -> None:
@@ -241,6 +247,7 @@ def launch(argv: Sequence[str], runs: list, n: int, devices: int = 1) -> int:
             env[SHARE_ENV] = str(share)
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = visible[k]
+            env[GPU_SHARE_ENV] = str(shared_by(visible[:len(groups)])[k])
         proc = subprocess.Popen([sys.executable, "-m", "reproduce", *worker_argv(argv)], env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 bufsize=1)

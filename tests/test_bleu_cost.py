@@ -168,6 +168,30 @@ def test_paper_cost_reproduces_table_2():
     assert big == pytest.approx(2.29824e19) and f"{big:.1e}" == "2.3e+19"
 
 
+def test_a_run_on_a_shared_gpu_counts_its_share_of_it(monkeypatch):
+    from reproduce import runner
+    from reproduce.config import Config
+    from reproduce.records import device_hours
+    from reproduce.tables.common import cost_line
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H200")
+    work = {"src_tokens": 1000, "tgt_tokens": 1000, "src_sq": 0, "tgt_sq": 0, "cross": 0}
+    monkeypatch.delenv("REPRODUCE_GPU_SHARE", raising=False)
+    alone = runner._cost(Config(), work, 3600.0, 1)
+    monkeypatch.setenv("REPRODUCE_GPU_SHARE", "4")  # set by --workers: 4 of them on this GPU
+    shared = runner._cost(Config(), work, 3600.0, 1)
+    assert alone["gpu_shared_by"] == 1 and shared["gpu_shared_by"] == 4
+    assert shared["paper_method_flops"] == pytest.approx(alone["paper_method_flops"] / 4)
+    assert "shared by 4 workers" in shared["tflops_source"]
+    assert shared["analytic_flops"] == alone["analytic_flops"]  # the work done is the same
+    record = {"metrics": {"train_seconds": 3600.0}, "cost": shared,
+              "hardware": {"cpu": "Xeon", "gpus": ["NVIDIA H200"]}}
+    assert device_hours(record) == pytest.approx(0.25)
+    assert cost_line([record]) == ("Cost: 1.0 worker-hours of training for 1 runs on 1x NVIDIA "
+                                   "H200, 4 runs side by side.")
+
+
 @pytest.mark.parametrize("name, tflops", [
     ("NVIDIA H100 80GB HBM3", 67.0), ("NVIDIA H100 PCIe", 51.0), ("NVIDIA H200", 67.0),
     ("Tesla V100-SXM2-16GB", 15.7), ("Tesla V100-PCIE-32GB", 14.0), ("Tesla P100-PCIE-16GB", 9.5),

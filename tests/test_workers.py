@@ -176,6 +176,8 @@ def test_workers_get_their_own_gpus_or_share_them_when_runs_take_one_each():
     # more one-GPU workers than GPUs: they share, round-robin (small models on one GPU)
     assert workers.gpu_blocks(4, 1, 1, None) == ["0"] * 4
     assert workers.gpu_blocks(5, 1, 2, "3,5") == ["3", "5", "3", "5", "3"]
+    assert workers.shared_by(["3", "5", "3", "5", "3"]) == [3, 2, 3, 2, 3]
+    assert workers.shared_by(["0,1", "2,3"]) == [1, 1]
     # DDP ranks of two runs would meet on one GPU: refused, with what the machine has
     with pytest.raises(ConfigError, match=r"--workers 3 --devices 2: this machine has 4 GPU\(s\), "
                        r"2 per worker at most 2 worker\(s\)"):

@@ -80,6 +80,8 @@ def cost_line(records: list[dict[str, Any]]) -> str:
         h = r["hardware"]
         if h.get("gpus"):
             where = f"{len(h['gpus'])}x {h['gpus'][0]}"
+            if (share := r.get("cost", {}).get("gpu_shared_by", 1)) > 1:
+                where += f", {share} runs side by side"
         else:
             flags = set(h.get("cpu_flags") or [])
             known = ", ".join(f for f in ("avx2", "avx512f", "avx512_bf16") if f in flags)
