@@ -65,6 +65,9 @@ class Scale:
     # The rows of the table this scale is for (a table's own scale, e.g. a probe of one row);
     # empty: every row. Runs, `status` and the rendered table keep to them.
     rows: tuple[str, ...] = ()
+    # Of those rows' variants, the ones it runs beside base (empty: all of them): a probe of
+    # base against one variant.
+    variants: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -115,14 +118,17 @@ class Spec:
         return next((row for row, names in self.rows.items() if variant in names), variant)
 
     def rows_at(self, scale: str | None = None) -> dict[str, list[str]]:
-        """The rows run at ``scale``: those its ``rows:`` names, or every row (also for None and
-        for a scale the spec no longer has, whose records still render)."""
-        kept = self.scales[scale].rows if scale in self.scales else ()
-        return {row: names for row, names in self.rows.items() if not kept or row in kept}
+        """The rows run at ``scale`` and their variants run there: those its ``rows:`` and
+        ``variants:`` name, or every row (also for None and for a scale the spec no longer has,
+        whose records still render)."""
+        sc = self.scales.get(scale) if scale else None
+        kept, only = (sc.rows, sc.variants) if sc else ((), ())
+        return {row: [n for n in names if not only or n in only]
+                for row, names in self.rows.items() if not kept or row in kept}
 
     def variants_at(self, scale: str) -> list[str]:
         """Every variant planned at ``scale``: all of the spec's, or, for a scale that names its
-        rows, base and those rows' variants."""
+        rows, base and those rows' variants (those it names)."""
         if not self.scale(scale).rows:
             return list(self.variants)
         return self.select(scale=scale)
@@ -134,6 +140,7 @@ class Spec:
         scale that names its rows (``rows_at``), a row or variant outside them is an error."""
         kept = self.rows_at(scale)
         in_kept = {name for names in kept.values() for name in names}
+        restricted = in_kept != {name for names in self.rows.values() for name in names}
         chosen: list[str] = []
         for row in rows or []:
             if row not in self.rows:
@@ -141,12 +148,12 @@ class Spec:
                                 f"{', '.join(self.rows)}")
             if row not in kept:
                 raise SpecError(self._outside(scale, f"row {row}"))
-            chosen += (["base"] if "base" in self.variants else []) + self.rows[row]
+            chosen += (["base"] if "base" in self.variants else []) + kept[row]
         for name in variants or []:
             if name not in self.variants:
                 raise SpecError(f"{self.path.name}: unknown variant {name!r}; valid variants: "
                                 f"{', '.join(self.variants)}")
-            if len(kept) < len(self.rows) and name != "base" and name not in in_kept:
+            if restricted and name != "base" and name not in in_kept:
                 raise SpecError(self._outside(scale, f"variant {name} (row {self.row_of(name)})"))
             chosen.append(name)
         if not rows and not variants:
@@ -154,9 +161,11 @@ class Spec:
         return list(dict.fromkeys(chosen))
 
     def _outside(self, scale: str | None, what: str) -> str:
-        return (f"{self.path.name}: scales.{scale}.rows is [{', '.join(self.rows_at(scale))}]: "
-                f"{what} is not run at scale `{scale}`; choose one of those rows, another scale, "
-                f"or add the row to scales.{scale}.rows")
+        runs = "; ".join(f"{row}: base, {', '.join(names)}"
+                         for row, names in self.rows_at(scale).items())
+        return (f"{self.path.name}: scales.{scale} runs {runs}: {what} is not run at scale "
+                f"`{scale}`; choose one of those, another scale, or add it to "
+                f"scales.{scale}.rows (and .variants, where the scale names them)")
 
     def scale(self, name: str) -> Scale:
         if name not in self.scales:
@@ -209,7 +218,8 @@ class Spec:
 SPEC_KEYS = {"table", "caption", "split", "base", "variants", "rows", "scales", "cited", "preset",
              "tune"}
 VARIANT_KEYS = {"set", "paper"}
-SCALE_KEYS = {"about", "width", "steps", "corpus", "vocab", "set", "tune", "devices", "rows"}
+SCALE_KEYS = {"about", "width", "steps", "corpus", "vocab", "set", "tune", "devices", "rows",
+              "variants"}
 TUNE_KEYS = {"metric", "direction", "knobs"}
 KNOB_KEYS = {"low", "high", "log", "choices"}
 
@@ -306,11 +316,23 @@ def load_scales(path: Path, data: dict[str, Any], varied: set[str],
             if row not in (rows or {}):
                 raise SpecError(f"{where}.rows: unknown row {row!r}; valid rows: "
                                 f"{', '.join(rows or {})}")
+        only = raw.get("variants", [])
+        if only and not kept:
+            raise SpecError(f"{where}.variants: name the scale's rows first (`rows:`); its "
+                            "variants are chosen from theirs")
+        if not isinstance(only, list) or not all(isinstance(v, str) for v in only):
+            raise SpecError(f"{where}.variants = {only!r}: expected a list of variant names")
+        allowed = [v for row in kept for v in (rows or {})[row]]
+        for variant in only:
+            if variant not in allowed:
+                raise SpecError(f"{where}.variants: {variant!r} is not a variant of its rows "
+                                f"({', '.join(kept)}); valid: {', '.join(allowed)} (base always "
+                                "runs)")
         scales[name] = Scale(name, str(raw.get("about", "")), float(raw.get("width", 1)),
                              float(raw.get("steps", 1)), _mapping(raw.get("corpus"), where),
                              _mapping(raw.get("vocab"), where), overrides,
                              load_knobs(raw.get("tune"), f"{where}.tune", varied), devices,
-                             tuple(kept))
+                             tuple(kept), tuple(only))
     return scales
 
 

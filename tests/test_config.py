@@ -131,10 +131,32 @@ def test_a_scale_that_names_its_rows_plans_only_them():
     assert list(spec.rows_at("cpu-wide")) == ["A"] and spec.rows_at("cpu") == spec.rows
     assert spec.variants_at("cpu") == list(spec.variants)
     for rows, variants, what in ((["C"], None, "row C"), (None, ["D1"], r"variant D1 \(row D\)")):
-        with pytest.raises(SpecError, match=r"table3.yaml: scales.cpu-wide.rows is \[A\]: "
-                                            + what + " is not run at scale `cpu-wide`"):
+        with pytest.raises(SpecError, match=r"table3.yaml: scales.cpu-wide runs A: base, A1, "
+                                            r"A2, A3, A4: " + what + " is not run at scale "
+                                            "`cpu-wide`"):
             spec.select(rows, variants, scale="cpu-wide")
     assert "C1" in spec.select(rows=["C"], scale="cpu")
+
+
+def test_a_probe_that_names_its_variants_plans_reports_and_renders_only_them(tmp_path):
+    # cpu-long and the data probes are base against A1: status must not count A2-A4 as missing
+    spec = load_spec("table3")
+    for scale in ("cpu-long", "cpu-half-data", "cpu-quarter-data"):
+        assert spec.rows_at(scale) == {"A": ["A1"]}
+        assert spec.variants_at(scale) == ["base", "A1"] == spec.select(rows=["A"], scale=scale)
+        with pytest.raises(SpecError, match=rf"scales.{scale} runs A: base, A1: variant A2 "
+                                            rf"\(row A\) is not run at scale `{scale}`"):
+            spec.select(variants=["A2"], scale=scale)
+    from reproduce.sweep import load_scales
+    rows = {"A": ["A1", "A2"], "B": ["B1"]}
+    for raw, message in (({"rows": ["A"], "variants": ["B1"]},
+                          r"scales.p.variants: 'B1' is not a variant of its rows \(A\); valid: A1, "
+                          "A2"),
+                         ({"variants": ["A1"]}, r"scales.p.variants: name the scale's rows first"),
+                         ({"rows": ["A"], "variants": "A1"}, r"scales.p.variants = 'A1': expected "
+                                                             "a list")):
+        with pytest.raises(SpecError, match=r"table9.yaml: " + message):
+            load_scales(tmp_path / "table9.yaml", {"p": raw}, set(), rows)
 
 
 def test_cpu_long_is_cpu_trained_twice_as_long():

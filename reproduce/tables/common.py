@@ -149,8 +149,9 @@ def hardware(records: list[dict[str, Any]]) -> str:
 def scale_note(sc, what: str) -> str:
     if sc is None:
         return ""
-    rows = (f" This scale runs row{'s' if len(sc.rows) > 1 else ''} {', '.join(sc.rows)} only."
-            if sc.rows else "")
+    rows = (f" This scale runs row{'s' if len(sc.rows) > 1 else ''} {', '.join(sc.rows)} only"
+            + (f", and of its variants {', '.join(sc.variants)} beside base" if sc.variants
+               else "") + "." if sc.rows else "")
     return (f"{sc.about}. Widths x{sc.width:g} and steps x{sc.steps:g} of the paper's ({what}; "
             f"every variant is resized by the same factors).{rows}")
 
