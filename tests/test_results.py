@@ -209,6 +209,21 @@ def test_the_changes_figure_survives_a_base_of_zero_bleu(tmp_path):
     assert all(p.stat().st_size > 10_000 for p in paths)
 
 
+def test_the_figure_marks_a_change_where_the_paper_has_none(tmp_path, monkeypatch):
+    import matplotlib.axes
+
+    from reproduce.tables.figures import plot_changes
+
+    marks = []
+    monkeypatch.setattr(matplotlib.axes.Axes, "annotate",
+                        lambda self, text, *a, **k: marks.append(text))
+    recs = [record("base", "cpu", s, ppl=10.0 + s / 10) for s in range(3)]
+    recs += [record(v, "cpu", s, ppl=12.0 + s / 10) for v in ("E", "C3") for s in range(3)]
+    plot_changes(load_spec("table3"), recs, tmp_path / "f.png", "cpu")
+    assert "✗ paper: no change (n=3)" in marks  # E: the paper's PPL is base's
+    assert "✗ opposite (n=3)" in marks  # C3: the paper's PPL goes down, ours up
+
+
 def test_the_gap_over_training_pairs_each_seed_with_bases():
     def curved(variant, seed, ppls, losses=(4.0, 3.0), **metrics):
         r = record(variant, "cpu", seed, ppl=ppls[-1] if ppls else 50.0)

@@ -94,7 +94,9 @@ def plot_changes(spec: Spec, records: list[dict[str, Any]], path: Path, scale: s
                         err = 100 * difference_noise(ours, base_ours) / b
                     ax.barh(i + 0.2, 100 * (statistics.mean(ours) - b) / b, 0.38, xerr=err,
                             capsize=3, color=f"C{m}", label="ours")
-                    mark = f"{VERDICT_MARKS[verdict]} (n={len(ours)})"
+                    flat = verdict == "no" and paper is not None and paper == base_paper
+                    mark = f"{'✗ paper: no change' if flat else VERDICT_MARKS[verdict]} " \
+                           f"(n={len(ours)})"
                 ax.annotate(mark, (1.01, i), xycoords=("axes fraction", "data"), va="center",
                             fontsize=7)
             ax.set_yticks(range(len(names)), names, fontsize=8)
