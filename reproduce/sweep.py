@@ -123,8 +123,9 @@ class Spec:
         whose records still render)."""
         sc = self.scales.get(scale) if scale else None
         kept, only = (sc.rows, sc.variants) if sc else ((), ())
-        return {row: [n for n in names if not only or n in only]
+        rows = {row: [n for n in names if not only or n in only]
                 for row, names in self.rows.items() if not kept or row in kept}
+        return {row: names for row, names in rows.items() if names}  # rows left without any: out
 
     def variants_at(self, scale: str) -> list[str]:
         """Every variant planned at ``scale``: all of the spec's, or, for a scale that names its

@@ -125,8 +125,8 @@ def _scale_table(spec: Spec, scale: str, records: list[dict[str, Any]]) -> list[
             "base (variant − base), the paper's / ours, with our seed noise (±: half-width of the "
             "95% confidence interval of the difference of means, Welch's t). *verdict*: `yes` when "
             "our change has the paper's sign and exceeds that noise; `no` when it exceeds it with "
-            "the other sign, or where the paper's change is zero (E's PPL); `no effect` when it is "
-            "within it; `n/a` with fewer than 2 seeds of either.", "",
+            "the other sign, or where the paper's change is zero; `no effect` when it is within it; "
+            "`n/a` with fewer than 2 seeds of either.", "",
             "Corpus: " + corpus_note(records),
             f"BLEU: sacreBLEU on detokenized output, beam search as the paper; signature "
             f"`{'`, `'.join(signatures)}`. PPL: per word-piece on the dev split, our BPE "
