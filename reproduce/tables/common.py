@@ -79,7 +79,7 @@ def cost_line(records: list[dict[str, Any]]) -> str:
     for r in records:
         h = r["hardware"]
         if h.get("gpus"):
-            where = f"{len(h['gpus'])}x {h['gpus'][0]}"
+            where = gpus_label(h)
             if (share := r.get("cost", {}).get("gpu_shared_by", 1)) > 1:
                 where += f", {share} runs side by side"
         else:
@@ -140,10 +140,14 @@ def devices_line(records: list[dict[str, Any]]) -> list[str]:
     return [f"Devices: {spread}."] if spread else []
 
 
+def gpus_label(h: dict[str, Any]) -> str:
+    """A record's GPUs as "<count>x <name>" (``h``: its ``hardware``)."""
+    return f"{len(h['gpus'])}x {h['gpus'][0]}"
+
+
 def hardware(records: list[dict[str, Any]]) -> str:
     return "; ".join(sorted({r["hardware"]["cpu"] if not r["hardware"]["gpus"]
-                             else f"{len(r['hardware']['gpus'])}x {r['hardware']['gpus'][0]}"
-                             for r in records}))
+                             else gpus_label(r["hardware"]) for r in records}))
 
 
 def scale_note(sc, what: str) -> str:

@@ -35,7 +35,7 @@ export REPRODUCE_COMMIT="$(cat .kit/commit)"
 keep=${REPRODUCE_RUNS:-runs}/offline-gpu
 [ -d "$keep/results" ] && cp -rnp "$keep/results/." results/ \
     && echo "train.sh: $(find "$keep/results" -name '*.json' | wc -l) record file(s) kept from an earlier call"
-sleep 1  # what was put back is older than the mark below, so it is not packed twice
+# what was put back keeps its times (-p), older than this mark: it is not packed twice
 touch .kit/started
 timeout --signal=INT --kill-after=60 "$seconds" "$@" 2>&1 | tee .kit/train.log
 status=${PIPESTATUS[0]}
