@@ -29,6 +29,7 @@ from .machine import default_scale
 from .optim import accumulation
 from .precision import most_common, trained_in
 from .records import every_table_records, finished, load_records, plan_state, results_dir, runs_dir
+from .sharing import find_donor
 from .status import report as status_report
 from .sweep import load_spec, planned_summary, with_data
 from .tables import RENDERERS
@@ -79,7 +80,12 @@ def plan_costs(spec, runs, args: argparse.Namespace, layout) -> dict[str, float]
     if target.kind == "cpu" and layout.devices > 1:  # one run over CPU processes
         target = dataclasses.replace(target, devices=layout.devices)
     states = {run.run_id: plan_state(run) for run in runs}
-    todo = [run for run in runs if states[run.run_id] != "done"]
+    everything = every_table_records(results_dir())
+    # runs that will evaluate a finished run's training (``sharing``) instead of training
+    donors = {run.run_id: donor.record["run_id"] for run in runs
+              if states[run.run_id] == "train" and workers.steps_left(run)
+              and (donor := find_donor(run, records=everything)) is not None}
+    todo = [run for run in runs if states[run.run_id] != "done" and run.run_id not in donors]
     # steps each still needs on a CPU, after the checkpoint it would resume from (read once: the
     # worker count and each run's estimate both come from it)
     to_go = ({run.run_id: workers.steps_left(run) for run in todo} if target.kind == "cpu"
@@ -101,7 +107,7 @@ def plan_costs(spec, runs, args: argparse.Namespace, layout) -> dict[str, float]
                for scale in {run.scale for run in runs}}
     # Fitted to every table's records of this CPU: one model code, one training step.
     model = (estimates.level_from_timings(
-        estimates.fit_cpu(every_table_records(results_dir()), rate_at), runs, rate_at,
+        estimates.fit_cpu(everything, rate_at), runs, rate_at,
         range(1, machine.cores() + 1)) if target.kind == "cpu" else None)
     where = (f"this CPU ({machine.cpu_name()}), {n} worker(s) x {ranks} rank(s) of {threads} "
              "thread(s)" if target.kind == "cpu" else target.label)
@@ -112,6 +118,10 @@ def plan_costs(spec, runs, args: argparse.Namespace, layout) -> dict[str, float]
         state = states[run.run_id]
         if state == "done":
             print(f"  {run.run_id}: done (its record is kept; not run again)")
+            continue
+        if run.run_id in donors:
+            print(f"  {run.run_id}: evaluates {donors[run.run_id]}'s training (the same "
+                  "training, finished; no training)")
             continue
         if state.startswith("redo: "):
             print(f"  {run.run_id}: will be redone: {state[6:]}")

@@ -85,12 +85,14 @@ def publish(spec: Spec, records: list[dict[str, Any]], markdown: Path, figures: 
             id=wandb_id, name=r["run_id"], group=f"{r['table']}/{r['row']}",
             job_type=r["variant"], resume="allow", mode="online" if online else "offline",
             tags=[r["table"], f"row:{r['row']}", f"scale:{r['scale']}", f"seed:{r['seed']}",
-                  "published"],
+                  "published"] + (["reused-training"] if r.get("trained_by") else []),
             config={**{f"{section}.{k}": v for section, values in r["config"].items()
                        for k, v in values.items()},
                     "table": r["table"], "row": r["row"], "variant": r["variant"],
                     "scale": r["scale"], "precision": r.get("precision"),
-                    "commit": r.get("commit", {}).get("sha"), "hardware": r.get("hardware")},
+                    "commit": r.get("commit", {}).get("sha"), "hardware": r.get("hardware"),
+                    # another run's training, evaluated (sharing): its curve and cost are that run's
+                    "trained_by": (r.get("trained_by") or {}).get("run_id")},
             reinit="finish_previous")
         curve = r.get("curve", {})
         for step, seconds, loss in curve.get("train_loss", []):

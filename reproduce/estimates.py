@@ -137,7 +137,8 @@ def fit_cpu(records: list[dict[str, Any]], rate_at) -> CpuModel:
     records. A bf16-mixed run is estimated as fp32 times its timed ratio (``estimate``)."""
     rows, target, here = [], [], cpu_name()
     for r in records:
-        if r.get("hardware", {}).get("cpu") != here or not r["metrics"].get("train_steps"):
+        if r.get("hardware", {}).get("cpu") != here or not r["metrics"].get("train_steps") \
+                or r.get("trained_by"):  # another run's training, already counted
             continue
         if r.get("precision", "32-true") != "32-true":  # fp32 steps; bf16 is a ratio of them
             continue
@@ -282,7 +283,8 @@ def check_against_records(runs, records: dict[str, dict[str, Any]], model: CpuMo
     out, here = [], cpu_name()
     for run in runs:
         r = records.get(run.run_id)
-        if not r or r.get("hardware", {}).get("cpu") != here or _record_work(r) is None:
+        if not r or r.get("hardware", {}).get("cpu") != here or _record_work(r) is None \
+                or r.get("trained_by"):
             continue
         threads = int(r["hardware"].get("torch_threads") or 1)
         e = estimate(run, Target("cpu"), model, rate_at(threads),

@@ -132,7 +132,10 @@ def write_outputs(folder: Path, run_id: str, split: str, hypotheses: list[str],
 
 def device_hours(record: dict[str, Any]) -> float:
     """Hours of device time a record's training took: its hours x its devices, a share of one
-    GPU where several of a command's workers trained side by side on it (``gpu_shared_by``)."""
+    GPU where several of a command's workers trained side by side on it (``gpu_shared_by``);
+    none for a run evaluated from another run's training (``sharing``), counted there."""
+    if record.get("trained_by"):
+        return 0.0
     cost = record.get("cost", {})
     return (record["metrics"]["train_seconds"] * cost.get("devices", 1)
             / cost.get("gpu_shared_by", 1) / 3600)

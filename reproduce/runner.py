@@ -30,6 +30,7 @@ from .model import count_parameters
 from .parsing import treebank_description
 from .precision import choose_precision
 from .records import finished, load_record, record_path, retire_stale, runs_dir, write_record
+from .sharing import Donor, find_donor, training_fields
 from .sweep import PlannedRun
 from .training import build_data, finish_wandb, fit, local_data, wandb_logger
 
@@ -58,6 +59,13 @@ def execute(run: PlannedRun, split: str, command: str, extra: dict[str, Any] | N
             log.info("%s: finished by another worker (%s), skipped", run.run_id, path)
             return record
         retire_stale(run, work)
+        donor = find_donor(run) if workers.steps_left(run) else None  # own training done
+        if donor is not None:  # its weights are trained: evaluate them here, on one device
+            log.info("%s: the same training as %s (its checkpoints in %s); evaluating those",
+                     run.run_id, donor.record["run_id"], donor.checkpoints)
+            r = donor.record
+            return run_here(run, split, command, work, extra, replace(layout, devices=1),
+                            (r["precision"], r.get("precision_choice", {})), donor=donor)
         precision = choose_precision(run, layout)
         if layout.devices > 1 and not devices.external_ranks():
             devices.train_on_ranks(run, split, command, work, extra, layout, precision)
@@ -67,9 +75,11 @@ def execute(run: PlannedRun, split: str, command: str, extra: dict[str, Any] | N
 
 def run_here(run: PlannedRun, split: str, command: str, work: Path,
              extra: dict[str, Any] | None, layout: Layout,
-             precision: tuple[str, dict[str, Any]]) -> dict[str, Any] | None:
+             precision: tuple[str, dict[str, Any]],
+             donor: Donor | None = None) -> dict[str, Any] | None:
     """This process's part of ``run``: alone, all of it; one rank of several (``devices``), its
-    shard of training and of the dev perplexity, and on rank 0 the decoding and the record."""
+    shard of training and of the dev perplexity, and on rank 0 the decoding and the record.
+    ``donor``: the finished run whose training this is (``sharing``): its weights are evaluated."""
     started = time.time()
     c = run.config
     precision, chosen = precision
@@ -77,11 +87,13 @@ def run_here(run: PlannedRun, split: str, command: str, work: Path,
     tokenizer, data = build_data(c)
     zero = rank() == 0
     logger = wandb_logger(run, work, precision) if zero else False
-    trainer, module, clock, resumed, accumulate = fit(run, work, data, logger, precision,
-                                                      layout=layout)
+    trainer, module, clock, resumed, accumulate = fit(
+        run, work, data, logger, precision, layout=layout,
+        resume_from=donor.last if donor is not None else None)
     work_done = module.total_work()  # a collective: every rank
     workers.share_cores()  # decoding too uses the cores of workers that have ended
-    weights = _final_weights(module, work / "checkpoints", c.train.average_last)
+    weights = _final_weights(module, donor.checkpoints if donor is not None
+                             else work / "checkpoints", c.train.average_last)
     trainer.limit_val_batches = 1.0
     dev = trainer.validate(module, datamodule=data, verbose=False)[0]  # shards, gathered
     module.eval_name = "train_sample"  # the same weights on training pairs: fit against dev
@@ -130,6 +142,10 @@ def run_here(run: PlannedRun, split: str, command: str, work: Path,
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "wandb": finish_wandb(logger, metrics),
     }
+    if donor is not None:  # the training is the donor's: what it took is in its record
+        fields, trained = training_fields(donor)
+        record.update(fields, trained_by=donor.describe(), evaluated_on=hardware())
+        record["metrics"].update(trained)
     record.update(extra or {})
     path = record_path(run)
     if trainer.is_global_zero:  # one record per run, however many processes trained it

@@ -6,7 +6,8 @@ since); the next sweep command moves it to ``superseded/`` and redoes the run. *
 worker holds the run's claim. *stopped*: the run has a folder (and perhaps
 checkpoints) but no record and no live worker: crashed or interrupted; the next sweep command
 resumes it. *missing*: planned by the spec (at a scale and seed this table has been run at) but
-never started.
+never started. A stopped or missing run whose training another finished run has done (``sharing``)
+is said to evaluate that run's training and counts no training time left.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from . import estimates, machine
 from .claims import holder
 from .precision import most_common, trained_in
 from .records import device_hours, every_table_records, load_records, same_config
+from .sharing import find_donor
 from .sweep import load_spec, shipped_specs
 from .workers import auto_count, steps_left
 
@@ -61,12 +63,20 @@ def table_status(table: str, results: Path, runs: Path,
             else:
                 state["missing"].append(run_id)
         done = [records[i] for i in state["done"]]
-        flops = [r.get("cost", {}).get("paper_method_flops") for r in done]
+        trained = [r for r in done if not r.get("trained_by")]  # each training counted once
+        flops = [r.get("cost", {}).get("paper_method_flops") for r in trained]
         unfinished = state["stale"] + state["running"] + state["stopped"] + state["missing"]
         left = [run for run in planned if run.run_id in unfinished]
         # steps each still needs after the checkpoint it would resume from (read once: the
         # started ones' checkpoint steps and the time left both come from it)
         to_go = {run.run_id: steps_left(run, runs) for run in left}
+        # what the next command will evaluate from a finished run's training instead of training
+        # (as runner.execute: not a run whose own training is done, nor one a worker holds)
+        everything = every_table_records(results)
+        reuses = {run.run_id: donor.record["run_id"] for run in left
+                  if to_go[run.run_id] and run.run_id not in state["running"] + state["stale"]
+                  and (donor := find_donor(run, runs=runs, records=everything)) is not None}
+        left = [run for run in left if run.run_id not in reuses]
         started = set(state["running"] + state["stopped"])
         saved = {run.run_id: (run.config.train.train_steps - to_go[run.run_id],
                               run.config.train.train_steps) for run in left if run.run_id in started}
@@ -77,10 +87,10 @@ def table_status(table: str, results: Path, runs: Path,
         for r in done:
             shown[r.get("precision") or "unrecorded"] += 1
         rows.append({"table": spec.table, "scale": scale, "seeds": sorted(seen[scale]), **state,
-                     "checkpoint_steps": saved, "precision": dict(shown),
-                     "left": _time_left(left, to_go, every_table_records(results), runs,
+                     "checkpoint_steps": saved, "precision": dict(shown), "reuses": reuses,
+                     "left": _time_left(left, to_go, everything, runs,
                                         settled=most_common(trained_in(done, scale))),
-                     "train_hours": sum(r["metrics"]["train_seconds"] for r in done) / 3600,
+                     "train_hours": sum(r["metrics"]["train_seconds"] for r in trained) / 3600,
                      "device_hours": sum(device_hours(r) for r in done),
                      "paper_method_flops": sum(f for f in flops if f)})
     return rows
@@ -144,6 +154,8 @@ def report(results: Path, runs: Path, verbose: bool = False,
                 for run_id in row[key]:
                     step, steps = row["checkpoint_steps"].get(run_id, (None, None))
                     lines.append(f"  {key:8} {run_id}" + (
+                        f" (evaluates {row['reuses'][run_id]}'s training, no training left)"
+                        if run_id in row["reuses"] else
                         f" (checkpoint at step {step} of {steps})"
                         if step else " (no checkpoint yet)" if step == 0 else ""))
     return "\n".join(lines)

@@ -73,8 +73,11 @@ def local_data(c: Config) -> dict[str, Any]:
 
 
 def fit(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=(),
-        layout: Layout = ONE_DEVICE, curve_every: int | None = None):
-    """Fit with Lightning on ``layout`` (resuming from the last checkpoint if there is one)."""
+        layout: Layout = ONE_DEVICE, curve_every: int | None = None,
+        resume_from: Path | None = None):
+    """Fit with Lightning on ``layout`` (resuming from the last checkpoint if there is one).
+    ``resume_from``: another run's final checkpoint of the same training (``sharing``), restored
+    as it is; nothing is trained and nothing is saved here."""
     c = run.config
     module = TranslationModule(c.to_dict())
     clock = TrainClock(every=0 if sys.stderr.isatty() else 50, curve_every=curve_every)
@@ -102,9 +105,9 @@ def fit(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=(),
     trainer.accumulate_grad_batches = accumulate
     if c.train.val_every_steps:  # Lightning counts micro-batches; the config, optimizer steps
         trainer.val_check_interval = c.train.val_every_steps * accumulate
-    last = checkpoints.newest_readable(work / "checkpoints")
+    last = resume_from or checkpoints.newest_readable(work / "checkpoints")
     resumed = last is not None
-    if resumed:
+    if resumed and resume_from is None:
         log.info("%s: resuming from %s", run.run_id, last)
 
     try:
@@ -116,8 +119,8 @@ def fit(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=(),
     if trainer.interrupted or trainer.global_step < c.train.train_steps:
         raise RuntimeError(f"{run.run_id}: training stopped at step {trainer.global_step} of "
                            f"{c.train.train_steps}; run the command again to resume")
-    # The final weights, so a crash below resumes at evaluation.
-    trainer.save_checkpoint(work / "checkpoints" / checkpoints.LAST)
+    if resume_from is None:  # the final weights, so a crash below resumes at evaluation
+        trainer.save_checkpoint(work / "checkpoints" / checkpoints.LAST)
     return trainer, module, clock, resumed, accumulate
 
 

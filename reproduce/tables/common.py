@@ -76,7 +76,10 @@ def cost_line(records: list[dict[str, Any]]) -> str:
     """What the table's runs took, and where: worker-hours per CPU or GPU kind, with the CPU
     flags that decide its speed (our machines differ)."""
     by_where: dict[str, list[float]] = defaultdict(list)
+    reused = [r for r in records if r.get("trained_by")]
     for r in records:
+        if r.get("trained_by"):
+            continue  # counted with the run that trained it
         h = r["hardware"]
         if h.get("gpus"):
             where = gpus_label(h)
@@ -89,8 +92,18 @@ def cost_line(records: list[dict[str, Any]]) -> str:
             where = (f"{h['cpu']} ({known}, {amx}; {h.get('torch_threads', '?')} thread(s))"
                      if flags else f"{h['cpu']} (flags not recorded)")
         by_where[where].append(r["metrics"]["train_seconds"] * r.get("cost", {}).get("devices", 1))
-    return "Cost: " + "; ".join(f"{sum(v) / 3600:.1f} worker-hours of training for {len(v)} runs "
-                                f"on {where}" for where, v in sorted(by_where.items())) + "."
+    parts = [f"{sum(v) / 3600:.1f} worker-hours of training for {len(v)} runs on {where}"
+             for where, v in sorted(by_where.items())]
+    if reused:
+        parts.append(f"{len(reused)} run(s) evaluated from another run's training, counted there: "
+                     + ", ".join(f"{r['run_id']} ({trained_by_label(r)})" for r in reused))
+    return "Cost: " + "; ".join(parts) + "."
+
+
+def trained_by_label(record: dict[str, Any]) -> str:
+    """Whose training a reused run evaluated (``sharing``): "table2-big-en-de-cpu-seed0's"."""
+    return f"{record['trained_by']['run_id']}'s training"
+
 
 
 def reference_line(records: list[dict[str, Any]]) -> list[str]:
@@ -138,6 +151,16 @@ def layouts(records: list[dict[str, Any]]) -> str:
 def devices_line(records: list[dict[str, Any]]) -> list[str]:
     spread = layouts(records)
     return [f"Devices: {spread}."] if spread else []
+
+
+def hours_note(record: dict[str, Any]) -> str:
+    """What to say after a run's training hours: " (H200)" for a GPU's (not a CPU run's hours),
+    " (table2's training)" for a run evaluated from another run's training (``sharing``)."""
+    gpus = record["hardware"].get("gpus") or []
+    notes = [gpus[0].removeprefix("NVIDIA ")] if gpus else []
+    if trained := record.get("trained_by"):
+        notes.append(f"{trained['table']}'s training")
+    return f" ({', '.join(notes)})" if notes else ""
 
 
 def gpus_label(h: dict[str, Any]) -> str:

@@ -8,7 +8,7 @@ from collections import defaultdict
 from typing import Any
 
 from ..sweep import Spec
-from .common import corpus_note, cost_line, devices_line, fmt, hardware, mean_std, scale_note, sci
+from .common import corpus_note, cost_line, devices_line, fmt, hardware, hours_note, mean_std, scale_note, sci
 
 LANGS = ("en_de", "en_fr")
 
@@ -75,7 +75,7 @@ def _table2_details(spec: Spec, scale: str, records: list[dict[str, Any]]) -> li
         out.append(
             f"| {r['variant']} (seed {r['seed']}) | {m['test_bleu_tokenized']:.2f} | "
             f"{m['test_bleu']:.2f} | {sci(cost['paper_method_flops'])} | "
-            f"{sci(cost['analytic_flops'])} | {m['train_seconds'] / 3600:.2f} h | "
+            f"{sci(cost['analytic_flops'])} | {m['train_seconds'] / 3600:.2f} h{hours_note(r)} | "
             f"{cost['devices']} x {cost['tflops_per_device']} ({cost['tflops_source']}) | "
             f"{batch['effective_tokens_per_step']} ({batch['accumulate']} accumulated) | "
             f"{len(r['averaged_checkpoints']) or 'none'} |")

@@ -9,7 +9,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..sweep import Spec
-from .common import corpus_note, cost_line, devices_line, fmt, mean_std, reference_line, scale_note, signed
+from .common import (
+    corpus_note,
+    cost_line,
+    devices_line,
+    fmt,
+    hours_note,
+    mean_std,
+    reference_line,
+    scale_note,
+    signed,
+)
 from .noise import difference_noise
 
 # Table 3's columns, in the paper's order: (header, config section, field).
@@ -110,7 +120,7 @@ def _scale_table(spec: Spec, scale: str, records: list[dict[str, Any]]) -> list[
                     f"{mean_std(metric[2], 1)} | {fmt(paper.get('params_m')) or '–'} / "
                     f"{_params([r['metrics']['params'] for r in ours])} | "
                     f"{m['d_model']}, {m['d_ff']}, {m['h']}, {m['d_k']}, {m['d_v']} | "
-                    + ", ".join(f"{r['metrics']['train_seconds'] / 3600:.2f}" + _on_gpu(r)
+                    + ", ".join(f"{r['metrics']['train_seconds'] / 3600:.2f}" + hours_note(r)
                                 for r in ours)
                     + " |")
     out += [""]
@@ -135,12 +145,6 @@ def _scale_table(spec: Spec, scale: str, records: list[dict[str, Any]]) -> list[
             f"Details of our {sum(len(v) for v in runs.values())} runs (commands and configs are "
             "in each record):", "", *details, "", *gap_over_training(spec, runs, scale)]
     return out
-
-
-def _on_gpu(record: dict[str, Any]) -> str:
-    """" (H200)" after a run trained on a GPU: its hours are not a CPU run's."""
-    gpus = record["hardware"].get("gpus") or []
-    return f" ({gpus[0].removeprefix('NVIDIA ')})" if gpus else ""
 
 
 def gap_over_training(spec: Spec, runs: dict[str, list[dict[str, Any]]],

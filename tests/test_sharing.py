@@ -1,0 +1,85 @@
+"""One training, several records: Table 3's base (seed 0) evaluated from Table 2's base EN-DE
+training, which is the same training (reproduce/sharing.py)."""
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from reproduce.sharing import same_training
+from reproduce.sweep import load_spec
+
+from .helpers import cli, cli_env
+
+
+def test_same_training_ignores_only_what_acts_after_training():
+    t2, t3 = load_spec("table2"), load_spec("table3")
+    big2, big3 = t2.resolve("big-en-de", "cpu"), t3.resolve("big", "cpu")
+    assert big2.train.average_last == 20 and big3.train.average_last == 1
+    assert same_training(big2.to_dict(), big3)
+    assert same_training(t2.resolve("base-en-de", "paper").to_dict(), t3.resolve("base", "paper"))
+    # Different weights: another corpus, dropout, seed or length of training.
+    assert not same_training(t2.resolve("big-en-fr", "cpu").to_dict(), big3)
+    for changed in (replace(big3, model=replace(big3.model, p_drop=0.1)),
+                    replace(big3, train=replace(big3.train, seed=1)),
+                    replace(big3, train=replace(big3.train, train_steps=100))):
+        assert not same_training(big2.to_dict(), changed)
+    assert not same_training(None, big3) and not same_training({"model": {"nope": 1}}, big3)
+
+
+def _record(root, table, run_id):
+    return json.loads((root / "results" / table / f"{run_id}.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    """Table 2's base EN-DE at smoke, then Table 3's base seed 0 (its training), and the same
+    Table 3 run trained on its own in another folder."""
+    root, alone = tmp_path_factory.mktemp("shared"), tmp_path_factory.mktemp("alone")
+    env = cli_env(root)
+    cli(env, "table2", "--variant", "base-en-de", "--scale", "smoke", "--workers", "1")
+    (root / "runs" / "table3" / "table3-base-smoke-seed0").mkdir(parents=True)  # a stopped run
+    status = cli(env, "status").stdout
+    status += cli(env, "table3", "--variant", "base", "--scale", "smoke", "--seeds", "0",
+                  "--dry-run").stdout
+    out = cli(env, "table3", "--variant", "base", "--scale", "smoke", "--seeds", "0",
+              "--workers", "1")
+    cli(cli_env(alone), "table3", "--variant", "base", "--scale", "smoke", "--seeds", "0",
+        "--workers", "1")
+    return root, alone, status, out.stdout + out.stderr
+
+
+def test_table3_base_evaluates_table2_s_training_instead_of_training(shared):
+    root, alone, _, log = shared
+    donor = _record(root, "table2", "table2-base-en-de-smoke-seed0")
+    reused = _record(root, "table3", "table3-base-smoke-seed0")
+    assert reused["trained_by"]["run_id"] == donor["run_id"]
+    assert "evaluating those" in log
+    # Nothing trained or saved for it: its checkpoints are Table 2's.
+    assert not list((root / "runs" / "table3" / "table3-base-smoke-seed0").rglob("*.ckpt"))
+    for key in ("curve", "cost", "batch", "precision", "hardware"):
+        assert reused[key] == donor[key], key
+    assert reused["metrics"]["train_seconds"] == donor["metrics"]["train_seconds"]
+    assert reused["evaluated_on"]["cpu"] and reused["averaged_checkpoints"] == []
+    assert len(donor["averaged_checkpoints"]) == 5  # Table 2 averaged; Table 3 takes the final weights
+    # The same weights as the run trained on its own: the same dev PPL and BLEU.
+    own = _record(alone, "table3", "table3-base-smoke-seed0")
+    assert "trained_by" not in own
+    for key in ("dev_ppl", "dev_bleu", "test_bleu", "train_sample_nll"):
+        assert reused["metrics"][key] == own["metrics"][key], key
+
+
+def test_status_says_what_reuses_a_training_and_counts_it_once(shared):
+    root, _, before, _ = shared
+    assert ("stopped  table3-base-smoke-seed0 (evaluates table2-base-en-de-smoke-seed0's training, "
+            "no training left)") in before
+    assert ("table3-base-smoke-seed0: evaluates table2-base-en-de-smoke-seed0's training (the "
+            "same training, finished; no training)") in before  # the dry run's plan
+    after = cli(cli_env(root), "status").stdout
+    line = next(s for s in after.splitlines() if s.startswith("table3 at `smoke`"))
+    assert "1 done" in line and "spent 0.00 h training (0.00 device-hours" in line
+    cli(cli_env(root), "table3", "--render")
+    table = (root / "results" / "table3.md").read_text()
+    assert ("1 run(s) evaluated from another run's training, counted there: "
+            "table3-base-smoke-seed0 (table2-base-en-de-smoke-seed0's training)") in table
+    assert "(table2's training) |" in table
