@@ -184,6 +184,17 @@ def plan_state(run: PlannedRun) -> str:
     return f"redo: {path} was made with another config (it will move to superseded/)"
 
 
+def stored_config(stored: dict[str, Any] | None) -> Config | None:
+    """A config as a record or checkpoint stores it (a dict, through JSON), rebuilt with
+    ``Config.from_dict``; None when there is none or it no longer validates."""
+    if stored is None:
+        return None
+    try:
+        return Config.from_dict(json.loads(json.dumps(stored)))
+    except (ConfigError, TypeError, AttributeError):
+        return None
+
+
 def same_config(stored: dict[str, Any] | None, config: Config, training_only: bool = False) -> bool:
     """Whether a config stored in a record or checkpoint is ``config``: the stored dict (through
     JSON, as a record holds it) is rebuilt with ``Config.from_dict`` and compared as a Config.
@@ -196,11 +207,8 @@ def same_config(stored: dict[str, Any] | None, config: Config, training_only: bo
     schedule does not depend on it either, so a run given more steps continues exactly where it
     stopped; the caller checks that the checkpoint is not past the new step count).
     """
-    if stored is None:
-        return False
-    try:
-        rebuilt = Config.from_dict(json.loads(json.dumps(stored)))
-    except (ConfigError, TypeError, AttributeError):
+    rebuilt = stored_config(stored)
+    if rebuilt is None:
         return False
     if training_only:
         rebuilt = replace(rebuilt, decode=config.decode,

@@ -15,7 +15,6 @@ batch and hardware, so the tables show what the training took; its evaluation ra
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -24,8 +23,7 @@ from typing import Any
 from .averaging import checkpoint_step, last_checkpoints
 from .checkpoints import LAST, unreadable
 from .config import Config
-from .errors import ConfigError
-from .records import every_table_records, results_dir, runs_dir
+from .records import every_table_records, results_dir, runs_dir, stored_config
 from .sweep import PlannedRun
 
 log = logging.getLogger("reproduce")
@@ -56,11 +54,8 @@ class Donor:
 def same_training(stored: dict[str, Any] | None, config: Config) -> bool:
     """Whether a stored config (a record's) trains exactly the weights ``config`` trains: equal
     but for decoding and ``average_last``, which act after training."""
-    if stored is None:
-        return False
-    try:
-        rebuilt = Config.from_dict(json.loads(json.dumps(stored)))
-    except (ConfigError, TypeError, AttributeError):
+    rebuilt = stored_config(stored)
+    if rebuilt is None:
         return False
     rebuilt = replace(rebuilt, decode=config.decode,
                       train=replace(rebuilt.train, average_last=config.train.average_last))
