@@ -29,7 +29,7 @@ from .machine import default_scale
 from .optim import accumulation
 from .precision import most_common, trained_in
 from .records import every_table_records, finished, load_records, plan_state, results_dir, runs_dir
-from .sharing import find_donor
+from .sharing import find_donor, twins
 from .status import report as status_report
 from .sweep import load_spec, planned_summary, with_data
 from .tables import RENDERERS
@@ -138,6 +138,13 @@ def plan_costs(spec, runs, args: argparse.Namespace, layout) -> dict[str, float]
               f"{e.seconds_per_step:.3g} s/step -> {_hours(e.hours)}, {e.device_hours:.3g} "
               f"device-hours; {e.flops:.2g} FLOPs counted"
               + (f", {paper:.2g} by the paper's method" if paper else "") + f" [{e.source}]")
+        fed_by, feeds = twins(run)
+        if fed_by:
+            print(f"    the same training as {', '.join(fed_by)}: run that table first and this "
+                  "run only evaluates its checkpoints")
+        elif feeds:
+            print(f"    {', '.join(feeds)}, run after this one, will evaluate its training "
+                  "instead of training again")
     wall = total / (n if target.kind == "cpu" else 1)
     print(f"total: {total:.3g} device-hours, about {_hours(wall)} of wall clock "
           + (f"with {n} worker(s)" if target.kind == "cpu" else "one run after another"))

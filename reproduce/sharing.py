@@ -24,7 +24,7 @@ from .averaging import checkpoint_step, last_checkpoints
 from .checkpoints import LAST, unreadable
 from .config import Config
 from .records import every_table_records, results_dir, runs_dir, stored_config
-from .sweep import PlannedRun
+from .sweep import PlannedRun, load_spec, shipped_specs
 
 log = logging.getLogger("reproduce")
 
@@ -104,3 +104,23 @@ def training_fields(donor: Donor) -> tuple[dict[str, Any], dict[str, Any]]:
     r = donor.record
     return ({k: r[k] for k in TRAINING_FIELDS if k in r},
             {k: r["metrics"][k] for k in TRAINING_METRICS if k in r["metrics"]})
+
+
+def twins(run: PlannedRun) -> tuple[list[str], list[str]]:
+    """The shipped tables' runs that train the same weights as ``run`` (same scale and seed):
+    (those whose training ``run`` could evaluate, keeping the checkpoints it averages; those that
+    could evaluate ``run``'s). What a plan says, so that the training is done once."""
+    fed_by, feeds = [], []
+    k = run.config.train.average_last
+    for path in shipped_specs():
+        spec = load_spec(path.stem)
+        if spec.table == run.table or run.scale not in spec.scales:
+            continue
+        for other in spec.plan(spec.variants_at(run.scale), run.scale, [run.seed]):
+            if not same_training(other.config.to_dict(), run.config):
+                continue
+            if other.config.train.average_last >= k:
+                fed_by.append(other.run_id)
+            if k >= other.config.train.average_last:
+                feeds.append(other.run_id)
+    return fed_by, feeds

@@ -27,6 +27,19 @@ def test_same_training_ignores_only_what_acts_after_training():
     assert not same_training(None, big3) and not same_training({"model": {"nope": 1}}, big3)
 
 
+def test_a_plan_says_which_runs_train_the_same_weights(tmp_path):
+    env = cli_env(tmp_path)
+    t3 = cli(env, "table3", "--row", "big", "--scale", "paper", "--dry-run").stdout
+    assert ("table3-big-paper-seed0: 300000 steps" in t3 and "    the same training as "
+            "table2-big-en-de-paper-seed0: run that table first and this run only evaluates its "
+            "checkpoints") in t3
+    assert t3.count("the same training as") == 2  # base and big; seed 0 only
+    t2 = cli(env, "table2", "--scale", "paper", "--dry-run").stdout
+    assert ("    table3-big-paper-seed0, run after this one, will evaluate its training instead of "
+            "training again") in t2
+    assert t2.count("will evaluate its training") == 2  # base and big EN-DE, not EN-FR
+
+
 def _record(root, table, run_id):
     return json.loads((root / "results" / table / f"{run_id}.json").read_text())
 
