@@ -7,7 +7,8 @@ worker holds the run's claim. *stopped*: the run has a folder (and perhaps
 checkpoints) but no record and no live worker: crashed or interrupted; the next sweep command
 resumes it. *missing*: planned by the spec (at a scale and seed this table has been run at) but
 never started. A stopped or missing run whose training another finished run has done (``sharing``)
-is said to evaluate that run's training and counts no training time left.
+is said to evaluate that run's training and counts no training time left; one that needs data
+only the user can provide (Table 4's silver trees) is said to wait for it, and is not counted.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 
 from . import estimates, machine
 from .claims import holder
+from .data import missing_input
 from .precision import most_common, trained_in
 from .records import device_hours, every_table_records, load_records, same_config
 from .sharing import find_donor
@@ -76,7 +78,10 @@ def table_status(table: str, results: Path, runs: Path,
         reuses = {run.run_id: donor.record["run_id"] for run in left
                   if to_go[run.run_id] and run.run_id not in state["running"] + state["stale"]
                   and (donor := find_donor(run, runs=runs, records=everything)) is not None}
-        left = [run for run in left if run.run_id not in reuses]
+        # what cannot start without data the user provides (Table 4's silver trees): not "left"
+        blocked = {run.run_id: why for run in left
+                   if (why := missing_input(run.config.data.corpus, run.config.data.extra_trees))}
+        left = [run for run in left if run.run_id not in reuses and run.run_id not in blocked]
         started = set(state["running"] + state["stopped"])
         saved = {run.run_id: (run.config.train.train_steps - to_go[run.run_id],
                               run.config.train.train_steps) for run in left if run.run_id in started}
@@ -88,6 +93,7 @@ def table_status(table: str, results: Path, runs: Path,
             shown[r.get("precision") or "unrecorded"] += 1
         rows.append({"table": spec.table, "scale": scale, "seeds": sorted(seen[scale]), **state,
                      "checkpoint_steps": saved, "precision": dict(shown), "reuses": reuses,
+                     "blocked": blocked,
                      "left": _time_left(left, to_go, everything, runs,
                                         settled=most_common(trained_in(done, scale))),
                      "train_hours": sum(r["metrics"]["train_seconds"] for r in trained) / 3600,
@@ -150,8 +156,12 @@ def report(results: Path, runs: Path, verbose: bool = False,
                 lines.append(f"  left: about {left['device_hours']:.1f} h of training on this CPU,"
                              f" {left['wall_hours']:.1f} h with {left['workers']} worker(s) "
                              f"({left['source']})")
+            for run_id, why in row["blocked"].items():
+                lines.append(f"  waits    {run_id}: {why}")
             for key in ("stale", "running", "stopped") + (("missing",) if verbose else ()):
                 for run_id in row[key]:
+                    if run_id in row["blocked"]:
+                        continue  # said above
                     step, steps = row["checkpoint_steps"].get(run_id, (None, None))
                     lines.append(f"  {key:8} {run_id}" + (
                         f" (evaluates {row['reuses'][run_id]}'s training, no training left)"

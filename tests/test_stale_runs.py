@@ -215,3 +215,17 @@ def test_a_copied_tree_names_its_commit_by_the_environment(tmp_path, monkeypatch
     monkeypatch.undo()  # this project's .git, and the environment still names another commit
     monkeypatch.setenv(machine.COMMIT_ENV, "abc123")
     assert machine.commit()["sha"] == "abc123"
+
+
+def test_status_says_which_runs_wait_for_data_and_counts_no_time_for_them(dirs):
+    # Table 4's semi-supervised row needs silver trees only the user has: it waits, it is not "left"
+    results, runs = dirs
+    spec = load_spec("table4")
+    words, semi = spec.plan(["wsj_only_words", "semi_supervised"], "smoke", [0])
+    (runs / "table4" / words.run_id).mkdir(parents=True)
+    row = status.table_status("table4", results, runs)[0]
+    assert row["missing"] == ["table4-wsj_only-smoke-seed0", semi.run_id]
+    assert list(row["blocked"]) == [semi.run_id] and "--silver PATH" in row["blocked"][semi.run_id]
+    out = status.report(results, runs, verbose=True)
+    assert f"  waits    {semi.run_id}: corpus 'wsj-parse-semi' needs" in out
+    assert f"missing  {semi.run_id}" not in out and "missing  table4-wsj_only-smoke-seed0" in out
