@@ -15,7 +15,6 @@ batch and hardware, so the tables show what the training took; its evaluation ra
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -25,8 +24,6 @@ from .checkpoints import LAST, unreadable
 from .config import Config
 from .records import every_table_records, results_dir, runs_dir, stored_config
 from .sweep import PlannedRun, load_spec, shipped_specs
-
-log = logging.getLogger("reproduce")
 
 # What a reused run's record takes from its donor's: everything about the training.
 TRAINING_FIELDS = ("precision", "precision_choice", "batch", "curve", "cost", "hardware",
