@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .averaging import checkpoint_step, last_checkpoints
+from .averaging import last_checkpoints
 from .checkpoints import LAST, unreadable
 from .config import Config
 from .records import every_table_records, results_dir, runs_dir, stored_config
@@ -60,8 +60,8 @@ def same_training(stored: dict[str, Any] | None, config: Config) -> bool:
 
 
 def _enough(folder: Path, config: Config) -> bool:
-    """Whether ``folder`` holds the final weights and the last ``average_last`` checkpoints of a
-    finished training, every one readable."""
+    """Whether ``folder`` (a finished training's: its run has a record) holds the final weights
+    and the last ``average_last`` checkpoints, every one readable."""
     k = config.train.average_last
     if not (folder / LAST).is_file():
         return False
@@ -71,7 +71,7 @@ def _enough(folder: Path, config: Config) -> bool:
             steps = last_checkpoints(folder, k)
         except ValueError:
             return False
-        if len(steps) < k or checkpoint_step(steps[-1]) != config.train.train_steps:
+        if len(steps) < k:  # the donor's last ones (at `paper`, every 10 minutes, not at its end)
             return False
         needed += steps
     return all(unreadable(p) is None for p in needed)
