@@ -5,6 +5,7 @@ import json
 from dataclasses import replace
 
 import pytest
+import torch
 
 from reproduce.sharing import same_training
 from reproduce.sweep import load_spec
@@ -25,6 +26,22 @@ def test_same_training_ignores_only_what_acts_after_training():
                     replace(big3, train=replace(big3.train, train_steps=100))):
         assert not same_training(big2.to_dict(), changed)
     assert not same_training(None, big3) and not same_training({"model": {"nope": 1}}, big3)
+
+
+def test_a_donor_must_hold_every_checkpoint_the_run_averages(tmp_path):
+    from reproduce.sharing import _enough
+
+    config = load_spec("table2").resolve("base-en-de", "smoke")  # averages the last 5
+    for step in (3, 6, 9, 12):
+        torch.save({"step": step}, tmp_path / f"step{step}.ckpt")
+    assert not _enough(tmp_path, config)  # no final weights
+    torch.save({}, tmp_path / "last.ckpt")
+    assert _enough(tmp_path, replace(config, train=replace(config.train, average_last=1)))
+    assert not _enough(tmp_path, config)  # four of five
+    torch.save({"step": 15}, tmp_path / "step15.ckpt")
+    assert _enough(tmp_path, config)
+    (tmp_path / "step9.ckpt").write_bytes(b"half a file")
+    assert not _enough(tmp_path, config)  # one unreadable: not a donor
 
 
 def test_a_plan_says_which_runs_train_the_same_weights(tmp_path):
