@@ -140,11 +140,11 @@ def plan_costs(spec, runs, args: argparse.Namespace, layout) -> dict[str, float]
               + (f", {paper:.2g} by the paper's method" if paper else "") + f" [{e.source}]")
         fed_by, feeds = twins(run)
         if fed_by:
-            print(f"    the same training as {', '.join(fed_by)}: run that table first and this "
-                  "run only evaluates its checkpoints")
+            print(f"    the same training as {', '.join(t.run_id for t in fed_by)}: run that "
+                  "table first and this run only evaluates its checkpoints")
         elif feeds:
-            print(f"    {', '.join(feeds)}, run after this one, will evaluate its training "
-                  "instead of training again")
+            print(f"    {', '.join(t.run_id for t in feeds)}, run after this one, will evaluate its "
+                  "training instead of training again")
     wall = total / (n if target.kind == "cpu" else 1)
     print(f"total: {total:.3g} device-hours, about {_hours(wall)} of wall clock "
           + (f"with {n} worker(s)" if target.kind == "cpu" else "one run after another"))
@@ -219,8 +219,8 @@ def _train_and_render(args: argparse.Namespace, argv: list[str], spec, runs, sca
                       f"{summary['metric']} {summary['best_value']:.3f} with "
                       f"{summary['best_params']}")
             record = runner.execute(run, spec.split, command, extra, layout)
-            if record is None:
-                print(f"{run.run_id}: another worker is training it")
+            if isinstance(record, str):  # not run now, and why
+                print(f"{run.run_id}: {record}")
                 continue
             print(f"{run.run_id}: {report(record['metrics'])}")
     finally:

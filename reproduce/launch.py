@@ -57,8 +57,8 @@ def run_one(spec_path: str, variant: str, scale: str, seed: int, split: str, com
         return f"{run.run_id}: finished earlier"
     layout = Layout("gpu" if torch.cuda.is_available() else "cpu", devices)
     record = execute(run, split, command, layout=layout)
-    if record is None:
-        return f"{run.run_id}: another worker is training it"
+    if isinstance(record, str):  # not run now, and why
+        return f"{run.run_id}: {record}"
     return f"{run.run_id}: recorded, dev PPL {record['metrics'].get('dev_ppl')}"
 
 

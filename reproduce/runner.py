@@ -30,7 +30,7 @@ from .model import count_parameters
 from .parsing import treebank_description
 from .precision import choose_precision
 from .records import finished, load_record, record_path, retire_stale, runs_dir, write_record
-from .sharing import Donor, find_donor, training_fields
+from .sharing import Donor, find_donor, training_fields, twin_in_training
 from .sweep import PlannedRun
 from .training import build_data, finish_wandb, fit, local_data, wandb_logger
 
@@ -38,10 +38,12 @@ log = logging.getLogger("reproduce")
 
 
 def execute(run: PlannedRun, split: str, command: str, extra: dict[str, Any] | None = None,
-            layout: Layout = ONE_DEVICE) -> dict[str, Any] | None:
-    """Train, evaluate and record one run on ``layout``'s devices; return its record if it
-    already finished, or None if another live worker is on it (``claims``: many workers may share
-    one sweep). More than one device: the run's own process group trains it (``devices``).
+            layout: Layout = ONE_DEVICE) -> dict[str, Any] | str:
+    """Train, evaluate and record one run on ``layout``'s devices; return its record (also if it
+    had already finished), or why it is not run now: another live worker is on it (``claims``:
+    many workers may share one sweep), or on a twin whose training it will evaluate once that
+    has finished (``sharing``). More than one device: the run's own process group trains it
+    (``devices``).
 
     ``extra`` entries are added to the record (e.g. ``tuning``: how the settings were chosen)."""
     path = record_path(run)
@@ -52,8 +54,7 @@ def execute(run: PlannedRun, split: str, command: str, extra: dict[str, Any] | N
     work = runs_dir() / run.table / run.run_id
     with claim(work) as mine:
         if not mine:
-            log.info("%s: another worker is training it, skipped", run.run_id)
-            return None
+            return "another worker is training it, skipped"
         record = finished(run)  # finished by another worker since we looked
         if record is not None:
             log.info("%s: finished by another worker (%s), skipped", run.run_id, path)
@@ -66,11 +67,15 @@ def execute(run: PlannedRun, split: str, command: str, extra: dict[str, Any] | N
             r = donor.record
             return run_here(run, split, command, work, extra, replace(layout, devices=1),
                             (r["precision"], r.get("precision_choice", {})), donor=donor)
+        if donor is None and workers.steps_left(run) and (twin := twin_in_training(run)):
+            return (f"the same training as {twin.run_id}, which a worker is training now: left "
+                    "to evaluate that once it has finished (run this command again then)")
         precision = choose_precision(run, layout)
         if layout.devices > 1 and not devices.external_ranks():
             devices.train_on_ranks(run, split, command, work, extra, layout, precision)
-            return load_record(path)
-        return run_here(run, split, command, work, extra, layout, precision)
+            return load_record(path) or "its ranks ended without writing a record"
+        record = run_here(run, split, command, work, extra, layout, precision)
+        return record if record is not None else "this rank's part is done; rank 0 records it"
 
 
 def run_here(run: PlannedRun, split: str, command: str, work: Path,

@@ -21,8 +21,9 @@ from typing import Any
 
 from .averaging import last_checkpoints
 from .checkpoints import LAST, unreadable
+from .claims import holder
 from .config import Config
-from .records import every_table_records, results_dir, runs_dir, stored_config
+from .records import every_table_records, finished, results_dir, runs_dir, stored_config
 from .sweep import PlannedRun, load_spec, shipped_specs
 
 # What a reused run's record takes from its donor's: everything about the training.
@@ -103,7 +104,7 @@ def training_fields(donor: Donor) -> tuple[dict[str, Any], dict[str, Any]]:
             {k: r["metrics"][k] for k in TRAINING_METRICS if k in r["metrics"]})
 
 
-def twins(run: PlannedRun) -> tuple[list[str], list[str]]:
+def twins(run: PlannedRun) -> tuple[list[PlannedRun], list[PlannedRun]]:
     """The shipped tables' runs that train the same weights as ``run`` (same scale and seed):
     (those whose training ``run`` could evaluate, keeping the checkpoints it averages; those that
     could evaluate ``run``'s). What a plan says, so that the training is done once."""
@@ -117,7 +118,18 @@ def twins(run: PlannedRun) -> tuple[list[str], list[str]]:
             if not same_training(other.config.to_dict(), run.config):
                 continue
             if other.config.train.average_last >= k:
-                fed_by.append(other.run_id)
+                fed_by.append(other)
             if k >= other.config.train.average_last:
-                feeds.append(other.run_id)
+                feeds.append(other)
     return fed_by, feeds
+
+
+def twin_in_training(run: PlannedRun, runs: Path | None = None) -> PlannedRun | None:
+    """A twin whose training ``run`` could evaluate and that a live worker is training now (it
+    holds the twin's claim and the twin has no record yet), or None: then ``run`` waits for it
+    rather than train the same weights beside it."""
+    runs = runs or runs_dir()
+    for twin in twins(run)[0]:
+        if holder(runs / twin.table / twin.run_id) is not None and finished(twin) is None:
+            return twin
+    return None

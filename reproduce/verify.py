@@ -151,6 +151,8 @@ def verify(path: Path, steps: int | None = None, scratch: Path | None = None) ->
         with _scratch(folder):
             if steps is None:
                 fresh = runner.execute(run, record["split"], f"verify {path}")
+                if isinstance(fresh, str):  # not run (a scratch folder holds no other worker)
+                    raise RuntimeError(f"{run.run_id}: {fresh}")
                 lines, same = _compare(record["metrics"], fresh["metrics"])
                 lines += _hash_lines(record, fresh)
                 old_curve, new_curve = record.get("curve", {}), fresh["curve"]

@@ -57,6 +57,21 @@ def test_a_plan_says_which_runs_train_the_same_weights(tmp_path):
     assert t2.count("will evaluate its training") == 2  # base and big EN-DE, not EN-FR
 
 
+def test_a_run_waits_for_its_twin_that_a_worker_is_training(tmp_path):
+    # Table 2's base EN-DE in training (its claim held here): Table 3's base seed 0 is left to
+    # evaluate it later, not trained beside it
+    from reproduce.claims import claim
+
+    with claim(tmp_path / "runs" / "table2" / "table2-base-en-de-smoke-seed0") as mine:
+        assert mine
+        out = cli(cli_env(tmp_path), "table3", "--variant", "base", "--scale", "smoke",
+                  "--seeds", "0", "--workers", "1")
+    assert ("table3-base-smoke-seed0: the same training as table2-base-en-de-smoke-seed0, which a "
+            "worker is training now: left to evaluate that once it has finished") in out.stdout
+    assert not (tmp_path / "results" / "table3" / "table3-base-smoke-seed0.json").exists()
+    assert not list((tmp_path / "runs" / "table3").rglob("*.ckpt"))
+
+
 def _record(root, table, run_id):
     return json.loads((root / "results" / table / f"{run_id}.json").read_text())
 
