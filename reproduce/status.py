@@ -7,7 +7,8 @@ worker holds the run's claim. *stopped*: the run has a folder (and perhaps
 checkpoints) but no record and no live worker: crashed or interrupted; the next sweep command
 resumes it. *missing*: planned by the spec (at a scale and seed this table has been run at) but
 never started. A stopped or missing run whose training another finished run has done (``sharing``)
-is said to evaluate that run's training and counts no training time left; one that needs data
+is said to evaluate that run's training and counts no training time left (so does one whose twin
+a worker is training now, which it will evaluate); one that needs data
 only the user can provide (Table 4's silver trees) is said to wait for it, and is not counted.
 """
 
@@ -25,7 +26,7 @@ from .claims import holder
 from .data import missing_input
 from .precision import most_common, trained_in
 from .records import device_hours, every_table_records, load_records, same_config
-from .sharing import find_donor
+from .sharing import find_donor, twin_in_training
 from .sweep import load_spec, shipped_specs
 from .workers import auto_count, steps_left
 
@@ -75,9 +76,17 @@ def table_status(table: str, results: Path, runs: Path,
         # what the next command will evaluate from a finished run's training instead of training
         # (as runner.execute: not a run whose own training is done, nor one a worker holds)
         everything = every_table_records(results)
-        reuses = {run.run_id: donor.record["run_id"] for run in left
+        reuses = {run.run_id: f"evaluates {donor.record['run_id']}'s training, no training left"
+                  for run in left
                   if to_go[run.run_id] and run.run_id not in state["running"] + state["stale"]
                   and (donor := find_donor(run, runs=runs, records=everything)) is not None}
+        # or will, once the twin a worker is training now has finished (runner.execute waits)
+        reuses |= {run.run_id: f"waits for {twin.run_id}'s training, which a worker is training "
+                               "now; no training left"
+                   for run in left
+                   if to_go[run.run_id] and run.run_id not in reuses
+                   and run.run_id not in state["running"] + state["stale"]
+                   and (twin := twin_in_training(run, runs)) is not None}
         # what cannot start without data the user provides (Table 4's silver trees): not "left"
         blocked = {run.run_id: why for run in left
                    if (why := missing_input(run.config.data.corpus, run.config.data.extra_trees))}
@@ -164,8 +173,7 @@ def report(results: Path, runs: Path, verbose: bool = False,
                         continue  # said above
                     step, steps = row["checkpoint_steps"].get(run_id, (None, None))
                     lines.append(f"  {key:8} {run_id}" + (
-                        f" (evaluates {row['reuses'][run_id]}'s training, no training left)"
-                        if run_id in row["reuses"] else
+                        f" ({row['reuses'][run_id]})" if run_id in row["reuses"] else
                         f" (checkpoint at step {step} of {steps})"
                         if step else " (no checkpoint yet)" if step == 0 else ""))
     return "\n".join(lines)
