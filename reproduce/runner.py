@@ -30,7 +30,7 @@ from .model import count_parameters
 from .parsing import treebank_description
 from .precision import choose_precision
 from .records import finished, load_record, record_path, retire_stale, runs_dir, write_record
-from .sharing import Donor, find_donor, training_fields, twin_in_training
+from .sharing import Donor, reuse, training_fields
 from .sweep import PlannedRun
 from .training import build_data, finish_wandb, fit, local_data, wandb_logger
 
@@ -60,15 +60,15 @@ def execute(run: PlannedRun, split: str, command: str, extra: dict[str, Any] | N
             log.info("%s: finished by another worker (%s), skipped", run.run_id, path)
             return record
         retire_stale(run, work)
-        donor = find_donor(run) if workers.steps_left(run) else None  # own training done
-        if donor is not None:  # its weights are trained: evaluate them here, on one device
+        reused = reuse(run) if workers.steps_left(run) else None  # none once its own is done
+        if isinstance(reused, Donor):  # its weights are trained: evaluate them here, on one device
             log.info("%s: the same training as %s (its checkpoints in %s); evaluating those",
-                     run.run_id, donor.record["run_id"], donor.checkpoints)
-            r = donor.record
+                     run.run_id, reused.record["run_id"], reused.checkpoints)
+            r = reused.record
             return run_here(run, split, command, work, extra, replace(layout, devices=1),
-                            (r["precision"], r.get("precision_choice", {})), donor=donor)
-        if donor is None and workers.steps_left(run) and (twin := twin_in_training(run)):
-            return (f"the same training as {twin.run_id}, which a worker is training now: left "
+                            (r["precision"], r.get("precision_choice", {})), donor=reused)
+        if reused is not None:
+            return (f"the same training as {reused.run_id}, which a worker is training now: left "
                     "to evaluate that once it has finished (run this command again then)")
         precision = choose_precision(run, layout)
         if layout.devices > 1 and not devices.external_ranks():

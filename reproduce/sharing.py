@@ -133,3 +133,11 @@ def twin_in_training(run: PlannedRun, runs: Path | None = None) -> PlannedRun | 
         if holder(runs / twin.table / twin.run_id) is not None and finished(twin) is None:
             return twin
     return None
+
+
+def reuse(run: PlannedRun, runs: Path | None = None,
+          records: list[dict[str, Any]] | None = None) -> Donor | PlannedRun | None:
+    """What ``run``, whose own training is not done, evaluates instead of training: a finished
+    run's training (its ``Donor``), or a twin a live worker is training now (``run`` waits for
+    it), or None (it trains). The runner acts on it; ``status`` says it."""
+    return find_donor(run, runs=runs, records=records) or twin_in_training(run, runs)

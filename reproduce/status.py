@@ -26,7 +26,7 @@ from .claims import holder
 from .data import missing_input
 from .precision import most_common, trained_in
 from .records import device_hours, every_table_records, load_records, same_config
-from .sharing import find_donor, twin_in_training
+from .sharing import Donor, reuse
 from .sweep import load_spec, shipped_specs
 from .workers import auto_count, steps_left
 
@@ -46,6 +46,7 @@ def table_status(table: str, results: Path, runs: Path,
     for run_id in set(records) | set(folders):
         if match := named.search(run_id):
             seen[match.group(1)].add(int(match.group(2)))
+    everything = every_table_records(results) if seen else []  # donors, cost model: all scales
     rows = []
     for scale in sorted(seen):
         if scale not in spec.scales:
@@ -73,20 +74,19 @@ def table_status(table: str, results: Path, runs: Path,
         # steps each still needs after the checkpoint it would resume from (read once: the
         # started ones' checkpoint steps and the time left both come from it)
         to_go = {run.run_id: steps_left(run, runs) for run in left}
-        # what the next command will evaluate from a finished run's training instead of training
-        # (as runner.execute: not a run whose own training is done, nor one a worker holds)
-        everything = every_table_records(results)
-        reuses = {run.run_id: f"evaluates {donor.record['run_id']}'s training, no training left"
-                  for run in left
-                  if to_go[run.run_id] and run.run_id not in state["running"] + state["stale"]
-                  and (donor := find_donor(run, runs=runs, records=everything)) is not None}
-        # or will, once the twin a worker is training now has finished (runner.execute waits)
-        reuses |= {run.run_id: f"waits for {twin.run_id}'s training, which a worker is training "
-                               "now; no training left"
-                   for run in left
-                   if to_go[run.run_id] and run.run_id not in reuses
-                   and run.run_id not in state["running"] + state["stale"]
-                   and (twin := twin_in_training(run, runs)) is not None}
+        # what the next command will evaluate instead of training (runner.execute's decision:
+        # not for a run whose own training is done, nor one a worker holds)
+        reuses = {}
+        for run in left:
+            if not to_go[run.run_id] or run.run_id in state["running"] + state["stale"]:
+                continue
+            reused = reuse(run, runs, everything)
+            if isinstance(reused, Donor):
+                reuses[run.run_id] = (f"evaluates {reused.record['run_id']}'s training, no "
+                                      "training left")
+            elif reused is not None:  # once the twin a worker is training now has finished
+                reuses[run.run_id] = (f"waits for {reused.run_id}'s training, which a worker is "
+                                      "training now; no training left")
         # what cannot start without data the user provides (Table 4's silver trees): not "left"
         blocked = {run.run_id: why for run in left
                    if (why := missing_input(run.config.data.corpus, run.config.data.extra_trees))}

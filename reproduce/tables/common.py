@@ -96,14 +96,9 @@ def cost_line(records: list[dict[str, Any]]) -> str:
              for where, v in sorted(by_where.items())]
     if reused:
         parts.append(f"{len(reused)} run(s) evaluated from another run's training, counted there: "
-                     + ", ".join(f"{r['run_id']} ({trained_by_label(r)})" for r in reused))
+                     + ", ".join(f"{r['run_id']} ({r['trained_by']['run_id']}'s training)"
+                                 for r in reused))
     return "Cost: " + "; ".join(parts) + "."
-
-
-def trained_by_label(record: dict[str, Any]) -> str:
-    """Whose training a reused run evaluated (``sharing``): "table2-big-en-de-cpu-seed0's"."""
-    return f"{record['trained_by']['run_id']}'s training"
-
 
 
 def reference_line(records: list[dict[str, Any]]) -> list[str]:
