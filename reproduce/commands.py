@@ -29,7 +29,7 @@ from .machine import default_scale
 from .optim import accumulation
 from .precision import most_common, trained_in
 from .records import every_table_records, finished, load_records, plan_state, results_dir, runs_dir
-from .sharing import find_donor, twins
+from .sharing import Donor, reuse, twins
 from .status import report as status_report
 from .sweep import load_spec, planned_summary, with_data
 from .tables import RENDERERS
@@ -81,10 +81,18 @@ def plan_costs(spec, runs, args: argparse.Namespace, layout) -> dict[str, float]
         target = dataclasses.replace(target, devices=layout.devices)
     states = {run.run_id: plan_state(run) for run in runs}
     everything = every_table_records(results_dir())
-    # runs that will evaluate a finished run's training (``sharing``) instead of training
-    donors = {run.run_id: donor.record["run_id"] for run in runs
-              if states[run.run_id] == "train" and workers.steps_left(run)
-              and (donor := find_donor(run, records=everything)) is not None}
+    # runs that will evaluate another run's training (``sharing``) instead of training: what the
+    # runner does with them, as status says it
+    donors = {}
+    for run in runs:
+        if states[run.run_id] == "train" and workers.steps_left(run):
+            reused = reuse(run, records=everything)
+            if isinstance(reused, Donor):
+                donors[run.run_id] = (f"evaluates {reused.record['run_id']}'s training (the same "
+                                      "training, finished; no training)")
+            elif reused is not None:
+                donors[run.run_id] = (f"waits for {reused.run_id}'s training, which a worker is "
+                                      "training now (the same training; no training)")
     todo = [run for run in runs if states[run.run_id] != "done" and run.run_id not in donors]
     # steps each still needs on a CPU, after the checkpoint it would resume from (read once: the
     # worker count and each run's estimate both come from it)
@@ -120,8 +128,7 @@ def plan_costs(spec, runs, args: argparse.Namespace, layout) -> dict[str, float]
             print(f"  {run.run_id}: done (its record is kept; not run again)")
             continue
         if run.run_id in donors:
-            print(f"  {run.run_id}: evaluates {donors[run.run_id]}'s training (the same "
-                  "training, finished; no training)")
+            print(f"  {run.run_id}: {donors[run.run_id]}")
             continue
         if state.startswith("redo: "):
             print(f"  {run.run_id}: will be redone: {state[6:]}")

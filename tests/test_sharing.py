@@ -67,6 +67,11 @@ def test_a_run_waits_for_its_twin_that_a_worker_is_training(tmp_path):
         out = cli(cli_env(tmp_path), "table3", "--variant", "base", "--scale", "smoke",
                   "--seeds", "0", "--workers", "1")
         status = cli(cli_env(tmp_path), "status").stdout
+        plan = cli(cli_env(tmp_path), "table3", "--variant", "base", "--scale", "smoke",
+                   "--seeds", "0", "--dry-run").stdout
+    assert ("table3-base-smoke-seed0: waits for table2-base-en-de-smoke-seed0's training, which a "
+            "worker is training now (the same training; no training)") in plan
+    assert "total: 0 device-hours" in plan  # nothing priced for it, as status
     assert ("stopped  table3-base-smoke-seed0 (waits for table2-base-en-de-smoke-seed0's training, "
             "which a worker is training now; no training left)") in status
     assert ("table3-base-smoke-seed0: the same training as table2-base-en-de-smoke-seed0, which a "
