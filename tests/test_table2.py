@@ -62,6 +62,17 @@ def test_table2_shows_both_bleus_and_both_costs_labelled():
     assert "`nrefs:1|tok:13a`" in table and "compound" in table
 
 
+def test_table2_says_which_steps_were_averaged_and_what_averaging_bought():
+    averaged = {**_record("base-en-de", 4.0, 3.0, 6e12, 1e12),
+                "averaged_checkpoints": [f"step{s}.ckpt" for s in (30, 24, 27)],
+                "metrics": {"test_bleu": 3.0, "test_bleu_tokenized": 4.0, "train_seconds": 36.0,
+                            "train_steps": 30, "dev_ppl": 41.5},
+                "curve": {"dev_ppl": [[20, 1.0, 60.0], [30, 2.0, 43.25]]}}
+    table = render_table2(load_spec("table2"), [averaged, _record("base-en-fr", 9.0, 8.0, 7e12, 1e12)])
+    assert "| 3 (steps 24-30) | 43.25 -> 41.50 |" in table
+    assert "| 3 | – |" in table  # names that are not steps, no curve: nothing made up
+
+
 def test_table2_summarises_seeds_and_says_what_has_not_run():
     table = render_table2(load_spec("table2"), [
         _record("base-en-de", 4.0, 3.0, 6e12, 1e12, seed=0),

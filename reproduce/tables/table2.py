@@ -3,6 +3,7 @@ and EN-FR, beside the paper's and the systems it cites."""
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections import defaultdict
 from typing import Any
@@ -68,7 +69,8 @@ def _table2_details(spec: Spec, scale: str, records: list[dict[str, Any]]) -> li
               "says what they would take here)."] if missing else []), "",
            "| variant | tokenized BLEU (paper's convention) | sacreBLEU | cost, paper's method "
            "(FLOPs) | cost, counted (FLOPs) | training time | devices x TFLOPS | tokens/step "
-           "(effective) | checkpoints averaged |", "|---|---|---|---|---|---|---|---|---|"]
+           "(effective) | checkpoints averaged | dev PPL, final weights -> averaged |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(records, key=lambda r: list(spec.variants).index(r["variant"])
                     if r["variant"] in spec.variants else 99):
         cost, m, batch = r["cost"], r["metrics"], r["batch"]
@@ -78,8 +80,29 @@ def _table2_details(spec: Spec, scale: str, records: list[dict[str, Any]]) -> li
             f"{sci(cost['analytic_flops'])} | {m['train_seconds'] / 3600:.2f} h{hours_note(r)} | "
             f"{cost['devices']} x {cost['tflops_per_device']} ({cost['tflops_source']}) | "
             f"{batch['effective_tokens_per_step']} ({batch['accumulate']} accumulated) | "
-            f"{len(r['averaged_checkpoints']) or 'none'} |")
+            f"{_averaged(r['averaged_checkpoints'])} | {_averaging_gain(r)} |")
     signatures = sorted({r["bleu"]["test"]["sacrebleu"]["signature"] for r in records}
                         | {r["bleu"]["test"]["tokenized"]["signature"] for r in records})
     out += ["", "Signatures: " + "; ".join(f"`{s}`" for s in signatures), ""]
     return out
+
+
+def _averaged(names: list[str]) -> str:
+    """How many checkpoints were averaged and, from their names (``step{N}.ckpt``), the steps
+    they span: what share of the training the average covers."""
+    if not names:
+        return "none"
+    steps = sorted(int(m.group(1)) for n in names if (m := re.fullmatch(r"step(\d+)\.ckpt", n)))
+    return f"{len(names)}" + (f" (steps {steps[0]}-{steps[-1]})" if len(steps) == len(names) else "")
+
+
+def _averaging_gain(record: dict[str, Any]) -> str:
+    """Dev PPL of the final weights (the learning curve's point at the last step, before
+    averaging) beside the record's, measured on the averaged weights: what averaging bought."""
+    curve = record.get("curve", {}).get("dev_ppl") or []
+    last = record["metrics"].get("train_steps")
+    final = next((ppl for step, _, ppl in reversed(curve) if step == last), None)
+    averaged = record["metrics"].get("dev_ppl")
+    if final is None or averaged is None or not record["averaged_checkpoints"]:
+        return "–"
+    return f"{final:.2f} -> {averaged:.2f}"
