@@ -245,20 +245,28 @@ def test_the_gap_over_training_pairs_each_seed_with_bases():
     table = render_table3(load_spec("table3"), recs + [d1])
     lines = table.splitlines()
     header = next(x for x in lines if x.startswith("| | n | step 500"))
-    assert header.endswith("| step 1000 | paper, at the end | Δ dev NLL, end | Δ train loss, "
-                           "last fifth |")
+    assert header.endswith("| step 1000 | at the end, ours / paper | Δ dev NLL, end | Δ train "
+                           "loss, last fifth |")
     # seed 1 against base 1, not base 0; nats: dev (2.9 - 3.0 + 3.0 - 3.2) / 2, training loss
     # over the last fifth (2.9 - 3.0 + 2.7 - 3.0) / 2, the earlier points left out
-    assert "| A1 | 2 | +10.0% | -20.0% | +7.5% | -0.150 | -0.200 |" in lines
-    assert "| B1 | 1 | +0.0% |  | +4.9% |  | +0.000 |" in lines  # no dev_nll in its records
-    assert "| A2 | 2 | +0.0% (n=1) | +10.0% (n=1) | +1.6% |  | +0.000 |" in lines
-    assert "| D1 | 1 | -10.0% | -10.0% | +17.3% |  | another loss |" in lines  # no dropout
+    # at the end: each run's final dev PPL against its base's (40/50, 32/40)
+    assert "| A1 | 2 | +10.0% | -20.0% | -20.0% / +7.5% | -0.150 | -0.200 |" in lines
+    # no dev_nll in its records; its end (100) is not a curve point of base's last step
+    assert "| B1 | 1 | +0.0% |  | +100.0% / +4.9% |  | +0.000 |" in lines
+    assert "| A2 | 2 | +0.0% (n=1) | +10.0% (n=1) | +17.5% / +1.6% |  | +0.000 |" in lines
+    assert "| D1 | 1 | -10.0% | -10.0% | -10.0% / +17.3% |  | another loss |" in lines  # no dropout
     assert not any(x.startswith("| A4 | ") for x in lines[lines.index(header):])
     assert "Δ train NLL" not in table
     # with a training-sample NLL in both records of a pair, its own column
     recs[0]["metrics"]["train_sample_nll"], recs[2]["metrics"]["train_sample_nll"] = 2.5, 2.25
     lines = render_table3(load_spec("table3"), recs).splitlines()
-    assert "| A1 | 2 | +10.0% | -20.0% | +7.5% | -0.150 | -0.200 | -0.250 (n=1) |" in lines
+    assert "| A1 | 2 | +10.0% | -20.0% | -20.0% / +7.5% | -0.150 | -0.200 | -0.250 (n=1) |" in lines
+    # a variant trained longer than base: its row says so, its end is its own last step
+    big = curved("big", 0, [80.0, 30.0, 20.0])
+    for r, n in ((big, 3000), *((b, 1000) for b in recs[:2])):
+        r["config"] = {**r["config"], "train": {"train_steps": n}}
+    lines = render_table3(load_spec("table3"), recs[:2] + [big]).splitlines()
+    assert "| big (3000 steps; base 1000) | 1 | -20.0% | -40.0% | -60.0% / -12.0% |" in "\n".join(lines)
 
 
 def test_the_corpus_line_says_how_many_training_pairs_were_used_and_how_taken():

@@ -168,24 +168,28 @@ def gap_over_training(spec: Spec, runs: dict[str, list[dict[str, Any]]],
                if tv is not None and tb is not None] if all(same_loss(v, b) for v, b in pairs) \
             else None
         if gaps:
-            rows.append((name, len(pairs), gaps, _paired(pairs, "dev_nll"), fit,
-                         _paired(pairs, "train_sample_nll")))
+            end = [100 * (v["metrics"]["dev_ppl"] / b["metrics"]["dev_ppl"] - 1) for v, b in pairs]
+            rows.append((_trained_for(name, pairs), len(pairs), gaps, end, _paired(pairs, "dev_nll"),
+                         fit, _paired(pairs, "train_sample_nll")))
             steps |= set(gaps)
     if not rows:
         return []
     steps_in = sorted(steps)
-    sampled = any(row[5] for row in rows)  # records that scored a training sample
+    sampled = any(row[6] for row in rows)  # records that scored a training sample
     out = ["Over training: dev PPL of each variant against base at each evaluation, in % of base "
            "(+: worse than base), mean over seeds paired with base's; n = pairs (a cell with "
-           "fewer says so: a curve without that point). At the end, the same pairs' gaps in "
-           "nats: dev NLL, and the training loss (label-smoothed, dropout on) averaged over the "
-           "last fifth of the steps. Alike, the variant fits the training data faster or slower; "
-           "a dev gap without a training one, it generalizes better or worse from the same fit."
+           "fewer says so: a curve without that point). At the end: each run's final dev PPL "
+           "against its base's, ours beside the paper's (a variant trained for more or fewer "
+           "steps than base says so: the step columns are base's steps, its end is its own). "
+           "The same pairs' gaps at the end in nats: dev NLL, and the training loss "
+           "(label-smoothed, dropout on) averaged over the last fifth of the steps. Alike, the "
+           "variant fits the training data faster or slower; a dev gap without a training one, "
+           "it generalizes better or worse from the same fit."
            + (" Δ train NLL: the final weights on a fixed sample of training pairs as large as "
               "dev, scored as dev is (no smoothing, no dropout), in records that have it."
               if sampled else ""),
            "", "| | n | " + " | ".join(f"step {s}" for s in steps_in)
-           + " | paper, at the end | Δ dev NLL, end | Δ train loss, last fifth |"
+           + " | at the end, ours / paper | Δ dev NLL, end | Δ train loss, last fifth |"
            + (" Δ train NLL, end |" if sampled else ""),
            "|---|---|" + "---|" * (len(steps_in) + 3 + sampled)]
     paper_base = spec.variants["base"].paper.get("ppl") if "base" in spec.variants else None
@@ -194,15 +198,27 @@ def gap_over_training(spec: Spec, runs: dict[str, list[dict[str, Any]]],
         return (f"{statistics.mean(values):+.3f}" + (f" (n={len(values)})" if len(values) < n
                                                      else "")) if values else ""
 
-    for name, n, gap, nll, fit, sample in rows:
+    for (name, label), n, gap, end, nll, fit, sample in rows:
         paper = spec.variants[name].paper.get("ppl")
-        out.append(f"| {name} | {n} | " + " | ".join(
+        out.append(f"| {label} | {n} | " + " | ".join(
             f"{statistics.mean(gap[s]):+.1f}%" + (f" (n={len(gap[s])})" if len(gap[s]) < n else "")
-            if s in gap else "" for s in steps_in) + " | "
+            if s in gap else "" for s in steps_in) + f" | {statistics.mean(end):+.1f}% / "
             + (f"{100 * (paper / paper_base - 1):+.1f}%" if paper and paper_base else "–")
             + f" | {nats(nll, n)} | {'another loss' if fit is None else nats(fit, n)} |"
             + (f" {nats(sample, n)} |" if sampled else ""))
     return out + [""]
+
+
+def _trained_for(name: str, pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> tuple[str, str]:
+    """(variant, its row label): a variant trained for other steps than base (big: 3x) says so,
+    since the step columns are base's and its end is not theirs."""
+    def steps(r: dict[str, Any]) -> int | None:
+        return r.get("config", {}).get("train", {}).get("train_steps")
+
+    ours, base = {steps(v) for v, _ in pairs}, {steps(b) for _, b in pairs}
+    if len(ours) == 1 and len(base) == 1 and ours != base and None not in ours | base:
+        return name, f"{name} ({ours.pop()} steps; base {base.pop()})"
+    return name, name
 
 
 def _paired(pairs: list[tuple[dict[str, Any], dict[str, Any]]], key: str) -> list[float]:
