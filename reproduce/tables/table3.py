@@ -169,13 +169,13 @@ def gap_over_training(spec: Spec, runs: dict[str, list[dict[str, Any]]],
             else None
         if gaps:
             end = [100 * (v["metrics"]["dev_ppl"] / b["metrics"]["dev_ppl"] - 1) for v, b in pairs]
-            rows.append((_trained_for(name, pairs), len(pairs), gaps, end, _paired(pairs, "dev_nll"),
-                         fit, _paired(pairs, "train_sample_nll")))
+            rows.append((name, _row_label(name, pairs), len(pairs), gaps, end,
+                         _paired(pairs, "dev_nll"), fit, _paired(pairs, "train_sample_nll")))
             steps |= set(gaps)
     if not rows:
         return []
     steps_in = sorted(steps)
-    sampled = any(row[6] for row in rows)  # records that scored a training sample
+    sampled = any(sample for *_, sample in rows)  # records that scored a training sample
     out = ["Over training: dev PPL of each variant against base at each evaluation, in % of base "
            "(+: worse than base), mean over seeds paired with base's; n = pairs (a cell with "
            "fewer says so: a curve without that point). At the end: each run's final dev PPL "
@@ -198,7 +198,7 @@ def gap_over_training(spec: Spec, runs: dict[str, list[dict[str, Any]]],
         return (f"{statistics.mean(values):+.3f}" + (f" (n={len(values)})" if len(values) < n
                                                      else "")) if values else ""
 
-    for (name, label), n, gap, end, nll, fit, sample in rows:
+    for name, label, n, gap, end, nll, fit, sample in rows:
         paper = spec.variants[name].paper.get("ppl")
         out.append(f"| {label} | {n} | " + " | ".join(
             f"{statistics.mean(gap[s]):+.1f}%" + (f" (n={len(gap[s])})" if len(gap[s]) < n else "")
@@ -209,16 +209,16 @@ def gap_over_training(spec: Spec, runs: dict[str, list[dict[str, Any]]],
     return out + [""]
 
 
-def _trained_for(name: str, pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> tuple[str, str]:
-    """(variant, its row label): a variant trained for other steps than base (big: 3x) says so,
-    since the step columns are base's and its end is not theirs."""
+def _row_label(name: str, pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> str:
+    """A variant's row label: one trained for other steps than base (big: 3x) says so, since the
+    step columns are base's and its end is not theirs."""
     def steps(r: dict[str, Any]) -> int | None:
         return r.get("config", {}).get("train", {}).get("train_steps")
 
     ours, base = {steps(v) for v, _ in pairs}, {steps(b) for _, b in pairs}
     if len(ours) == 1 and len(base) == 1 and ours != base and None not in ours | base:
-        return name, f"{name} ({ours.pop()} steps; base {base.pop()})"
-    return name, name
+        return f"{name} ({ours.pop()} steps; base {base.pop()})"
+    return name
 
 
 def _paired(pairs: list[tuple[dict[str, Any], dict[str, Any]]], key: str) -> list[float]:
