@@ -36,14 +36,16 @@ def decoder(root: Path, run_id: str, sentences: int, batch_tokens: int | None = 
         del sys.modules[name]
     sys.path.insert(0, str(root))
     try:
-        from reproduce import records, runner, training
+        from reproduce import paths
         from reproduce.data import is_treebank
-        from reproduce.evaluate import translate
-        from reproduce.lit import TranslationModule
+        from reproduce.train import fit as training
+        from reproduce.train import runner
+        from reproduce.train.evaluate import translate
+        from reproduce.train.lit import TranslationModule
     finally:
         sys.path.pop(0)
     table = run_id.split("-", 1)[0]
-    ckpt = records.runs_dir() / table / run_id / "checkpoints" / "last.ckpt"
+    ckpt = paths.runs_dir() / table / run_id / "checkpoints" / "last.ckpt"
     module = TranslationModule.load_from_checkpoint(ckpt, map_location="cpu")
     c, model = module.config, module.model.eval()
     tokenizer, data = training.build_data(c)

@@ -20,7 +20,7 @@ import torch
 
 from reproduce.bench.decoding import bench_decoding
 from reproduce.config import ModelConfig
-from reproduce.model import Transformer
+from reproduce.paper.model import Transformer
 
 
 def main() -> int:

@@ -32,9 +32,9 @@ from reproduce.bench.inputs import Bible
 from reproduce.bench.report import environment
 from reproduce.bench.timing import interleaved
 from reproduce.bench.training import plain_step
-from reproduce.model import Transformer
-from reproduce.optim import output_loss, smoothed_loss
-from reproduce.sweep import load_spec
+from reproduce.paper.model import Transformer
+from reproduce.paper.optim import output_loss, smoothed_loss
+from reproduce.runs.sweep import load_spec
 
 
 def autograd_loss(logits, target, eps_ls: float, pad_id: int):

@@ -6,7 +6,7 @@ On Bible training batches (``reproduce.bench.inputs.Bible``) at the scale's conf
 runs take (forward, fused output loss, backward, Adam, schedule; ``reproduce.bench.training``)
 is warmed up for two batches, timed over ``--steps`` more, then profiled over the same number.
 It prints each group's share of the profiled CPU time (self time of its aten ops), the step's
-seconds, and the FLOP rate it reaches (the model's analytic training FLOPs, ``reproduce.flops``)
+seconds, and the FLOP rate it reaches (the model's analytic training FLOPs, ``reproduce.paper.flops``)
 beside this CPU's fp32 matmul rate at the same threads (512 x 512, as ``estimates.probe``): a
 step near that rate has little to gain but fewer FLOPs or a faster number format.
 """
@@ -23,9 +23,9 @@ from torch.profiler import ProfilerActivity, profile
 from reproduce.bench.inputs import Bible, batch_flops
 from reproduce.bench.report import environment
 from reproduce.bench.training import plain_step
-from reproduce.lit import TranslationModule
-from reproduce.machine import matmul_gflops
-from reproduce.sweep import load_spec
+from reproduce.runs.sweep import load_spec
+from reproduce.train.lit import TranslationModule
+from reproduce.util.machine import matmul_gflops
 
 # aten op (self time) -> group; an op in none of these counts as "other"
 GROUPS = {

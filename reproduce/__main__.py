@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .errors import ConfigError, DamagedRecords, DataError, RankFailure
+from reproduce.errors import ConfigError, DamagedRecords, DataError, RankFailure
 
 TABLES = {"table2": "Table 2: BLEU and training cost, base and big, EN-DE and EN-FR",
           "table3": "Table 3: variations on the architecture",
@@ -90,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     pb.add_argument("--table", required=True, choices=sorted(TABLES))
     pb.add_argument("--scale", help="only the records of this scale")
     v = sub.add_parser("verify", help="re-run a record's run from nothing in a scratch folder and "
-                       "compare every metric and hash with the record (reproduce/verify.py)")
+                       "compare every metric and hash with the record (reproduce/train/verify.py)")
     v.add_argument("record", help="a record, e.g. results/table3/table3-base-cpu-seed0.json")
     v.add_argument("--steps", type=int, help="train the first N steps only and compare the "
                    "learning curve there")
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         command = args.command
     # Deferred: commands import torch and Lightning (about 6 s here), which --help and a bad
     # option never need.
-    from . import commands
+    from reproduce import commands
 
     try:
         return getattr(commands, COMMANDS[command])(args, argv)

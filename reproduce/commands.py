@@ -18,23 +18,26 @@ from pathlib import Path
 
 import torch
 
-from . import devices, estimates, machine, workers
-from .cost import parameter_rows
-from .dashboard import log_table
-from .dashboard import publish as publish_records
-from .data import missing_input
-from .errors import ConfigError, DamagedRecords
-from .logs import quiet_libraries
-from .machine import default_scale
-from .optim import accumulation
-from .precision import most_common, trained_in
-from .records import every_table_records, finished, load_records, plan_state, results_dir, runs_dir
-from .sharing import Donor, reuse, twins
-from .status import report as status_report
-from .sweep import load_spec, planned_summary, with_data
-from .tables import RENDERERS
-from .tables.figures import plot_table
-from .tracking import wandb_mode
+from reproduce.data import missing_input
+from reproduce.errors import ConfigError, DamagedRecords
+from reproduce.paper.optim import accumulation
+from reproduce.paths import results_dir, runs_dir
+from reproduce.plan import estimates, workers
+from reproduce.plan.cost import parameter_rows
+from reproduce.plan.status import report as status_report
+from reproduce.runs.records import every_table_records, finished, load_records, plan_state
+from reproduce.runs.sharing import Donor, reuse, twins
+from reproduce.runs.sweep import load_spec, planned_summary, with_data
+from reproduce.tables import RENDERERS
+from reproduce.tables.dashboard import log_table
+from reproduce.tables.dashboard import publish as publish_records
+from reproduce.tables.figures import plot_table
+from reproduce.train import devices
+from reproduce.train.precision import most_common, trained_in
+from reproduce.util import machine
+from reproduce.util.logs import quiet_libraries
+from reproduce.util.machine import default_scale
+from reproduce.util.tracking import wandb_mode
 
 
 def params(args: argparse.Namespace) -> None:
@@ -202,8 +205,8 @@ def _train_and_render(args: argparse.Namespace, argv: list[str], spec, runs, sca
     elif args.dry_run:
         plan_costs(spec, runs, args, layout)
         return
-    from . import runner
-    from .tuning import tune
+    from reproduce.train import runner
+    from reproduce.train.tuning import tune
     quiet_libraries()
     command = workers.command(argv)
     try:
@@ -326,8 +329,8 @@ def run_table4(args: argparse.Namespace, argv: list[str]) -> None:
 
 
 def submit(args: argparse.Namespace, argv: list[str], spec, runs, scale: str) -> None:
-    """--launcher slurm: one array task per run without a record (reproduce/launch.py)."""
-    from . import launch
+    """--launcher slurm: one array task per run without a record (reproduce/plan/launch.py)."""
+    from reproduce.plan import launch
     todo = [run for run in runs if finished(run) is None]
     print(f"submission plan: {len(todo)} of {len(runs)} run(s) have no record; one SLURM array "
           "task each:")
@@ -375,19 +378,19 @@ def status(args: argparse.Namespace, argv: list[str]) -> int:
 
 def verify(args: argparse.Namespace, argv: list[str]) -> int:
     quiet_libraries()
-    from .verify import verify as verify_record
+    from reproduce.train.verify import verify as verify_record
     return verify_record(Path(args.record), args.steps,
                          Path(args.scratch) if args.scratch else None)
 
 
 def attention(args: argparse.Namespace, argv: list[str]) -> int:
-    from .attention import draw
+    from reproduce.tables.attention import draw
     print(f"plotted {draw(args.run, args.sentence, args.layer, results_dir(), runs_dir())}")
     return 0
 
 
 def bible_db(args: argparse.Namespace, argv: list[str]) -> int:
-    from .data.bible import BIBLE_DB_ENV, extract_bible_db
+    from reproduce.data.bible import BIBLE_DB_ENV, extract_bible_db
     out = Path(args.out)
     n = extract_bible_db(out)
     print(f"{out}: {n} verses, {out.stat().st_size / 1e6:.1f} MB; {BIBLE_DB_ENV}={out} reads it "
@@ -396,8 +399,8 @@ def bible_db(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def bench(args: argparse.Namespace, argv: list[str]) -> int:
-    from .bench.command import run as run_bench
-    from .gpu_check import run as check_gpu
+    from reproduce.bench.command import run as run_bench
+    from reproduce.bench.gpu import run as check_gpu
     if args.gpu:
         return check_gpu(out="results/gpu.md" if args.out == "results/performance.md"
                          else args.out)
@@ -406,6 +409,6 @@ def bench(args: argparse.Namespace, argv: list[str]) -> int:
 
 def rank_run(args: argparse.Namespace, argv: list[str]) -> int:
     """One rank of a multi-device run (``devices.train_on_ranks`` starts it)."""
-    from . import runner
+    from reproduce.train import runner
     quiet_libraries()
     return devices.rank_main(args.payload, runner.run_here)

@@ -15,7 +15,7 @@ import dataclasses
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
-from .errors import ConfigError
+from reproduce.errors import ConfigError
 
 POSITIONS = ("sinusoidal", "learned")
 # Initialization (the paper states none): "xavier" is Xavier-uniform for every matrix (tensor2tensor's
@@ -25,7 +25,7 @@ INITS = ("xavier", "depth-scaled")
 # "auto": bf16-mixed where the hardware runs it fast (CUDA with bf16, CPUs with AMX), else 32-true.
 PRECISIONS = ("auto", "32-true", "bf16-mixed", "16-mixed", "bf16-true")
 # Parse-tree targets (Table 4): POS tags kept, every tag normalized to XX, or the words themselves
-# in the tags' place (not the paper's; reproduce/parsing.py).
+# in the tags' place (not the paper's; reproduce/paper/parsing.py).
 LINEARIZATIONS = ("tags", "xx", "words")
 
 
@@ -156,7 +156,7 @@ class DataConfig:
     # Treebank corpora: each word's POS tag in the target ("tags", what the paper trained on;
     # sweeps/table4.yaml sets it) or every tag normalized to XX ("xx", Vinyals & Kaiser et al.,
     # the default because runs recorded before this field existed used it), or the words themselves
-    # ("words": not the paper's, see reproduce/parsing.py).
+    # ("words": not the paper's, see reproduce/paper/parsing.py).
     linearization: str = "xx"
     max_train_pairs: int = 0
     max_eval_pairs: int = 0

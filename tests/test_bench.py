@@ -6,15 +6,15 @@ import json
 import pytest
 import torch
 
-from reproduce import peers
 from reproduce.__main__ import main
 from reproduce.bench import decoding as bench_decoding
 from reproduce.bench import inputs as bench_inputs
+from reproduce.bench import peers
 from reproduce.bench import timing as bench_timing
 from reproduce.config import ModelConfig
-from reproduce.decoding import beam_search, greedy_search
-from reproduce.model import Transformer
-from reproduce.optim import smoothed_loss
+from reproduce.paper.decoding import beam_search, greedy_search
+from reproduce.paper.model import Transformer
+from reproduce.paper.optim import smoothed_loss
 
 BOS, EOS = 2, 3
 CONFIG = ModelConfig(vocab_size=50, N=2, d_model=32, d_ff=64, h=4, d_k=8, d_v=8)

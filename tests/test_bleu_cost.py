@@ -7,12 +7,12 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from reproduce.averaging import average_checkpoints, last_checkpoints
-from reproduce.bleu import moses_tokenize, multi_bleu, split_compounds, tokenized_bleu
 from reproduce.config import ModelConfig
-from reproduce.evaluate import sacre_bleu
-from reproduce.flops import analytic_flops, forward_flops_per_token, gpu_tflops, paper_cost
-from reproduce.model import Transformer
+from reproduce.paper.bleu import moses_tokenize, multi_bleu, split_compounds, tokenized_bleu
+from reproduce.paper.flops import analytic_flops, forward_flops_per_token, gpu_tflops, paper_cost
+from reproduce.paper.model import Transformer
+from reproduce.runs.averaging import average_checkpoints, last_checkpoints
+from reproduce.train.evaluate import sacre_bleu
 
 # --- tokenized BLEU --------------------------------------------------------------------------------
 
@@ -169,10 +169,10 @@ def test_paper_cost_reproduces_table_2():
 
 
 def test_a_run_on_a_shared_gpu_counts_its_share_of_it(monkeypatch):
-    from reproduce import runner
     from reproduce.config import Config
-    from reproduce.records import device_hours
+    from reproduce.runs.records import device_hours
     from reproduce.tables.common import cost_line
+    from reproduce.train import runner
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H200")

@@ -4,7 +4,7 @@ import os
 
 import torch
 
-from reproduce import checkpoints
+from reproduce.runs import checkpoints
 
 
 def _save(path, step, mtime):

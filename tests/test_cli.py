@@ -125,7 +125,7 @@ def test_wandb_mode_disabled_trains_and_renders_without_wandb(tmp_path):
 
 
 def test_wandb_mode_follows_wandb_s_own_switch(monkeypatch):
-    from reproduce.tracking import wandb_mode
+    from reproduce.util.tracking import wandb_mode
 
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     for mode, key, want in ((None, None, "offline"), ("online", None, "offline"),

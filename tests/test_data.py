@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from reproduce import data, tokenizer
+from reproduce import data
 from reproduce.data import (
     BIBLE_DEV_BOOKS,
     BIBLE_TEST_BOOKS,
@@ -27,7 +27,9 @@ from reproduce.data import (
 )
 from reproduce.data.module import TranslationData
 from reproduce.errors import DataError
-from reproduce.tokenizer import Tokenizer, cache_dir, load_tokenizer, train_tokenizer
+from reproduce.paper import tokenizer
+from reproduce.paper.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
+from reproduce.paths import cache_dir
 
 torch.set_num_threads(1)
 
@@ -464,7 +466,7 @@ def _fit_recording_batches(dm: TranslationData, work: Path, max_steps: int, stop
     import pytorch_lightning as pl
 
     from reproduce.config import BASE
-    from reproduce.lit import TranslationModule
+    from reproduce.train.lit import TranslationModule
 
     seen: list[tuple[int, ...]] = []
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from reproduce.config import ModelConfig
-from reproduce.decoding import beam_search, greedy_search, length_penalty
-from reproduce.model import Transformer
+from reproduce.paper.decoding import beam_search, greedy_search, length_penalty
+from reproduce.paper.model import Transformer
 
 BOS, EOS = 2, 3
 CONFIG = ModelConfig(vocab_size=40, N=2, d_model=32, d_ff=64, h=4, d_k=8, d_v=8, p_drop=0.0)
@@ -109,8 +109,8 @@ PIECES += [f"\u2581w{i}" for i in range(40 - len(PIECES) - 3)]  # the model has 
 
 @pytest.mark.parametrize("beam", [1, 3])
 def test_constrained_search_writes_a_well_formed_tree_over_exactly_the_words(model, src, beam):
-    from reproduce.decoding import TreeConstraint
-    from reproduce.parsing import well_formed
+    from reproduce.paper.decoding import TreeConstraint
+    from reproduce.paper.parsing import well_formed
 
     words = torch.tensor([1, 2, 5, 7, 3, 9])
     constraint = TreeConstraint(PIECES, CONFIG.vocab_size, EOS).start(words)
@@ -135,8 +135,8 @@ COPY_PIECES += [f"x{i}" for i in range(40 - len(COPY_PIECES) - 3)]
 def test_copy_constraint_writes_the_source_pieces_with_brackets_only_between_words(model, beam):
     """With the `words` linearization the search copies the source's pieces in order, opens and
     closes brackets only between words, and the detokenized output is a well-formed tree."""
-    from reproduce.decoding import TreeConstraint
-    from reproduce.parsing import well_formed
+    from reproduce.paper.decoding import TreeConstraint
+    from reproduce.paper.parsing import well_formed
 
     # Sentences as piece ids (EOS, then padding): "words a", "bc wo", "a words wo b".
     ids = {p: i for i, p in enumerate(COPY_PIECES)}

@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from reproduce import claims, devices, machine
 from reproduce.errors import ConfigError
+from reproduce.runs import claims
+from reproduce.train import devices
+from reproduce.util import machine
 from tests.helpers import cli, cli_env
 
 pytestmark = pytest.mark.slow
@@ -60,9 +62,9 @@ def test_two_processes_train_one_run_with_one_record_one_wandb_run_one_table(tmp
     assert claims.holder(work) is None
     assert "Traceback" not in out.stderr
     # The dev perplexity gathered over the ranks' shards is that of one process over all of dev.
-    from reproduce import training
-    from reproduce.lit import TranslationModule
-    from reproduce.sweep import load_spec
+    from reproduce.runs.sweep import load_spec
+    from reproduce.train import fit as training
+    from reproduce.train.lit import TranslationModule
 
     run = load_spec("table3").plan(["base"], "smoke", [0])[0]
     _, data = training.build_data(run.config)
@@ -266,8 +268,8 @@ def test_table4_decodes_constrained_after_ddp_training(tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's cores are what is checked")
 def test_workers_times_devices_must_fit_the_cores():
-    from reproduce import workers
-    from reproduce.sweep import load_spec
+    from reproduce.plan import workers
+    from reproduce.runs.sweep import load_spec
 
     runs = load_spec("table3").plan(["base", "A1"], "smoke", [0])
     with pytest.raises(ConfigError, match=r"--workers 2 --devices \d+: on a CPU each device"):

@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from reproduce import estimates
 from reproduce.errors import ConfigError
-from reproduce.machine import cpu_name
-from reproduce.sweep import load_spec
+from reproduce.plan import estimates
+from reproduce.runs.sweep import load_spec
+from reproduce.util.machine import cpu_name
 
 
 def _runs(table, variants, scale="paper"):
@@ -117,7 +117,7 @@ def test_a_tables_plan_is_fitted_to_this_cpus_records_of_every_table(tmp_path, m
 def test_bf16_runs_are_priced_as_fp32_steps_times_their_timed_ratio(tmp_path, monkeypatch):
     """The fit holds fp32 steps only; a bf16-mixed record is checked, and a bf16-mixed plan
     priced, at the ratio its timing measured (the `cpu-wide` probe: 0.98 s against 2.07 s)."""
-    from reproduce import precision
+    from reproduce.train import precision
 
     runs = _runs("table3", ["base", "A1", "A2", "A4"], "cpu")
     truth = estimates.CpuModel(a=2.0, b=3e5, fitted_on=0)
@@ -151,7 +151,7 @@ def test_steps_timed_here_set_the_level_and_the_records_the_shape(tmp_path):
     """Records made under slower code (or beside other jobs) price every run too high; the fp32
     step ``precision.choose`` timed on this machine for the table's base rescales the fit, and
     the fit still prices a variant against base by its counted work."""
-    from reproduce import precision
+    from reproduce.train import precision
 
     runs = _runs("table3", ["base", "A1", "A2", "A4"], "cpu")
     truth = estimates.CpuModel(a=2.0, b=3e5, fitted_on=0)

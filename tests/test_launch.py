@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from reproduce import launch
 from reproduce.__main__ import main
-from reproduce.sweep import load_spec
+from reproduce.plan import launch
+from reproduce.runs.sweep import load_spec
 
 
 def test_slurm_dry_run_prints_the_plan_and_the_sbatch_header(capsys, tmp_path, monkeypatch):

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from reproduce.config import ModelConfig
-from reproduce.model import (
+from reproduce.paper.model import (
     DecoderLayer,
     EncoderLayer,
     MultiHeadAttention,

@@ -10,7 +10,7 @@ import pytest
 from nltk.tree import Tree
 
 from reproduce.errors import ParsingDataError
-from reproduce.parsing import (
+from reproduce.paper.parsing import (
     PTB_TAGS,
     SAMPLE_FILES,
     SAMPLE_SENTENCES,

@@ -6,8 +6,8 @@ import json
 import pytest
 import torch
 
-from reproduce import precision
-from reproduce.sweep import load_spec
+from reproduce.runs.sweep import load_spec
+from reproduce.train import precision
 
 
 @pytest.fixture

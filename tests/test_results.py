@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from reproduce.records import load_records, write_record
-from reproduce.sweep import load_spec
+from reproduce.runs.records import load_records, write_record
+from reproduce.runs.sweep import load_spec
 from reproduce.tables.table3 import render_table3
 
 
@@ -133,7 +133,7 @@ def test_changes_from_base_agree_only_beyond_seed_noise():
 
 
 def test_the_table_and_its_figure_go_to_wandb_offline(tmp_path):
-    from reproduce.dashboard import log_table, table_rows
+    from reproduce.tables.dashboard import log_table, table_rows
     from reproduce.tables.figures import plot_table, rows_with_runs
 
     spec = load_spec("table3")

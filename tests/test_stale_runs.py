@@ -8,8 +8,9 @@ import shutil
 import pytest
 import torch
 
-from reproduce import records, status
-from reproduce.sweep import load_spec
+from reproduce.plan import status
+from reproduce.runs import records
+from reproduce.runs.sweep import load_spec
 
 
 @pytest.fixture
@@ -160,7 +161,7 @@ def test_a_record_calls_the_code_dirty_for_edits_outside_results_only(tmp_path, 
     # record names
     import subprocess
 
-    from reproduce import machine
+    from reproduce.util import machine
 
     def git(*args):
         subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path,
@@ -184,7 +185,7 @@ def test_a_record_calls_the_code_dirty_for_edits_outside_results_only(tmp_path, 
 def test_time_left_estimates_fp32_steps_where_the_finished_runs_trained_in_fp32(dirs, monkeypatch):
     # This machine timed bf16 twice as fast (cached), but a scale whose runs trained in fp32 keeps
     # its remaining `auto` runs in fp32 (precision.settled): their steps are estimated as fp32.
-    from reproduce import estimates
+    from reproduce.plan import estimates
 
     results, runs = dirs
     run = dataclasses.replace(_run(), config=_run().config.overrides(precision="auto"))
@@ -203,7 +204,7 @@ def test_time_left_estimates_fp32_steps_where_the_finished_runs_trained_in_fp32(
 
 
 def test_a_copied_tree_names_its_commit_by_the_environment(tmp_path, monkeypatch):
-    from reproduce import machine
+    from reproduce.util import machine
 
     monkeypatch.setattr(machine, "REPO", tmp_path)  # no .git here
     monkeypatch.delenv(machine.COMMIT_ENV, raising=False)

@@ -4,10 +4,10 @@ import socket
 
 import pytest
 
-from reproduce import cost
 from reproduce.__main__ import main
-from reproduce.optim import accumulation
-from reproduce.sweep import load_spec
+from reproduce.paper.optim import accumulation
+from reproduce.plan import cost
+from reproduce.runs.sweep import load_spec
 from reproduce.tables.table2 import render_table2
 
 

@@ -13,10 +13,10 @@ from reproduce.__main__ import main
 from reproduce.config import PARSING
 from reproduce.data import load_pairs, missing_input, tokenizer_name, tree_symbols
 from reproduce.errors import DataError, SpecError
-from reproduce.parsing import bracket_f1, delinearize, linearize, tag_pos, words
-from reproduce.sweep import load_spec
+from reproduce.paper.parsing import bracket_f1, delinearize, linearize, tag_pos, words
+from reproduce.paper.tokenizer import train_tokenizer
+from reproduce.runs.sweep import load_spec
 from reproduce.tables.table4 import render_table4
-from reproduce.tokenizer import train_tokenizer
 
 # PTB .mrg style: an unlabelled root, function tags, co-indices, traces, punctuation.
 TRAIN = [
@@ -278,7 +278,7 @@ def test_trials_are_pruned_on_dev_loss_in_the_studys_direction():
     import optuna
     import torch
 
-    from reproduce.tuning import PruneOnDevLoss, with_settings
+    from reproduce.train.tuning import PruneOnDevLoss, with_settings
 
     study = optuna.create_study(direction="maximize", pruner=optuna.pruners.ThresholdPruner(lower=-1.0))
     trial = study.ask()
@@ -313,7 +313,7 @@ def test_bad_input_is_one_line_and_exit_2(cli, capsys, args, message):
 
 
 def test_dry_run_prints_the_plan_tuning_and_what_cannot_run(monkeypatch, capsys):
-    from reproduce import cost
+    from reproduce.plan import cost
 
     monkeypatch.setattr(cost, "measure_step_seconds", lambda config, tokens, **kw: 0.01)
     assert main(["table4", "--scale", "paper", "--dry-run", "--tune", "--trials", "5"]) == 0

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from reproduce.errors import SpecError
-from reproduce.sweep import load_spec
+from reproduce.runs.sweep import load_spec
 
 pytestmark = pytest.mark.slow
 
@@ -59,9 +59,9 @@ def test_table3_study_persists_and_resumes(tmp_path):
 
 def test_a_storage_password_is_never_written(tmp_path, monkeypatch, capsys):
     """A record, its W&B run, the logs and the table name the study's URL as user:***@host."""
-    from reproduce import tuning
     from reproduce.__main__ import main
-    from reproduce.masking import mask
+    from reproduce.train import tuning
+    from reproduce.util.secrets import mask
 
     assert mask("x postgresql://me:s3cr:et@db.example:5432/optuna y") == \
         "x postgresql://me:***@db.example:5432/optuna y"

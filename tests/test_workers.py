@@ -11,7 +11,7 @@ from collections import Counter
 
 import pytest
 
-from reproduce.claims import claim, holder
+from reproduce.runs.claims import claim, holder
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +24,7 @@ def test_a_claim_is_exclusive_and_dies_with_its_holder(tmp_path):
         assert holder(tmp_path) is not None  # looking does not release it
     assert holder(tmp_path) is None
     child = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from pathlib import Path; from reproduce.claims import claim\n"
+        "import sys, time; from pathlib import Path; from reproduce.runs.claims import claim\n"
         f"with claim(Path({str(tmp_path)!r})) as mine:\n"
         "    print(mine, flush=True); time.sleep(60)")], stdout=subprocess.PIPE, text=True)
     assert child.stdout.readline().strip() == "True"
@@ -82,7 +82,7 @@ def test_four_workers_one_killed_and_restarted_record_each_run_once(tmp_path):
 
 
 def test_balance_finds_the_best_split_that_longest_first_misses():
-    from reproduce.workers import balance
+    from reproduce.plan.workers import balance
 
     # Row A's measured minutes at `cpu` scale: longest-first greedy ends at 157, the best at 142.
     costs = {"A4": 72, "A3": 64, "base": 49, "A2": 49, "A1": 44}
@@ -97,7 +97,7 @@ def test_balance_finds_the_best_split_that_longest_first_misses():
 
 
 def test_workers_finish_a_seed_before_the_next_and_stay_balanced():
-    from reproduce.workers import by_seed
+    from reproduce.plan.workers import by_seed
 
     # Row A at `cpu`, three seeds: every worker's list holds seed 0, then 1, then 2.
     minutes = {"A4": 72, "A3": 64, "base": 49, "A2": 49, "A1": 44}
@@ -114,8 +114,8 @@ def test_workers_finish_a_seed_before_the_next_and_stay_balanced():
 
 
 def test_worker_argv_and_order(monkeypatch):
-    from reproduce.sweep import load_spec
-    from reproduce.workers import ORDER_ENV, reorder, worker_argv
+    from reproduce.plan.workers import ORDER_ENV, reorder, worker_argv
+    from reproduce.runs.sweep import load_spec
 
     assert worker_argv(["table3", "--workers", "2", "--row", "A"]) == ["table3", "--row", "A"]
     assert worker_argv(["table3", "--workers=3", "--scale", "cpu"]) == ["table3", "--scale", "cpu"]
@@ -129,8 +129,8 @@ def test_worker_argv_and_order(monkeypatch):
 def test_workers_auto_splits_a_cpu_only_for_long_sweeps(tmp_path, monkeypatch):
     import torch
 
-    from reproduce import workers
-    from reproduce.sweep import load_spec
+    from reproduce.plan import workers
+    from reproduce.runs.sweep import load_spec
 
     monkeypatch.setenv("REPRODUCE_RESULTS", str(tmp_path / "results"))
     monkeypatch.setenv("REPRODUCE_RUNS", str(tmp_path / "runs"))
@@ -167,8 +167,8 @@ def test_workers_auto_splits_a_cpu_only_for_long_sweeps(tmp_path, monkeypatch):
 
 
 def test_workers_get_their_own_gpus_or_share_them_when_runs_take_one_each():
-    from reproduce import workers
     from reproduce.errors import ConfigError
+    from reproduce.plan import workers
 
     assert workers.gpu_blocks(2, 1, 2, None) == ["0", "1"]
     assert workers.gpu_blocks(2, 2, 4, None) == ["0,1", "2,3"]
@@ -230,7 +230,7 @@ def test_cores_follow_the_work_when_a_worker_ends(tmp_path, monkeypatch):
     takes the freed cores (`share_cores`)."""
     import torch
 
-    from reproduce.workers import SHARE_ENV, _wait, _write_share, share_cores
+    from reproduce.plan.workers import SHARE_ENV, _wait, _write_share, share_cores
 
     share = tmp_path / "share"
     _write_share(share, 2, 4)
@@ -256,8 +256,8 @@ def test_cores_follow_the_work_when_a_worker_ends(tmp_path, monkeypatch):
 
 
 def test_steps_left_counts_from_the_latest_checkpoint(tmp_path, monkeypatch):
-    from reproduce.sweep import load_spec
-    from reproduce.workers import steps_left
+    from reproduce.plan.workers import steps_left
+    from reproduce.runs.sweep import load_spec
 
     monkeypatch.setenv("REPRODUCE_RUNS", str(tmp_path))
     run = load_spec("table3").plan(["base"], "cpu", [0])[0]

@@ -3,12 +3,12 @@ otherwise pick, in one process, on the same batches (``python -m reproduce bench
 
 Training (forward, label-smoothed loss, backward, Adam step and warm-up schedule), in target tokens
 per second and as a fraction of this machine's matmul peak, measured here per precision (model
-FLOPs: ``reproduce.flops``, the same count for every contender since they compute the same function):
+FLOPs: ``reproduce.paper.flops``, the same count for every contender since they compute the same function):
 
-* ``ours``: ``reproduce.model.Transformer`` with the loss of ``lit.py`` (``optim.output_loss``);
+* ``ours``: ``reproduce.paper.model.Transformer`` with the loss of ``lit.py`` (``optim.output_loss``);
 * ``ours, Lightning loop``: the same module driven by a ``Trainer``, as runs train (the loop's own
   cost: hooks, logging, the optimizer call; trainer set-up excluded);
-* ``torch.nn.Transformer`` and ``MarianMT`` (``reproduce.peers``), with
+* ``torch.nn.Transformer`` and ``MarianMT`` (``reproduce.bench.peers``), with
   ``F.cross_entropy(label_smoothing=...)``, the same Adam and schedule, our weights copied in;
 * ``ours, torch.compile`` with ``--compile``.
 

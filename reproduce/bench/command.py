@@ -12,18 +12,18 @@ from typing import Any
 
 import torch
 
-from ..config import Config
-from ..errors import ConfigError
-from ..lit import TranslationModule
-from ..logs import quiet_libraries
-from ..machine import matmul_gflops
-from ..model import Transformer
-from ..precision import resolve_precision
-from ..sweep import load_spec
-from .decoding import bench_decoding
-from .inputs import BIBLE_VOCAB, OTHER, PLANS, Bible, Plan, real_tokens, synthetic_batches
-from .report import environment, render
-from .training import bench_training
+from reproduce.bench.decoding import bench_decoding
+from reproduce.bench.inputs import BIBLE_VOCAB, OTHER, PLANS, Bible, Plan, real_tokens, synthetic_batches
+from reproduce.bench.report import environment, render
+from reproduce.bench.training import bench_training
+from reproduce.config import Config
+from reproduce.errors import ConfigError
+from reproduce.paper.model import Transformer
+from reproduce.runs.sweep import load_spec
+from reproduce.train.lit import TranslationModule
+from reproduce.train.precision import resolve_precision
+from reproduce.util.logs import quiet_libraries
+from reproduce.util.machine import matmul_gflops
 
 
 def run(args: argparse.Namespace, command: str) -> int:

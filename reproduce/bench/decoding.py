@@ -10,10 +10,10 @@ from typing import Any
 
 import torch
 
-from ..decoding import beam_search, greedy_search
-from ..peers import copy_into_marian, marian, marian_generate, trainable_parameters
-from .inputs import BOS, EOS, PAD
-from .timing import Result, interleaved
+from reproduce.bench.inputs import BOS, EOS, PAD
+from reproduce.bench.peers import copy_into_marian, marian, marian_generate, trainable_parameters
+from reproduce.bench.timing import Result, interleaved
+from reproduce.paper.decoding import beam_search, greedy_search
 
 
 def bench_decoding(model, sources: list[torch.Tensor], rounds: int, beam: int, alpha: float,

@@ -11,13 +11,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..config import ModelConfig
-from ..data import batch_by_tokens, load_pairs
-from ..data.module import TranslationData
-from ..flops import analytic_flops
-from ..tokenizer import cache_dir, train_tokenizer
+from reproduce.config import ModelConfig
+from reproduce.data import batch_by_tokens, load_pairs
+from reproduce.data.module import TranslationData
+from reproduce.paper.flops import analytic_flops
+from reproduce.paper.tokenizer import train_tokenizer
+from reproduce.paths import cache_dir
 
-PAD, BOS, EOS = 0, 2, 3  # the tokenizer's ids (reproduce.tokenizer)
+PAD, BOS, EOS = 0, 2, 3  # the tokenizer's ids (reproduce.paper.tokenizer)
 
 
 OURS = "ours"

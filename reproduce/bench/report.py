@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from ..machine import cpu_flags, cpu_name
-from .inputs import OURS
+from reproduce.bench.inputs import OURS
+from reproduce.util.machine import cpu_flags, cpu_name
 
 
 def environment() -> dict[str, Any]:
@@ -109,9 +109,9 @@ def render(info: dict[str, Any], sections: list[dict[str, Any]], command: str) -
                 lines += ["", line + "."]
     lines += ["", "## Notes", "",
               "- Every contender computes the same function: the peers are built by "
-              "`reproduce/peers.py` with our weights copied in (nn.Transformer without its final "
+              "`reproduce/bench/peers.py` with our weights copied in (nn.Transformer without its final "
               "LayerNorms, which the paper lacks; Marian with our interleaved sinusoid table). "
-              "The FLOP count (`reproduce/flops.py`: matmuls only, padded shapes, training = "
+              "The FLOP count (`reproduce/paper/flops.py`: matmuls only, padded shapes, training = "
               "3 x forward) is the same for all, so `model GFLOP/s` is useful work.",
               "- Loss: ours is `optim.output_loss` (the tied output projection, one log-softmax, "
               "the smoothed loss and the unsmoothed NLL for perplexity, in chunks over the real "

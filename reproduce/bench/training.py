@@ -8,10 +8,8 @@ from collections.abc import Callable
 
 import torch
 
-from ..config import Config
-from ..lit import TranslationModule
-from ..optim import adam_with_schedule
-from ..peers import (
+from reproduce.bench.inputs import BOS, EOS, OURS, Plan, batch_flops, real_tokens
+from reproduce.bench.peers import (
     TorchTransformer,
     copy_into_marian,
     copy_into_torch,
@@ -20,8 +18,10 @@ from ..peers import (
     smoothed_cross_entropy,
     trainable_parameters,
 )
-from .inputs import BOS, EOS, OURS, Plan, batch_flops, real_tokens
-from .timing import Result, interleaved, precision_context
+from reproduce.bench.timing import Result, interleaved, precision_context
+from reproduce.config import Config
+from reproduce.paper.optim import adam_with_schedule
+from reproduce.train.lit import TranslationModule
 
 
 def plain_step(model: torch.nn.Module, loss: Callable, config: Config, precision: str):

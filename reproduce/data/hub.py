@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
-from ..errors import DataError
-from .corpora import FILE_SPLITS, CorpusSpec, corpus_spec
+from reproduce.data.corpora import FILE_SPLITS, CorpusSpec, corpus_spec
+from reproduce.errors import DataError
 
 if TYPE_CHECKING:
     import datasets

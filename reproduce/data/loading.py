@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from ..errors import DataError
-from .bible import load_bible_verses
-from .corpora import check_split, corpus_spec, nonempty_pairs, report_pairs
-from .hub import translation_columns, translation_dataset
-from .treebank import treebank_pairs
+from reproduce.data.bible import load_bible_verses
+from reproduce.data.corpora import check_split, corpus_spec, nonempty_pairs, report_pairs
+from reproduce.data.hub import translation_columns, translation_dataset
+from reproduce.data.treebank import treebank_pairs
+from reproduce.errors import DataError
 
 
 def load_pairs(corpus: str, split: str, data_dir: str | None = None,

@@ -12,18 +12,26 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader
 
-from ..errors import DataError
-from ..optim import accumulation
-from .batching import PAD_BATCH, BatchStream, Encoded, Packed, ResumableLoader, batch_by_tokens, source_tensor
-from .bible import BIBLE_BOOKS, bible_dataset
-from .corpora import SPLITS, corpus_spec, first_pairs, pairs_sha256
-from .hub import translation_dataset
-from .loading import load_pairs
-from .ngram import ngram_perplexities
-from .treebank import treebank_trees
+from reproduce.data.batching import (
+    PAD_BATCH,
+    BatchStream,
+    Encoded,
+    Packed,
+    ResumableLoader,
+    batch_by_tokens,
+    source_tensor,
+)
+from reproduce.data.bible import BIBLE_BOOKS, bible_dataset
+from reproduce.data.corpora import SPLITS, corpus_spec, first_pairs, pairs_sha256
+from reproduce.data.hub import translation_dataset
+from reproduce.data.loading import load_pairs
+from reproduce.data.ngram import ngram_perplexities
+from reproduce.data.treebank import treebank_trees
+from reproduce.errors import DataError
+from reproduce.paper.optim import accumulation
 
 if TYPE_CHECKING:
-    from ..tokenizer import Tokenizer
+    from reproduce.paper.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .batching import Packed
+from reproduce.data.batching import Packed
 
 
 def ngram_perplexities(train: Packed, dev: Packed, vocab_size: int, bos: int, eos: int,

@@ -1,5 +1,5 @@
 """Table 4's corpora: sentence -> linearized parse tree pairs from the Penn Treebank WSJ or NLTK's
-sample (read by ``reproduce.parsing``), and the tree symbols the tokenizer keeps whole."""
+sample (read by ``reproduce.paper.parsing``), and the tree symbols the tokenizer keeps whole."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import os
 from collections.abc import Sequence
 from functools import lru_cache
 
-from ..errors import DataError, ParsingDataError
-from ..parsing import is_bracket, linearize, load_treebank, read_trees, words
-from .corpora import check_split, missing_input, report_pairs
+from reproduce.data.corpora import check_split, missing_input, report_pairs
+from reproduce.errors import DataError, ParsingDataError
+from reproduce.paper.parsing import is_bracket, linearize, load_treebank, read_trees, words
 
 
 @lru_cache(maxsize=8)

@@ -3,8 +3,8 @@ records (nothing here trains or edits), and the figures drawn from the same reco
 
 from __future__ import annotations
 
-from .table2 import render_table2
-from .table3 import render_table3
-from .table4 import render_table4
+from reproduce.tables.table2 import render_table2
+from reproduce.tables.table3 import render_table3
+from reproduce.tables.table4 import render_table4
 
 RENDERERS = {"table2": render_table2, "table3": render_table3, "table4": render_table4}

@@ -8,7 +8,7 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
-from ..devices import DEVICE_NAMES
+from reproduce.train.devices import DEVICE_NAMES
 
 CORPUS_NOTES = {
     "bible-en-de": "Bible EN-DE (World English Bible -> Elberfelder 1905, split by whole books; "

@@ -13,9 +13,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from ..sweep import Spec
-from .noise import difference_noise
-from .table3 import compare_to_base
+from reproduce.runs.sweep import Spec
+from reproduce.tables.noise import difference_noise
+from reproduce.tables.table3 import compare_to_base
 
 
 # matplotlib is imported when a figure is drawn: 1.0 s that status and --dry-run never need.

@@ -8,8 +8,18 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
-from ..sweep import Spec
-from .common import corpus_note, cost_line, devices_line, fmt, hardware, hours_note, mean_std, scale_note, sci
+from reproduce.runs.sweep import Spec
+from reproduce.tables.common import (
+    corpus_note,
+    cost_line,
+    devices_line,
+    fmt,
+    hardware,
+    hours_note,
+    mean_std,
+    scale_note,
+    sci,
+)
 
 LANGS = ("en_de", "en_fr")
 

@@ -8,8 +8,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from ..sweep import Spec
-from .common import (
+from reproduce.runs.sweep import Spec
+from reproduce.tables.common import (
     corpus_note,
     cost_line,
     devices_line,
@@ -20,7 +20,7 @@ from .common import (
     scale_note,
     signed,
 )
-from .noise import difference_noise
+from reproduce.tables.noise import difference_noise
 
 # Table 3's columns, in the paper's order: (header, config section, field).
 SHAPE_COLUMNS = [("N", "model", "N"), ("d_model", "model", "d_model"), ("d_ff", "model", "d_ff"),

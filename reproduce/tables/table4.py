@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from ..data import missing_input
-from ..sweep import Spec
-from .common import cost_line, fmt, hardware, mean_std, scale_note
+from reproduce.data import missing_input
+from reproduce.runs.sweep import Spec
+from reproduce.tables.common import cost_line, fmt, hardware, mean_std, scale_note
 
 TREEBANKS = {"nltk-sample": "NLTK WSJ sample", "wsj": "WSJ"}
 
@@ -105,7 +105,7 @@ def _table4_details(spec: Spec, scale: str, kind: str, records: list[dict[str, A
             "the paper). Each record holds its full config. *Targets*: what the model writes for "
             "each word: its POS tag (as the paper's tensor2tensor data), XX (Vinyals & Kaiser et "
             "al.) or the word itself, as its source pieces (`data.linearization`, "
-            "reproduce/parsing.py)."]
+            "reproduce/paper/parsing.py)."]
     if any(r["config"]["decode"].get("constrained") for r in records):
         out.append("*constrained*: beam search could only write well-formed trees with one word "
                    "slot per input word (`decode.constrained`, `decoding.TreeConstraint`); the "

@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 kit=.kit
 write_commit() {  # machine.commit's own rule, so "dirty" means there what it means in every record
-    .venv/bin/python -c 'from reproduce.machine import commit; c = commit()
+    .venv/bin/python -c 'from reproduce.util.machine import commit; c = commit()
 print(c["sha"] + (" dirty" if c["dirty"] else ""))' > "$kit/commit"
 }
 if [ "${1:-}" = "--commit" ]; then write_commit; cat "$kit/commit"; exit 0; fi

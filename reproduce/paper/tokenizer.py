@@ -1,0 +1,175 @@
+"""A shared source-target BPE vocabulary (section 5.1), trained with sentencepiece and cached.
+
+One model is trained per (corpus, vocabulary size) and kept under ``<cache>/spm/``; later runs load
+the file instead of retraining, so every experiment on a corpus sees the same segmentation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import re
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import sentencepiece as spm
+
+from reproduce.errors import DataError
+from reproduce.util.files import write_atomic
+
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+
+# Past this many sentences sentencepiece trains on a seeded random sample: BPE training time and
+# memory grow with the input, and a few million sentences already give stable merges.
+MAX_TRAINING_SENTENCES = 2_000_000
+
+_VOCAB_TOO_HIGH = re.compile(r"[Vv]ocabulary size (?:is )?too high.*?<=\s*(\d+)")
+
+
+
+class Tokenizer:
+    """A sentencepiece model with the ids the models assume: pad=0, unk=1, bos=2, eos=3."""
+
+    def __init__(self, processor: spm.SentencePieceProcessor, path: Path | None = None):
+        expected = (PAD_ID, UNK_ID, BOS_ID, EOS_ID)
+        found = (processor.pad_id(), processor.unk_id(), processor.bos_id(), processor.eos_id())
+        if found != expected:
+            raise DataError(
+                f"tokenizer {path or '<in memory>'}: special ids (pad, unk, bos, eos) are {found},"
+                f" expected {expected}"
+            )
+        self._sp = processor
+        self.path = path
+
+    @property
+    def sha256(self) -> str:
+        """A fingerprint of the vocabulary: SHA-256 of the serialized sentencepiece model."""
+        return hashlib.sha256(self._sp.serialized_model_proto()).hexdigest()
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of pieces, special symbols included."""
+        return self._sp.get_piece_size()
+
+    @property
+    def pad_id(self) -> int:
+        """Padding id (0)."""
+        return PAD_ID
+
+    @property
+    def unk_id(self) -> int:
+        """Unknown-piece id (1)."""
+        return UNK_ID
+
+    @property
+    def bos_id(self) -> int:
+        """Begin-of-sentence id (2), prepended to decoder inputs."""
+        return BOS_ID
+
+    @property
+    def eos_id(self) -> int:
+        """End-of-sentence id (3), appended to sources and decoder targets."""
+        return EOS_ID
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        """Piece ids for each text, without BOS or EOS."""
+        if isinstance(texts, str):
+            # sentencepiece would silently return one flat list for a bare string.
+            raise TypeError("Tokenizer.encode takes a list of strings, not a single string")
+        return self._sp.encode(list(texts), out_type=int, num_threads=_threads())
+
+    def decode(self, ids: list[list[int]]) -> list[str]:
+        """Detokenized text for each id sequence; pad, BOS and EOS decode to nothing."""
+        return self._sp.decode([list(map(int, seq)) for seq in ids])
+
+    def piece(self, i: int) -> str:
+        """The piece with id ``i`` as sentencepiece writes it (``▁`` marks a word start)."""
+        return self._sp.id_to_piece(int(i))
+
+    def pieces(self) -> list[str]:
+        """Every piece, indexed by id."""
+        return [self._sp.id_to_piece(i) for i in range(self.vocab_size)]
+
+    def __repr__(self) -> str:
+        return f"Tokenizer(path={str(self.path)!r}, vocab_size={self.vocab_size})"
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """Load a sentencepiece ``.model`` file written by :func:`train_tokenizer`."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"tokenizer model not found: {path}")
+    processor = spm.SentencePieceProcessor(model_file=str(path))
+    return Tokenizer(processor, path)
+
+
+def model_path(corpus: str, vocab_size: int, cache_dir: str | Path) -> Path:
+    """Where the BPE model for ``corpus`` and ``vocab_size`` is cached."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in corpus)
+    return Path(cache_dir) / "spm" / f"{safe}-bpe{vocab_size}.model"
+
+
+def train_tokenizer(
+    corpus: str,
+    vocab_size: int,
+    texts: Iterable[str],
+    cache_dir: str | Path,
+    symbols: Sequence[str] = (),
+    hard_vocab_limit: bool = True,
+) -> Tokenizer:
+    """A shared source+target BPE model for ``corpus``, trained once and then loaded from cache.
+
+    ``texts`` should hold both sides of the training split. The cache key is only (corpus,
+    vocab_size): a second call returns the cached model whatever ``texts`` it is given.
+    ``symbols`` are pieces kept whole wherever they occur (the parser's ``▁(NP``, ``▁XX``). With
+    ``hard_vocab_limit=False`` a text too small for ``vocab_size`` gets a smaller vocabulary
+    instead of an error (``Tokenizer.vocab_size`` is the real size).
+    """
+    if vocab_size < 8:
+        raise DataError(f"vocab_size must be at least 8 (4 special ids + pieces), got {vocab_size}")
+    path = model_path(corpus, vocab_size, cache_dir)
+    if path.is_file():
+        return load_tokenizer(path)
+    model = _train(texts, vocab_size, corpus, tuple(symbols), hard_vocab_limit)
+    write_atomic(path, model)
+    return load_tokenizer(path)
+
+
+def _train(texts: Iterable[str], vocab_size: int, corpus: str, symbols: tuple[str, ...] = (),
+           hard_vocab_limit: bool = True) -> bytes:
+    """The serialized model. Trained in memory, so the file holds no temporary paths."""
+    model = io.BytesIO()
+    # Sampling beyond MAX_TRAINING_SENTENCES is the only randomness in BPE training.
+    spm.set_random_generator_seed(0)
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=(t for t in texts if t),
+            model_writer=model,
+            model_type="bpe",
+            vocab_size=vocab_size,
+            character_coverage=1.0,
+            pad_id=PAD_ID,
+            unk_id=UNK_ID,
+            bos_id=BOS_ID,
+            eos_id=EOS_ID,
+            input_sentence_size=MAX_TRAINING_SENTENCES,
+            shuffle_input_sentence=True,
+            num_threads=_threads(),
+            minloglevel=2,
+            user_defined_symbols=list(symbols),
+            hard_vocab_limit=hard_vocab_limit,
+        )
+    except RuntimeError as exc:
+        too_high = _VOCAB_TOO_HIGH.search(str(exc))
+        if too_high is None:
+            raise
+        raise DataError(
+            f"vocab_size {vocab_size} is too large for the {corpus!r} training text: sentencepiece"
+            f" allows at most {too_high.group(1)}; use a smaller vocab_size or more text"
+        ) from exc
+    return model.getvalue()
+
+
+def _threads() -> int:
+    return max(1, min(os.cpu_count() or 1, 16))

@@ -1,0 +1,304 @@
+"""What a run should take before it runs: a cost model, not a stopwatch.
+
+A training step's cost is counted, not timed: its matmul FLOPs (``flops.analytic_flops`` at the
+run's tokens per step and a typical sentence length) and its attention blocks (sentence x head x
+layer: on a CPU torch's fused attention pays per block, whatever d_k). A device turns them into
+seconds:
+
+* this CPU: a short matmul probe (cached per CPU in ``runs/cost_probe.json``), scaled to the
+  thread count the run will really use (``THREAD_EXPONENT``), times two coefficients fitted to
+  the finished records of the same CPU by least squares (seconds x probe rate = a x FLOPs + b x
+  blocks). With no record to fit, the coefficients are a stated default. Records keep what their
+  steps took when they ran: under older, slower code, or beside a test suite on a shared core, and
+  "AMD EPYC" names more than one machine. So the fit gives the shape (what a config costs against
+  another) and, where ``precision.choose`` has timed fp32 steps of the planned runs' models on
+  this machine (at any thread count, each against the probe at its own), those timings give the
+  level (``level_from_timings``);
+* a GPU by name (``--on 8xH100``): its dense bf16 (or fp32) peak from ``flops.py`` times a stated
+  utilization, with the step's work split over the devices, plus a stated per-step overhead for
+  kernel launches and the loop (what bounds a small model on a GPU).
+
+Every line says where its figures come from, and which of them are guesses.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from reproduce.config import Config
+from reproduce.errors import ConfigError
+from reproduce.paper.flops import BF16_DENSE_TFLOPS, analytic_flops, gpu_tflops, lookup
+from reproduce.train.precision import step_ratio, timed
+from reproduce.util.files import write_atomic
+from reproduce.util.machine import cpu_name, matmul_gflops
+
+SENTENCE_TOKENS = 30  # typical padded sentence length, pieces (Bible verses and WMT sentences)
+# Without records to fit: the share of the probe's matmul rate a training step reaches, and a GPU's
+# share of its dense peak. Guesses, said so on every line that uses them.
+DEFAULT_CPU_UTILIZATION = 0.3
+DEFAULT_GPU_UTILIZATION = 0.35
+# A GPU step also costs time that no FLOP count sees: kernel launches (forward and backward of each
+# encoder and decoder layer), the optimizer and the training loop's Python. Guesses too, until a
+# GPU record is fitted; without them a `cpu`-size model "trains" 1000 steps in half a second.
+GPU_STEP_OVERHEAD_S = 0.005
+GPU_LAYER_OVERHEAD_S = 0.001
+
+
+def step_work(config: Config, devices: int = 1) -> tuple[float, float]:
+    """(training FLOPs, attention blocks) of one optimizer step, per device."""
+    m, t = config.model, config.train
+    tokens = t.batch_tokens / devices  # source and target tokens per device, padded
+    sentences = tokens / SENTENCE_TOKENS
+    pairs = sentences * SENTENCE_TOKENS ** 2
+    flops = analytic_flops(m, int(tokens), int(tokens), int(pairs), int(pairs), int(pairs))
+    blocks = 3 * 3 * sentences * m.h * m.N  # self, cross and decoder self; fwd + 2x bwd
+    return flops, blocks
+
+
+# Threads do not add up on small products: two 1-thread workers trained 1.3x the steps per second
+# of one 2-thread process on the 2-core EPYC (docs/sweeps.md), so 2 threads are 2 / 1.3 = 1.54x one,
+# 2 ** 0.62. A probe at 2 threads is also unreliable while anything else runs (a 2-thread matmul
+# stalls on a busy core): the probe runs at 1 thread and other thread counts scale by this.
+THREAD_EXPONENT = 0.62
+
+
+def rate_at(threads: int, cache: Path | None = None) -> float:
+    """GFLOP/s a run with ``threads`` threads gets here: the 1-thread probe, scaled."""
+    return probe(1, cache) * max(1, threads) ** THREAD_EXPONENT
+
+
+@functools.cache
+def probe(threads: int, cache: Path | None = None) -> float:
+    """This CPU's fp32 matmul rate at ``threads`` threads, GFLOP/s (512 x 512, best of ~0.3 s,
+    cached per CPU and thread count in ``cache`` and, for this process, in memory)."""
+    key = f"{cpu_name()}|{threads}"
+    known = json.loads(cache.read_text()) if cache and cache.exists() else {}
+    if key in known:
+        return known[key]
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        rate = matmul_gflops(torch.float32, 512, budget=0.3)
+    finally:
+        torch.set_num_threads(before)
+    if cache:
+        write_atomic(cache, (json.dumps({**known, key: rate}, indent=1) + "\n").encode())
+    return rate
+
+
+@dataclass(frozen=True)
+class CpuModel:
+    """seconds per step = (a x FLOPs + b x blocks) / probe rate (GFLOP/s at the run's threads)."""
+
+    a: float
+    b: float
+    fitted_on: int  # records; 0: the default
+    level: float = 1.0  # the fit scaled by this to match steps timed here (level_from_timings)
+    timed_on: int = 0  # distinct models timed; 0: not scaled
+
+    def seconds(self, flops: float, blocks: float, rate: float) -> float:
+        return self.level * (self.a * flops + self.b * blocks) / (rate * 1e9)
+
+    @property
+    def source(self) -> str:
+        fit = (f"fitted to {self.fitted_on} record(s) of this CPU" if self.fitted_on else
+               f"GUESS: no record of this CPU to fit; {DEFAULT_CPU_UTILIZATION:.0%} of the probe")
+        return fit + (f", x{self.level:.2f} to match {self.timed_on} fp32 step time(s) measured "
+                      "here" if self.timed_on else "")
+
+
+def _record_work(record: dict[str, Any]) -> tuple[float, float, int] | None:
+    """(FLOPs, blocks) per step as ``step_work`` counts them for the record's config, and its
+    thread count; None for records this model cannot use (GPUs, several devices, no config)."""
+    h = record.get("hardware", {})
+    if h.get("gpus") or record.get("batch", {}).get("world_size", 1) != 1:
+        return None
+    try:
+        config = Config.from_dict(record["config"])
+    except (ConfigError, KeyError, TypeError):
+        return None
+    flops, blocks = step_work(config)
+    return flops, blocks, int(h.get("torch_threads") or 1)
+
+
+def fit_cpu(records: list[dict[str, Any]], rate_at) -> CpuModel:
+    """Least squares over this CPU's fp32 records: seconds/step x rate(threads) = a F + b A,
+    a, b >= 0. ``rate_at(threads)`` is the probe. Falls back to the default with fewer than 2
+    records. A bf16-mixed run is estimated as fp32 times its timed ratio (``estimate``)."""
+    rows, target, here = [], [], cpu_name()
+    for r in records:
+        if r.get("hardware", {}).get("cpu") != here or not r["metrics"].get("train_steps") \
+                or r.get("trained_by"):  # another run's training, already counted
+            continue
+        if r.get("precision", "32-true") != "32-true":  # fp32 steps; bf16 is a ratio of them
+            continue
+        work = _record_work(r)
+        if work is None:
+            continue
+        flops, blocks, threads = work
+        rows.append([flops, blocks])
+        target.append(r["metrics"]["train_seconds"] / r["metrics"]["train_steps"]
+                      * rate_at(threads) * 1e9)
+    if len(rows) < 2:
+        return CpuModel(1 / DEFAULT_CPU_UTILIZATION, 0.0, 0)
+    x, y = np.array(rows), np.array(target)
+    scale = x.max(axis=0)  # columns of very different magnitude
+    coef, *_ = np.linalg.lstsq(x / scale, y, rcond=None)
+    coef = coef / scale
+    if (coef < 0).any():  # one term alone, the better of the two
+        fits = []
+        for j in range(2):
+            c = float(x[:, j] @ y / (x[:, j] @ x[:, j]))
+            fits.append((float(((x[:, j] * c - y) ** 2).sum()), j, c))
+        _, j, c = min(fits)
+        coef = np.zeros(2)
+        coef[j] = c
+    return CpuModel(float(coef[0]), float(coef[1]), len(rows))
+
+
+def level_from_timings(model: CpuModel, runs, rate_at, threads: Sequence[int],
+                       cache: Path | None = None) -> CpuModel:
+    """``model`` scaled to the fp32 steps ``precision.choose`` timed on this machine (``cache``,
+    default ``runs/precision.json``) for the runs' reference models, at any of ``threads``: the
+    median of timed / predicted (at ``rate_at`` that thread count) over the distinct timings.
+    Unchanged where none was timed (a fixed precision, or nothing trained here yet)."""
+    levels: dict[str, float] = {}
+    unscaled = replace(model, level=1.0)
+    for reference in {run.precision_from or run.config for run in runs}:  # a table's runs share one
+        for k in threads:
+            entry = timed(reference, k, cache) or {}
+            seconds = (entry.get("seconds_per_step") or {}).get("32-true")
+            if seconds:
+                levels[json.dumps(entry, sort_keys=True)] = seconds / unscaled.seconds(
+                    *step_work(reference), rate_at(k))
+    if not levels:
+        return model
+    return replace(model, level=statistics.median(levels.values()), timed_on=len(levels))
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where runs are planned to train: this CPU (``kind="cpu"``) or ``devices`` GPUs by name."""
+
+    kind: str
+    devices: int = 1
+    name: str = "this CPU"
+    tflops: float | None = None  # per device, for a GPU
+    guess: str = ""
+
+    @property
+    def label(self) -> str:
+        return self.name if self.kind == "cpu" else f"{self.devices}x {self.name}"
+
+
+def parse_on(value: str | None) -> Target:
+    """``--on``: ``8xH100``, ``H100`` or ``cpu``/absent (this machine)."""
+    if not value or value.lower() in ("cpu", "here"):
+        return Target("cpu")
+    match = re.fullmatch(r"(?:(\d+)\s*[xX]\s*)?(.+)", value.strip())
+    devices, name = int(match.group(1) or 1), match.group(2).strip()
+    bf16 = lookup(name, BF16_DENSE_TFLOPS)
+    fp32 = gpu_tflops(name)
+    if bf16 is None and fp32 is None:
+        raise ConfigError(f"--on {value!r}: unknown device {name!r}; known: "
+                          + ", ".join(sorted(set(BF16_DENSE_TFLOPS) | {"V100", "P100", "T4"}))
+                          + " (or cpu for this machine)")
+    peak, which = (bf16, "dense bf16 peak") if bf16 else (fp32, "fp32 peak")
+    return Target("gpu", devices, name, peak * DEFAULT_GPU_UTILIZATION,
+                  f"GUESS: {DEFAULT_GPU_UTILIZATION:.0%} of the {which} {peak:g} TFLOPS, "
+                  "no record of this GPU to fit")
+
+
+@dataclass(frozen=True)
+class Estimate:
+    run_id: str
+    steps: int
+    seconds_per_step: float
+    devices: int
+    flops: float  # counted, whole run
+    source: str
+
+    @property
+    def hours(self) -> float:
+        return self.seconds_per_step * self.steps / 3600
+
+    @property
+    def device_hours(self) -> float:
+        return self.hours * self.devices
+
+
+def cpu_step_ratio(run, threads: int, cache: Path | None = None,
+                   settled: str | None = None) -> float:
+    """A step of ``run`` in the precision ``auto`` took here over an fp32 step, from the timing
+    cached (``cache``, default ``runs/precision.json``) for its table's base at ``threads`` (1.0
+    when fp32 or not timed yet). ``settled``: the precision the records of its table and scale
+    trained in (``precision.settled``), which ``auto`` follows: fp32 there is an fp32 step."""
+    if run.config.train.precision != "auto" or settled == "32-true":
+        return 1.0
+    return step_ratio(timed(run.precision_from or run.config, threads, cache))
+
+
+def estimate(run, target: Target, model: CpuModel | None = None, rate: float | None = None,
+             steps: int | None = None, ratio: float = 1.0) -> Estimate:
+    """The run's training time on ``target`` (``steps`` left, default all of them). On this CPU,
+    ``model`` and ``rate`` (the probe at the thread count the run will use) are required, and
+    ``ratio`` scales the fitted fp32 step to the run's precision (``cpu_step_ratio``)."""
+    c = run.config
+    steps = c.train.train_steps if steps is None else steps
+    devices = target.devices
+    flops, blocks = step_work(c, devices)
+    if target.kind == "cpu":
+        seconds = model.seconds(flops, blocks, rate) * ratio
+        source = f"probe {rate:.0f} GFLOP/s, {model.source}" + (
+            f"; bf16-mixed at {ratio:.2f}x an fp32 step, as timed" if ratio != 1.0 else "")
+    else:
+        overhead = GPU_STEP_OVERHEAD_S + GPU_LAYER_OVERHEAD_S * 2 * c.model.N
+        seconds = flops / (target.tflops * 1e12) + overhead
+        source = f"{target.guess}; plus {overhead * 1e3:.0f} ms/step of launches (GUESS)"
+    return Estimate(run.run_id, steps, seconds, devices, flops * devices * steps, source)
+
+
+def paper_method_flops(e: Estimate, target: Target) -> float | None:
+    """The paper's cost: hours x devices x sustained fp32 TFLOPS (None on a CPU)."""
+    if target.kind == "cpu":
+        return None
+    tflops = gpu_tflops(target.name)
+    return None if tflops is None else e.hours * 3600 * e.devices * tflops * 1e12
+
+
+def check_against_records(runs, records: dict[str, dict[str, Any]], model: CpuModel,
+                          rate_at) -> list[tuple[str, float, float]]:
+    """(run id, estimated hours, recorded hours) for planned runs that have a record from this CPU
+    on one device, the estimate taken at the record's own thread count."""
+    out, here = [], cpu_name()
+    for run in runs:
+        r = records.get(run.run_id)
+        if not r or r.get("hardware", {}).get("cpu") != here or _record_work(r) is None \
+                or r.get("trained_by"):
+            continue
+        threads = int(r["hardware"].get("torch_threads") or 1)
+        e = estimate(run, Target("cpu"), model, rate_at(threads),
+                     steps=r["metrics"]["train_steps"], ratio=step_ratio(r.get("precision_choice")))
+        out.append((run.run_id, e.hours, r["metrics"]["train_seconds"] / 3600))
+    return out
+
+
+def error_line(checked: list[tuple[str, float, float]]) -> str:
+    """The median and worst relative error of the estimates against what the runs took."""
+    if not checked:
+        return "no recorded run of this plan on this CPU to check the estimates against"
+    errors = [(abs(est - took) / took, run_id, est, took) for run_id, est, took in checked]
+    median = statistics.median(e[0] for e in errors)
+    worst = max(errors)
+    return (f"checked on {len(errors)} recorded run(s): median error {median:.0%}, worst "
+            f"{worst[1]} {worst[0]:.0%} ({worst[2]:.2f} h estimated, {worst[3]:.2f} h taken)")

@@ -1,0 +1,180 @@
+"""``python -m reproduce status``: per table and scale, what is done, running, stopped and missing,
+and what the finished runs cost. Reads records, claims and run folders; changes nothing.
+
+*stale*: a record made with another config than the spec resolves to now (a scale or spec edited
+since); the next sweep command moves it to ``superseded/`` and redoes the run. *running*: a live
+worker holds the run's claim. *stopped*: the run has a folder (and perhaps
+checkpoints) but no record and no live worker: crashed or interrupted; the next sweep command
+resumes it. *missing*: planned by the spec (at a scale and seed this table has been run at) but
+never started. A stopped or missing run whose training another finished run has done (``sharing``)
+is said to evaluate that run's training and counts no training time left (so does one whose twin
+a worker is training now, which it will evaluate); one that needs data
+only the user can provide (Table 4's silver trees) is said to wait for it, and is not counted.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from reproduce.data import missing_input
+from reproduce.plan import estimates
+from reproduce.plan.workers import auto_count, steps_left
+from reproduce.runs.claims import holder
+from reproduce.runs.records import device_hours, every_table_records, load_records, same_config
+from reproduce.runs.sharing import Donor, reuse
+from reproduce.runs.sweep import load_spec, shipped_specs
+from reproduce.train.precision import most_common, trained_in
+from reproduce.util import machine
+
+
+def table_status(table: str, results: Path, runs: Path,
+                 damaged: list[str] | None = None) -> list[dict[str, Any]]:
+    """One row per scale: the run ids in each state and the cost of the finished ones. Damaged
+    records are set aside (``records.load_records``; a line each in ``damaged``): their runs
+    count as stopped or missing."""
+    spec = load_spec(table)
+    records = {r["run_id"]: r for r in load_records(spec.table, results, damaged)}
+    folders = {p.name: p for p in (runs / spec.table).glob(f"{spec.table}-*") if p.is_dir()}
+    seen: dict[str, set[int]] = defaultdict(set)
+    # <table>-<variant>-<scale>-seed<k>; variants and scales may hold hyphens (base-en-de, cpu-wide)
+    named = re.compile("-(" + "|".join(map(re.escape, sorted(spec.scales, key=len, reverse=True)))
+                       + r")-seed(\d+)$")
+    for run_id in set(records) | set(folders):
+        if match := named.search(run_id):
+            seen[match.group(1)].add(int(match.group(2)))
+    everything = every_table_records(results) if seen else []  # donors, cost model: all scales
+    rows = []
+    for scale in sorted(seen):
+        if scale not in spec.scales:
+            continue
+        planned = spec.plan(spec.variants_at(scale), scale, sorted(seen[scale]))
+        state: dict[str, list[str]] = {"done": [], "stale": [], "running": [], "stopped": [],
+                                       "missing": []}
+        for run in planned:
+            run_id = run.run_id
+            if run_id in records and same_config(records[run_id].get("config"), run.config):
+                state["done"].append(run_id)
+            elif run_id in records:  # made under settings since changed: to be redone
+                state["stale"].append(run_id)
+            elif run_id in folders and holder(folders[run_id]) is not None:
+                state["running"].append(run_id)
+            elif run_id in folders:
+                state["stopped"].append(run_id)
+            else:
+                state["missing"].append(run_id)
+        done = [records[i] for i in state["done"]]
+        trained = [r for r in done if not r.get("trained_by")]  # each training counted once
+        flops = [r.get("cost", {}).get("paper_method_flops") for r in trained]
+        unfinished = state["stale"] + state["running"] + state["stopped"] + state["missing"]
+        left = [run for run in planned if run.run_id in unfinished]
+        # steps each still needs after the checkpoint it would resume from (read once: the
+        # started ones' checkpoint steps and the time left both come from it)
+        to_go = {run.run_id: steps_left(run, runs) for run in left}
+        # what the next command will evaluate instead of training (runner.execute's decision:
+        # not for a run whose own training is done, nor one a worker holds)
+        reuses = {}
+        for run in left:
+            if not to_go[run.run_id] or run.run_id in state["running"] + state["stale"]:
+                continue
+            reused = reuse(run, runs, everything)
+            if isinstance(reused, Donor):
+                reuses[run.run_id] = (f"evaluates {reused.record['run_id']}'s training, no "
+                                      "training left")
+            elif reused is not None:  # once the twin a worker is training now has finished
+                reuses[run.run_id] = (f"waits for {reused.run_id}'s training, which a worker is "
+                                      "training now; no training left")
+        # what cannot start without data the user provides (Table 4's silver trees): not "left"
+        blocked = {run.run_id: why for run in left
+                   if (why := missing_input(run.config.data.corpus, run.config.data.extra_trees))}
+        left = [run for run in left if run.run_id not in reuses and run.run_id not in blocked]
+        started = set(state["running"] + state["stopped"])
+        saved = {run.run_id: (run.config.train.train_steps - to_go[run.run_id],
+                              run.config.train.train_steps) for run in left if run.run_id in started}
+        # what the finished runs trained in (shown); the runs still to come with `precision:
+        # auto` follow what those with `auto` trained in (precision.settled), whatever this
+        # machine would choose
+        shown: dict[str, int] = defaultdict(int)
+        for r in done:
+            shown[r.get("precision") or "unrecorded"] += 1
+        rows.append({"table": spec.table, "scale": scale, "seeds": sorted(seen[scale]), **state,
+                     "checkpoint_steps": saved, "precision": dict(shown), "reuses": reuses,
+                     "blocked": blocked,
+                     "left": _time_left(left, to_go, everything, runs,
+                                        settled=most_common(trained_in(done, scale))),
+                     "train_hours": sum(r["metrics"]["train_seconds"] for r in trained) / 3600,
+                     "device_hours": sum(device_hours(r) for r in done),
+                     "paper_method_flops": sum(f for f in flops if f)})
+    return rows
+
+
+def _time_left(left: list, to_go: dict[str, int], records: list[dict[str, Any]],
+               runs: Path, settled: str | None = None) -> dict[str, Any]:
+    """What the runs not yet finished (``to_go``: steps left after their checkpoints) should take
+    on this CPU, with the worker layout ``--workers auto`` would pick (``estimates``: counted
+    FLOPs, the cached probe, the fit to this CPU's records of every table). ``settled``: the
+    precision the scale's finished runs trained in, which ``auto`` runs follow; fp32 steps are
+    estimated as fp32 whatever this machine timed."""
+    if not left:
+        return {"device_hours": 0.0, "wall_hours": 0.0, "workers": 0, "source": ""}
+    n = auto_count(left, to_go=to_go)
+    threads = max(1, min(machine.cores(), torch.get_num_threads()) // n)
+    cache, timings = runs / "cost_probe.json", runs / "precision.json"
+
+    def rate_at(k: int) -> float:
+        return estimates.rate_at(k, cache)
+
+    model = estimates.level_from_timings(estimates.fit_cpu(records, rate_at), left, rate_at,
+                                         range(1, machine.cores() + 1), timings)
+    rate = rate_at(threads)
+    hours = sum(estimates.estimate(run, estimates.Target("cpu"), model, rate, to_go[run.run_id],
+                                   estimates.cpu_step_ratio(run, threads, timings,
+                                                            settled)).hours
+                for run in left)
+    return {"device_hours": hours, "wall_hours": hours / n, "workers": n, "source": model.source}
+
+
+def _counts(precisions: dict[str, int]) -> str:
+    """``32-true``, or ``32-true (10), bf16-mixed (2)`` when the runs differ."""
+    if len(precisions) == 1:
+        return next(iter(precisions))
+    return ", ".join(f"{p} ({n})" for p, n in sorted(precisions.items()))
+
+
+def report(results: Path, runs: Path, verbose: bool = False,
+           damaged: list[str] | None = None) -> str:
+    lines = []
+    for path in shipped_specs():
+        rows = table_status(path.stem, results, runs, damaged)
+        if not rows:
+            lines.append(f"{path.stem}: nothing run yet")
+            continue
+        for row in rows:
+            counts = ", ".join(f"{len(row[k])} {k}" for k in ("done", "stale", "running", "stopped",
+                                                              "missing"))
+            lines.append(f"{row['table']} at `{row['scale']}` (seeds {row['seeds']}): {counts}; "
+                         f"spent {row['train_hours']:.2f} h training ({row['device_hours']:.2f} "
+                         f"device-hours, {row['paper_method_flops']:.2g} FLOPs by the paper's "
+                         "method)" + (f"; trained in {_counts(row['precision'])}"
+                                      if row["precision"] else ""))
+            left = row["left"]
+            if left["workers"]:
+                lines.append(f"  left: about {left['device_hours']:.1f} h of training on this CPU,"
+                             f" {left['wall_hours']:.1f} h with {left['workers']} worker(s) "
+                             f"({left['source']})")
+            for run_id, why in row["blocked"].items():
+                lines.append(f"  waits    {run_id}: {why}")
+            for key in ("stale", "running", "stopped") + (("missing",) if verbose else ()):
+                for run_id in row[key]:
+                    if run_id in row["blocked"]:
+                        continue  # said above
+                    step, steps = row["checkpoint_steps"].get(run_id, (None, None))
+                    lines.append(f"  {key:8} {run_id}" + (
+                        f" ({row['reuses'][run_id]})" if run_id in row["reuses"] else
+                        f" (checkpoint at step {step} of {steps})"
+                        if step else " (no checkpoint yet)" if step == 0 else ""))
+    return "\n".join(lines)

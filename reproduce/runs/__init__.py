@@ -1,0 +1,1 @@
+"""Runs as files: sweep specs -> planned runs, their records, checkpoints, averaging, claims, shared trainings."""

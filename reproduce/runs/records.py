@@ -1,0 +1,247 @@
+"""Run records (``results/<table>/<run_id>.json``): where they live, writing them atomically,
+reading them (damaged ones included), whether one is a finished run of a config, retiring those of
+an earlier config, and the outputs kept beside them.
+
+A record that does not parse, or parses to something that is not a run's record (a truncated
+copy, a file edited by hand, a merge conflict), is never taken for a result and never blocks the
+others: whoever meets it says so in one line and moves it to ``results/<table>/damaged/``
+(nothing is deleted). The sweep command then redoes that run; render and ``status`` name it and
+exit non-zero.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import logging
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from reproduce.config import Config
+from reproduce.errors import ConfigError
+from reproduce.paths import results_dir
+from reproduce.runs.checkpoints import newest_readable
+from reproduce.runs.sweep import PlannedRun
+from reproduce.util.files import timestamp, write_atomic
+
+log = logging.getLogger("reproduce")
+
+DAMAGED = "damaged"
+REQUIRED = ("run_id", "config", "metrics")
+
+
+class DamagedRecord(ValueError):
+    """A record file that cannot be read as a run's record."""
+
+    def __init__(self, path: Path, why: str) -> None:
+        super().__init__(f"{path}: damaged record ({why})")
+        self.path = path
+
+
+def read_record(path: Path) -> dict[str, Any] | None:
+    """The record at ``path``; None if there is none; ``DamagedRecord`` if it is not one."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as e:
+        raise DamagedRecord(path, str(e)) from None
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DamagedRecord(path, f"not valid JSON: {e}") from None
+    if not isinstance(record, dict) or any(key not in record for key in REQUIRED):
+        raise DamagedRecord(path, f"not a run's record: it needs the keys {', '.join(REQUIRED)}")
+    return record
+
+
+def set_aside(path: Path) -> Path:
+    """Move a damaged record to ``<its folder>/damaged/<name>.<time>.json``; return where."""
+    stamp = timestamp()
+    moved = path.parent / DAMAGED / f"{path.stem}.{stamp}.json"
+    moved.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(path, moved)
+    return moved
+
+
+def _moved_line(e: DamagedRecord) -> str | None:
+    """Set the damaged record aside; the line that says so, or None when another process set it
+    aside first."""
+    try:
+        return f"{e}; moved to {set_aside(e.path)}"
+    except FileNotFoundError:
+        return None
+
+
+def load_records(table: str, results: Path, damaged: list[str] | None = None,
+                 move: bool = True) -> list[dict[str, Any]]:
+    """Every record of ``table``. Damaged files are set aside, and a line saying which and where
+    they went is appended to ``damaged`` (logged as a warning when no list is given); with
+    ``move=False`` (a dry run, which changes nothing) they are only skipped."""
+    records = []
+    for path in sorted((results / table).glob("*.json")):
+        try:
+            records.append(read_record(path))
+        except DamagedRecord as e:
+            if not move or (line := _moved_line(e)) is None:
+                continue
+            line += "; its run will be redone"
+            if damaged is None:
+                log.warning("%s", line)
+            else:
+                damaged.append(line)
+    return records
+
+
+def every_table_records(results: Path) -> list[dict[str, Any]]:
+    """The readable records of every table under ``results`` (damaged ones skipped, not moved):
+    what a cost model of one machine learns from, whichever table a plan is for."""
+    tables = sorted(p.name for p in results.iterdir() if p.is_dir()) if results.is_dir() else []
+    return [r for t in tables for r in load_records(t, results, move=False)]
+
+
+OUTPUTS = "outputs"
+
+
+def _lines(texts: list[str]) -> bytes:
+    """One sentence a line (a line break inside one would shift every line after it)."""
+    return gzip.compress("".join(t.replace("\n", " ") + "\n" for t in texts).encode(), mtime=0)
+
+
+def write_outputs(folder: Path, run_id: str, split: str, hypotheses: list[str],
+                  references: list[str]) -> dict[str, str]:
+    """Keep a split's outputs beside the records, so anyone can recompute its BLEU:
+    ``outputs/<run_id>.<split>.hyp.gz`` and the references once per content,
+    ``outputs/refs/<sha256>.ref.gz``. Returns the two paths relative to ``folder`` (the table's
+    records folder); for example
+    ``sacrebleu <(zcat REF) -i <(zcat HYP)`` gives the recorded sacreBLEU."""
+    refs = _lines(references)
+    digest = hashlib.sha256(gzip.decompress(refs)).hexdigest()[:16]
+    ref_path = Path(OUTPUTS) / "refs" / f"{digest}.ref.gz"
+    hyp_path = Path(OUTPUTS) / f"{run_id}.{split}.hyp.gz"
+    if not (folder / ref_path).exists():
+        write_atomic(folder / ref_path, refs)
+    write_atomic(folder / hyp_path, _lines(hypotheses))
+    return {"hypotheses": str(hyp_path), "references": str(ref_path)}
+
+
+def device_hours(record: dict[str, Any]) -> float:
+    """Hours of device time a record's training took: its hours x its devices, a share of one
+    GPU where several of a command's workers trained side by side on it (``gpu_shared_by``);
+    none for a run evaluated from another run's training (``sharing``), counted there."""
+    if record.get("trained_by"):
+        return 0.0
+    cost = record.get("cost", {})
+    return (record["metrics"]["train_seconds"] * cost.get("devices", 1)
+            / cost.get("gpu_shared_by", 1) / 3600)
+
+
+
+def record_path(run: PlannedRun, results: Path | None = None) -> Path:
+    return (results or results_dir()) / run.table / f"{run.run_id}.json"
+
+
+def write_record(path: Path, data: dict[str, Any]) -> None:
+    """Write JSON so that a reader sees the old file or the whole new one, never a part."""
+    write_atomic(path, (json.dumps(data, indent=1, sort_keys=False) + "\n").encode())
+
+
+def load_record(path: Path) -> dict[str, Any] | None:
+    """The record at ``path``, or None when there is none or it is damaged (then set aside, in
+    one line: the run is redone)."""
+    try:
+        return read_record(path)
+    except DamagedRecord as e:
+        if (line := _moved_line(e)) is not None:
+            log.warning("%s; the run will be redone", line)
+        return None
+
+
+def plan_state(run: PlannedRun) -> str:
+    """What the sweep command will do with ``run``, without changing anything: ``done`` (a
+    record of its config), ``redo: ...`` (a record it will not trust, and why) or ``train``."""
+    path = record_path(run)
+    try:
+        record = read_record(path)
+    except DamagedRecord as e:
+        return f"redo: {e}"
+    if record is None:
+        return "train"
+    if same_config(record.get("config"), run.config):
+        return "done"
+    return f"redo: {path} was made with another config (it will move to superseded/)"
+
+
+def stored_config(stored: dict[str, Any] | None) -> Config | None:
+    """A config as a record or checkpoint stores it (a dict, through JSON), rebuilt with
+    ``Config.from_dict``; None when there is none or it no longer validates."""
+    if stored is None:
+        return None
+    try:
+        return Config.from_dict(json.loads(json.dumps(stored)))
+    except (ConfigError, TypeError, AttributeError):
+        return None
+
+
+def same_config(stored: dict[str, Any] | None, config: Config, training_only: bool = False) -> bool:
+    """Whether a config stored in a record or checkpoint is ``config``: the stored dict (through
+    JSON, as a record holds it) is rebuilt with ``Config.from_dict`` and compared as a Config.
+
+    A field added to the config since the record was written counts at its default, which is
+    what that run did (new fields default to the old behaviour); a field since removed, or any
+    stored value that no longer validates, makes the stored config a different one.
+    ``training_only``: what a checkpoint of ``config`` may differ in and still be resumed as one:
+    decoding settings (weights do not depend on them) and ``train_steps`` (the learning-rate
+    schedule does not depend on it either, so a run given more steps continues exactly where it
+    stopped; the caller checks that the checkpoint is not past the new step count).
+    """
+    rebuilt = stored_config(stored)
+    if rebuilt is None:
+        return False
+    if training_only:
+        rebuilt = replace(rebuilt, decode=config.decode,
+                          train=replace(rebuilt.train, train_steps=config.train.train_steps))
+    return rebuilt == config
+
+
+def finished(run: PlannedRun) -> dict[str, Any] | None:
+    """The record of ``run`` if it finished with exactly ``run``'s resolved config, else None.
+
+    A record made under other settings (a scale or spec edited since) is not this run: it is
+    retired by ``execute`` when the run is redone, never shown as this run's result."""
+    record = load_record(record_path(run))
+    return record if record is not None and same_config(record.get("config"), run.config) else None
+
+
+def retire_stale(run: PlannedRun, work: Path) -> None:
+    """Move aside what an earlier config of ``run`` left: its record (to
+    ``results/<table>/superseded/``) and its checkpoints (to ``<work>/superseded-<time>/``), so a
+    changed config neither reuses nor resumes them, and nothing is deleted."""
+    stamp = timestamp()
+    path = record_path(run)
+    record = load_record(path)
+    if record is not None and not same_config(record.get("config"), run.config):
+        moved = path.parent / "superseded" / f"{run.run_id}.{stamp}.json"
+        moved.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(path, moved)
+        log.warning("%s: its record was made with another config; moved to %s", run.run_id, moved)
+    last = newest_readable(work / "checkpoints")
+    if last is not None:
+        saved = torch.load(last, map_location="cpu", weights_only=True)
+        config = saved.get("hyper_parameters", {}).get("config")
+        # Only what shaped the weights counts: a run whose decoding changed (beam, alpha, ...)
+        # keeps its checkpoints and is evaluated again without retraining; one given more steps
+        # trains on from its last checkpoint.
+        behind = int(saved.get("global_step", 0)) <= run.config.train.train_steps
+        if config is not None and not (behind and same_config(config, run.config,
+                                                              training_only=True)):
+            moved = work / f"superseded-{stamp}"
+            moved.mkdir(parents=True, exist_ok=True)
+            os.replace(work / "checkpoints", moved / "checkpoints")
+            log.warning("%s: its checkpoints were made with another config; moved to %s",
+                        run.run_id, moved)

@@ -1,0 +1,122 @@
+"""The sweep's page on Weights & Biases: the rendered table as a W&B table, the figures as images.
+
+Each training run logs itself (``training.wandb_logger``: grouped by table/row, tagged with scale
+and seed). After a sweep renders its Markdown, one more W&B run of job type ``table`` logs the
+same rows so that the project page shows the table. Offline unless an API key is set; offline runs
+sync later with ``wandb sync <dir>``; nothing with ``WANDB_MODE=disabled`` (``tracking``; the
+callers check). Nothing here needs an account.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from reproduce.runs.sweep import Spec
+from reproduce.util.files import write_atomic
+from reproduce.util.tracking import wandb_mode
+
+# wandb is imported where it is used: 1.3 s that rendering without logging never needs.
+COLUMNS = ["variant", "scale", "seed", "dev_ppl", "dev_bleu", "test_bleu", "test_bleu_tokenized",
+           "params", "train_steps", "train_seconds", "paper_ppl", "paper_bleu", "run_id"]
+
+
+def table_rows(spec: Spec, records: list[dict[str, Any]]) -> list[list[Any]]:
+    """One row per record, the paper's figures beside ours (None where a value is missing)."""
+    rows = []
+    for r in sorted(records, key=lambda r: (r["scale"], r["variant"], r["seed"])):
+        m, paper = r["metrics"], spec.variants.get(r["variant"])
+        figures = paper.paper if paper else {}
+        rows.append([r["variant"], r["scale"], r["seed"], m.get("dev_ppl"), m.get("dev_bleu"),
+                     m.get("test_bleu"), m.get("test_bleu_tokenized"), m.get("params"),
+                     m.get("train_steps"), m.get("train_seconds"), figures.get("ppl"),
+                     figures.get("bleu"), r["run_id"]])
+    return rows
+
+
+def log_table(spec: Spec, records: list[dict[str, Any]], markdown: Path, figures: list[Path],
+              directory: Path) -> dict[str, Any]:
+    """Log the rendered table, its rows and figures as one W&B run; returns where it went."""
+    import wandb
+
+    online = wandb_mode() == "online"
+    directory.mkdir(parents=True, exist_ok=True)
+    run = wandb.init(project=os.environ.get("WANDB_PROJECT", "reproduce"), dir=str(directory),
+                     name=f"{spec.table}-table", group=spec.table, job_type="table",
+                     tags=[spec.table, "table"] + sorted({f"scale:{r['scale']}" for r in records}),
+                     mode="online" if online else "offline", reinit="finish_previous")
+    run.log({f"{spec.table}/runs": wandb.Table(columns=COLUMNS, data=table_rows(spec, records)),
+             f"{spec.table}/markdown": wandb.Html(f"<pre>{markdown.read_text()}</pre>"),
+             **{f"{spec.table}/{p.stem}": wandb.Image(str(p)) for p in figures}})
+    info = {"id": run.id, "mode": "online" if online else "offline", "dir": run.dir}
+    run.finish()
+    return info
+
+
+def _record_hash(record: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def publish(spec: Spec, records: list[dict[str, Any]], markdown: Path, figures: list[Path],
+            directory: Path) -> dict[str, Any]:
+    """Log every record as its own W&B run (config, learning curve, metrics, example outputs,
+    cost; grouped by table/row, tagged with scale and seed), then the table and figures.
+
+    Idempotent: each record's run id is fixed by its content (``<run_id>-<hash>``) and
+    ``<directory>/published.json`` lists what was logged, so a second call logs nothing new, and
+    a record that changed is logged as a new run. Offline unless an API key is set."""
+    import wandb
+
+    online = wandb_mode() == "online"
+    directory.mkdir(parents=True, exist_ok=True)
+    ledger_path = directory / "published.json"
+    ledger = json.loads(ledger_path.read_text()) if ledger_path.exists() else {}
+    done, skipped = [], []
+    for r in sorted(records, key=lambda r: r["run_id"]):
+        wandb_id = f"{r['run_id']}-{_record_hash(r)}".replace(".", "_")
+        if ledger.get(r["run_id"], {}).get("id") == wandb_id:
+            skipped.append(r["run_id"])
+            continue
+        run = wandb.init(
+            project=os.environ.get("WANDB_PROJECT", "reproduce"), dir=str(directory),
+            id=wandb_id, name=r["run_id"], group=f"{r['table']}/{r['row']}",
+            job_type=r["variant"], resume="allow", mode="online" if online else "offline",
+            tags=[r["table"], f"row:{r['row']}", f"scale:{r['scale']}", f"seed:{r['seed']}",
+                  "published"] + (["reused-training"] if r.get("trained_by") else []),
+            config={**{f"{section}.{k}": v for section, values in r["config"].items()
+                       for k, v in values.items()},
+                    "table": r["table"], "row": r["row"], "variant": r["variant"],
+                    "scale": r["scale"], "precision": r.get("precision"),
+                    "commit": r.get("commit", {}).get("sha"), "hardware": r.get("hardware"),
+                    # another run's training, evaluated (sharing): its curve and cost are that run's
+                    "trained_by": (r.get("trained_by") or {}).get("run_id")},
+            reinit="finish_previous")
+        curve = r.get("curve", {})
+        for step, seconds, loss in curve.get("train_loss", []):
+            run.log({"train/loss": loss, "train/seconds": seconds}, step=int(step))
+        for step, seconds, ppl in curve.get("dev_ppl", []):
+            run.log({"dev/ppl": ppl, "train/seconds": seconds}, step=int(step))
+        examples = [[split, e["source"], e["reference"], e["output"]]
+                    for split, b in r.get("bleu", {}).items() for e in b.get("examples", [])]
+        if examples:
+            run.log({"examples": wandb.Table(columns=["split", "source", "reference", "output"],
+                                             data=examples)})
+        for key, value in {**r["metrics"], **{f"cost/{k}": v for k, v in r.get("cost", {}).items()
+                                              if isinstance(v, (int, float))}}.items():
+            run.summary[f"final/{key}"] = value
+        run.finish()
+        ledger[r["run_id"]] = {"id": wandb_id, "dir": os.path.relpath(run.dir, directory)}
+        done.append(r["run_id"])
+        write_atomic(ledger_path, (json.dumps(ledger, indent=1) + "\n").encode())
+    content = hashlib.sha256(markdown.read_bytes() + "".join(sorted(
+        ledger[r["run_id"]]["id"] for r in records)).encode()).hexdigest()[:16]
+    table = None
+    if ledger.get("__table__", {}).get("content") != content:
+        table = log_table(spec, records, markdown, figures, directory)
+        ledger["__table__"] = {"content": content, "id": table["id"]}
+        write_atomic(ledger_path, (json.dumps(ledger, indent=1) + "\n").encode())
+    return {"published": done, "unchanged": skipped, "mode": "online" if online else "offline",
+            "table": table}

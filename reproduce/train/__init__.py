@@ -1,0 +1,1 @@
+"""Training and evaluating one run: the LightningModule, the fit, the protocol, precision, devices, tuning, verify."""

@@ -1,0 +1,197 @@
+"""Where a run trains: the device layout (``--accelerator``, ``--devices``, a scale's ``devices``)
+and, for more than one device, one run spread over one process per device with DDP.
+
+A multi-device run is trained by its own process group, ``python -m reproduce _rank-run FILE``
+(FILE: the planned run, its precision and layout, written by the sweep's process, which holds the
+run's claim). Lightning's DDP launcher starts that same command once more per extra device, so
+every rank trains exactly that run and nothing else: no rank plans the sweep, takes claims or
+renders tables. All ranks fit (each on its own shard of every epoch's batches) and compute the dev
+perplexity over their shards, gathered; rank 0 alone decodes (beam search, BLEU, EVALB) every
+sentence, logs to W&B and writes the one record. The sweep's process waits for the group: if any
+rank dies, Lightning kills the others (its child observer) and the sweep kills what is left of the
+group, says so in one line and releases the claim; the next command resumes from the last
+checkpoint. Ctrl-C stops the whole group.
+
+On a CPU, N devices are N processes over the gloo backend, each with cores / N threads: the same
+launcher, samplers, rank-zero logic, checkpoints and collectives as on GPUs, testable anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import traceback
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from reproduce.config import Config
+from reproduce.errors import ConfigError, RankFailure
+from reproduce.runs.claims import rank
+from reproduce.runs.sweep import PlannedRun
+from reproduce.util import machine
+from reproduce.util.machine import SHARE_ENV
+
+ACCELERATORS = ("auto", "cpu", "gpu")
+PAYLOAD = "ranks.json"  # in the run's folder: what its ranks train
+# Seconds a rank waits in a collective (or for the others to join) before it gives up. Long enough
+# for a rank to load paper-scale data before the first one; a rank that dies is noticed at once.
+TIMEOUT_ENV = "REPRODUCE_DDP_TIMEOUT"
+
+
+DEVICE_NAMES = {"cpu": ("CPU process", "CPU processes"), "gpu": ("GPU", "GPUs")}  # one, many
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Devices one run trains on: ``accelerator`` cpu or gpu, ``devices`` processes (DDP if > 1)."""
+
+    accelerator: str = "cpu"
+    devices: int = 1
+
+    @property
+    def strategy(self) -> str:
+        return "ddp" if self.devices > 1 else "single-device"
+
+    def describe(self) -> str:
+        one, many = DEVICE_NAMES[self.accelerator]
+        return (f"{self.devices} {many if self.devices > 1 else one}"
+                + (f" (DDP, {self.backend})" if self.devices > 1 else ""))
+
+    @property
+    def backend(self) -> str:
+        return "nccl" if self.accelerator == "gpu" else "gloo"
+
+
+ONE_DEVICE = Layout()
+
+
+def external_ranks() -> bool:
+    """Whether this process is one of several a cluster started for one run (SLURM: one task per
+    device): then every rank trains in place, and no process group is started here."""
+    return int(os.environ.get("SLURM_NTASKS", "1") or 1) > 1
+
+
+def resolve(accelerator: str | None, devices: int | str | None, scale_devices: int | str = 1
+            ) -> Layout:
+    """The layout asked for, checked against this machine. ``devices`` (``--devices``) wins over
+    the scale's; ``auto`` is every visible GPU on a GPU, one process on a CPU."""
+    accelerator = accelerator or "auto"
+    if accelerator not in ACCELERATORS:
+        raise ConfigError(f"--accelerator {accelerator}: allowed values are "
+                          f"{', '.join(ACCELERATORS)}")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if accelerator == "gpu" and not gpus:
+        raise ConfigError("--accelerator gpu: this machine has no GPU that torch can use "
+                          f"(torch {torch.__version__}); use --accelerator cpu or auto")
+    kind = "gpu" if accelerator == "gpu" or (accelerator == "auto" and gpus) else "cpu"
+    asked = devices if devices is not None else scale_devices
+    if asked == "auto":
+        n = gpus if kind == "gpu" else 1
+    else:
+        n = int(asked)
+    if kind == "gpu" and n > gpus:
+        raise ConfigError(f"--devices {n}: this machine has {gpus} GPU(s) visible to torch")
+    if kind == "cpu" and n > machine.cores():
+        raise ConfigError(f"--devices {n}: on a CPU each device is a process with at least one "
+                          f"core, and this machine has {machine.cores()} core(s)")
+    return Layout(kind, n)
+
+
+# --- the sweep's side ----------------------------------------------------------------------------
+
+
+def train_on_ranks(run: PlannedRun, split: str, command: str, work: Path,
+                   extra: dict[str, Any] | None, layout: Layout, precision: tuple[str, dict]
+                   ) -> None:
+    """Train, evaluate and record ``run`` in its own process group of ``layout.devices`` ranks;
+    return when the record is written, or raise RankFailure (one line) if a rank failed."""
+    work.mkdir(parents=True, exist_ok=True)
+    payload = work / PAYLOAD
+    payload.write_text(json.dumps({
+        "run": {**{k: v for k, v in asdict(run).items() if k not in ("config", "precision_from")},
+                "config": run.config.to_dict()},
+        "split": split, "command": command, "extra": extra, "layout": asdict(layout),
+        "precision": precision[0], "precision_choice": precision[1]}, indent=1))
+    env = dict(os.environ)
+    env.pop(SHARE_ENV, None)  # ranks keep their split of the cores; only workers share theirs
+    for key in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_PORT", "RANK", "GROUP_RANK"):
+        env.pop(key, None)  # a new group: Lightning's launcher sets these for its ranks
+    if layout.accelerator == "cpu":
+        threads = str(max(1, torch.get_num_threads() // layout.devices))
+        env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
+    proc = subprocess.Popen([sys.executable, "-m", "reproduce", "_rank-run", str(payload)],
+                            env=env, start_new_session=True)
+    try:
+        code = proc.wait()
+    except BaseException:  # Ctrl-C or SIGTERM here: stop every rank, then go on stopping
+        _stop_group(proc, signal.SIGINT)
+        raise
+    finally:
+        _kill_group(proc.pid)  # ranks still alive after rank 0 ended (it died, or they linger)
+    if code != 0:
+        how = f"signal {-code}" if code < 0 else f"status {code}"
+        raise RankFailure(f"{run.run_id}: rank 0 of {layout.devices} exited with {how}; every "
+                           "rank was stopped. Run the command again to resume from the last "
+                           f"checkpoint (rank logs: {work}/rank*-error.log, if any)")
+
+
+def _stop_group(proc: subprocess.Popen, sig: int, grace: float = 30.0) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+        proc.wait(timeout=grace)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+# --- a rank's side -------------------------------------------------------------------------------
+
+
+def rank_main(path: str, run_here: Callable[..., Any]) -> int:
+    """``python -m reproduce _rank-run FILE``: this process's part of the run in FILE, trained by
+    ``run_here`` (``runner.run_here``)."""
+    data = json.loads(Path(path).read_text())
+    spec = data["run"]
+    run = PlannedRun(**{**spec, "config": Config.from_dict(spec["config"])})
+    layout = Layout(**data["layout"])
+    me = rank()
+    if me:  # rank 0 speaks for the run; the others only warn
+        logging.getLogger("reproduce").setLevel(logging.WARNING)
+        logging.getLogger("datasets").setLevel(logging.WARNING)
+    try:
+        run_here(run, data["split"], data["command"], Path(path).parent, data["extra"], layout,
+                 (data["precision"], data["precision_choice"]))
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as e:  # one line here, the traceback in the run's folder
+        where = Path(path).parent / f"rank{me}-error.log"
+        where.write_text(traceback.format_exc())
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        print(f"rank {me} of {layout.devices}: {type(e).__name__}: {first[:160]} "
+              f"(traceback: {where})", file=sys.stderr)
+        return 1
+    # Leave the process group before the interpreter exits: left to exit, a rank's communication
+    # threads were sometimes still joinable, C++ called terminate() ("terminate called without an
+    # active exception"), and Lightning's observer in rank 0 then SIGKILLed a run whose record
+    # was already written (seen under load, in the test of resuming on 2 then 1 devices).
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    return 0
+
+
+def timeout_seconds() -> float:
+    return float(os.environ.get(TIMEOUT_ENV, 600))

@@ -1,0 +1,280 @@
+"""Training one run with Lightning: its data module, the Trainer and its callbacks (checkpoints at
+optimizer steps, the training clock and curve, cores shared between workers), and its W&B run."""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import sys
+import time
+from dataclasses import asdict
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
+from pytorch_lightning.strategies import DDPStrategy
+from pytorch_lightning.utilities.exceptions import SIGTERMException
+
+from reproduce.config import Config
+from reproduce.data import is_treebank, load_pairs, local_files, tokenizer_name, tree_symbols
+from reproduce.data.module import TranslationData
+from reproduce.paper.optim import accumulation
+from reproduce.paper.tokenizer import train_tokenizer
+from reproduce.paths import REPO, cache_dir
+from reproduce.plan import workers
+from reproduce.runs import checkpoints
+from reproduce.runs.sweep import PlannedRun
+from reproduce.train import devices
+from reproduce.train.devices import ONE_DEVICE, Layout
+from reproduce.train.lit import TranslationModule
+from reproduce.util.files import write_atomic
+from reproduce.util.tracking import wandb_mode
+
+log = logging.getLogger("reproduce")
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's checkpoint writer, saving through ``write_atomic``."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options=None) -> None:
+        buffer = io.BytesIO()
+        torch.save(checkpoint, buffer)
+        write_atomic(Path(path), buffer.getvalue())
+
+
+def build_data(c: Config):
+    """The run's tokenizer (trained once per corpus and size, cached) and its data module."""
+    d = c.data
+    train_pairs = load_pairs(d.corpus, "train", d.data_dir or None, d.extra_trees or None,
+                             d.linearization)
+    # Treebank corpora: tree tokens stay whole pieces; a small sample may not fill vocab_size.
+    trees = is_treebank(d.corpus)
+    symbols = tree_symbols(train_pairs, d.linearization) if trees else ()
+    tokenizer = train_tokenizer(tokenizer_name(d.corpus, d.data_dir, d.extra_trees, d.linearization),
+                                c.model.vocab_size, (s for pair in train_pairs for s in pair),
+                                cache_dir(), symbols=symbols, hard_vocab_limit=not trees)
+    data = TranslationData(d.corpus, tokenizer, c.train.batch_tokens,
+                           c.train.max_tokens_per_sentence, d.max_train_pairs or None,
+                           d.max_eval_pairs or None, d.data_dir or None, c.train.seed,
+                           extra_trees=d.extra_trees or None, linearization=d.linearization,
+                           device_batch_tokens=c.train.device_batch_tokens,
+                           train_every=d.train_every)
+    return tokenizer, data
+
+
+def local_data(c: Config) -> dict[str, Any]:
+    """Where a run's own parallel files are and what they hold (path, size, SHA-256 per split),
+    so its table names them instead of the corpus the spec called them."""
+    if not c.data.data_dir or is_treebank(c.data.corpus):
+        return {}
+    return {"data_dir": c.data.data_dir, "files": local_files(c.data.corpus, c.data.data_dir)}
+
+
+def fit(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=(),
+        layout: Layout = ONE_DEVICE, curve_every: int | None = None,
+        resume_from: Path | None = None):
+    """Fit with Lightning on ``layout`` (resuming from the last checkpoint if there is one).
+    ``resume_from``: another run's final checkpoint of the same training (``sharing``), restored
+    as it is; nothing is trained and nothing is saved here."""
+    c = run.config
+    module = TranslationModule(c.to_dict())
+    clock = TrainClock(every=0 if sys.stderr.isatty() else 50, curve_every=curve_every)
+    if os.environ.get(workers.SHARE_ENV):  # a --workers worker on a CPU
+        callbacks = [*callbacks, ShareCores()]
+    every = ({"train_time_interval": timedelta(minutes=c.train.ckpt_every_minutes)}
+             if c.train.ckpt_every_minutes else
+             {"every_n_train_steps": c.train.ckpt_every_steps or max(1, c.train.train_steps // 10)})
+    ckpt = StepCheckpoint(
+        val_every_steps=c.train.val_every_steps,
+        dirpath=work / "checkpoints", filename="step{step}", auto_insert_metric_name=False,
+        save_last=True, save_top_k=c.train.average_last, monitor="step", mode="max", **every)
+    trainer = pl.Trainer(
+        max_steps=c.train.train_steps, max_epochs=-1, precision=precision,
+        accelerator=layout.accelerator, devices=layout.devices, strategy=_strategy(layout),
+        logger=logger, callbacks=[ckpt, clock, *callbacks],
+        plugins=[AtomicCheckpointIO()],
+        num_sanity_val_steps=0, log_every_n_steps=10, enable_model_summary=False,
+        enable_progress_bar=sys.stderr.isatty(),
+        **({"val_check_interval": c.train.val_every_steps, "check_val_every_n_epoch": None}
+           if c.train.val_every_steps else {"limit_val_batches": 0}),
+    )
+    accumulate, _ = accumulation(c.train.batch_tokens, c.train.device_batch_tokens,
+                                 trainer.world_size)
+    trainer.accumulate_grad_batches = accumulate
+    if c.train.val_every_steps:  # Lightning counts micro-batches; the config, optimizer steps
+        trainer.val_check_interval = c.train.val_every_steps * accumulate
+    last = resume_from or checkpoints.newest_readable(work / "checkpoints")
+    resumed = last is not None
+    if resumed and resume_from is None:
+        log.info("%s: resuming from %s", run.run_id, last)
+
+    try:
+        trainer.fit(module, datamodule=data, ckpt_path=last)
+    except SIGTERMException:  # Lightning's: a SystemExit with status 0, as if the run had ended
+        raise SystemExit(f"{run.run_id}: stopped by SIGTERM at step {trainer.global_step} of "
+                         f"{c.train.train_steps}; run the command again to resume it from its "
+                         "last checkpoint") from None
+    if trainer.interrupted or trainer.global_step < c.train.train_steps:
+        raise RuntimeError(f"{run.run_id}: training stopped at step {trainer.global_step} of "
+                           f"{c.train.train_steps}; run the command again to resume")
+    if resume_from is None:  # the final weights, so a crash below resumes at evaluation
+        trainer.save_checkpoint(work / "checkpoints" / checkpoints.LAST)
+    return trainer, module, clock, resumed, accumulate
+
+
+def _strategy(layout: Layout):
+    if layout.devices == 1:
+        return "auto"
+
+    return DDPStrategy(process_group_backend=layout.backend,
+                       timeout=timedelta(seconds=devices.timeout_seconds()))
+
+
+class StepCheckpoint(pl.callbacks.ModelCheckpoint):
+    """Lightning's ModelCheckpoint, saving only right after an optimizer step, and after the dev
+    evaluation that follows that step when there is one.
+
+    A time-based save in the middle of an accumulated step would lose its micro-batches'
+    gradients and move the accumulation boundary; a save taken just before a dev evaluation is
+    resumed after it, losing that point of the learning curve."""
+
+    def __init__(self, val_every_steps: int = 0, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.val_every_steps = val_every_steps
+        self._step_before: int | None = None
+        self._after_validation: tuple | None = None
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._step_before = trainer.global_step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self._step_before:
+            return  # inside an accumulated step
+        if self.val_every_steps and trainer.global_step % self.val_every_steps == 0:
+            self._after_validation = (outputs, batch, batch_idx)
+            return
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        super().on_validation_end(trainer, pl_module)
+        if self._after_validation is not None and trainer.state.fn == "fit":
+            args, self._after_validation = self._after_validation, None
+            super().on_train_batch_end(trainer, pl_module, *args)
+
+
+class ShareCores(pl.Callback):
+    """In a ``--workers`` worker on a CPU: every ``every`` steps, take the cores of workers that
+    have ended (``workers.share_cores``)."""
+
+    def __init__(self, every: int = 10) -> None:
+        self.every = every
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step % self.every == 0 and (threads := workers.share_cores()):
+            log.info("step %d: %d thread(s) now (a worker has ended)", trainer.global_step, threads)
+
+
+class TrainClock(pl.Callback):
+    """Training wall time, summed over resumed sessions (kept inside the checkpoints); prints a
+    progress line every `every` steps where there is no progress bar (logs, nohup, CI)."""
+
+    def __init__(self, every: int = 0, curve_every: int | None = None) -> None:
+        self.curve_every = curve_every  # default: about 20 points or more over the run
+        self.before = 0.0
+        self.start: float | None = None
+        self.cpu_before, self.cpu_start = 0.0, None
+        self.every = every
+        # The learning curve kept in the record: (step, seconds, train loss or dev PPL).
+        self.curve: dict[str, list[list[float]]] = {"train_loss": [], "dev_ppl": []}
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step
+        curve_every = self.curve_every or max(1, min(50, trainer.max_steps // 20))
+        if step % curve_every or not (loss := trainer.callback_metrics.get("train/loss")):
+            return
+        if self.curve["train_loss"] and self.curve["train_loss"][-1][0] == step:
+            return  # the same optimizer step seen again (gradient accumulation)
+        self.curve["train_loss"].append([step, round(self.seconds, 1), round(float(loss), 4)])
+        if self.every and step % self.every == 0:
+            log.info("step %d/%d  loss %.3f  %.0f s", step, trainer.max_steps, float(loss),
+                     self.seconds)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        ppl = trainer.callback_metrics.get("dev/ppl")
+        if ppl is None or trainer.sanity_checking or trainer.state.fn != "fit":
+            return
+        self.curve["dev_ppl"].append([trainer.global_step, round(self.seconds, 1),
+                                      round(float(ppl), 3)])
+        if self.every:
+            log.info("step %d/%d  dev PPL %.2f  %.0f s", trainer.global_step, trainer.max_steps,
+                     float(ppl), self.seconds)
+
+    @property
+    def seconds(self) -> float:
+        return self.before + (time.time() - self.start if self.start else 0.0)
+
+    @property
+    def cpu_seconds(self) -> float:
+        """CPU time of this process (all its threads) while training: on a shared machine, wall
+        time grows with the load and this does not (divide by the cores for an unloaded wall)."""
+        now = time.process_time() - self.cpu_start if self.cpu_start is not None else 0.0
+        return self.cpu_before + now
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.start, self.cpu_start = time.time(), time.process_time()
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.before, self.cpu_before = self.seconds, self.cpu_seconds
+        self.start = self.cpu_start = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"seconds": self.seconds, "cpu_seconds": self.cpu_seconds, "curve": self.curve}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.before = state["seconds"]
+        self.cpu_before = state.get("cpu_seconds", 0.0)
+        self.curve = state.get("curve", self.curve)
+
+
+def wandb_logger(run: PlannedRun, work: Path, precision: str):
+    """W&B, offline unless an API key is set (sync later with `wandb sync`); False (no logger)
+    with ``WANDB_MODE=disabled`` (``tracking.wandb_mode``)."""
+    from pytorch_lightning.loggers import WandbLogger  # imports wandb: 1.3 s, only when training
+
+    mode = wandb_mode()
+    if mode == "disabled":
+        return False  # Lightning's "no logger"; the record says W&B was off
+    work.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("WANDB_SILENT", "true")
+    return WandbLogger(
+        project=os.environ.get("WANDB_PROJECT", "reproduce"), name=run.run_id,
+        id=run.run_id.replace(".", "_"), group=f"{run.table}/{run.row}", job_type=run.variant,
+        tags=[run.table, f"row:{run.row}", f"scale:{run.scale}", f"seed:{run.seed}"],
+        save_dir=str(work), offline=mode == "offline", resume="allow",
+        config={**_flat(run.config), "table": run.table, "row": run.row,
+                "variant": run.variant, "scale": run.scale, "precision": precision},
+    )
+
+
+def _flat(config: Config) -> dict[str, Any]:
+    return {f"{section}.{k}": v for section, values in asdict(config).items()
+            for k, v in values.items()}
+
+
+def finish_wandb(logger, metrics: dict[str, Any]) -> dict[str, Any]:
+    if not logger:  # WANDB_MODE=disabled
+        return {"id": None, "mode": "disabled", "dir": None, "url": None}
+    experiment = logger.experiment
+    for key, value in metrics.items():
+        experiment.summary[f"final/{key}"] = value
+    where = Path(experiment.dir).resolve()
+    # Relative to the project when inside it: the record is read on other machines.
+    info = {"id": experiment.id, "mode": "offline" if experiment.offline else "online",
+            "dir": str(where.relative_to(REPO)) if where.is_relative_to(REPO) else str(where),
+            "url": None if experiment.offline else experiment.url}
+    experiment.finish()
+    return info

@@ -1,0 +1,111 @@
+"""A thin LightningModule around the plain model: loss, schedule, dev perplexity.
+
+Lightning does the loop, devices, precision, checkpointing and the progress bar; everything the
+paper specifies lives in model.py and optim.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+
+from reproduce.config import Config
+from reproduce.data import PAD_BATCH
+from reproduce.paper.model import Transformer
+from reproduce.paper.optim import adam_with_schedule, output_loss
+
+WORK_KEYS = ("src_tokens", "tgt_tokens", "src_sq", "tgt_sq", "cross", "real_tgt_tokens")
+
+
+class TranslationModule(pl.LightningModule):
+    def __init__(self, config: dict):
+        super().__init__()
+        self.save_hyperparameters()  # the resolved config travels inside every checkpoint
+        self.config = Config.from_dict(config)
+        self.model = Transformer(self.config.model)
+        self._dev = torch.zeros(2, dtype=torch.float64)  # (nll sum, target tokens)
+        # What an evaluation pass logs as: "dev", or "train_sample" for the final weights' NLL
+        # on a sample of the training pairs (runner.run_here)
+        self.eval_name = "dev"
+        # Work done so far, padded as computed, for the analytic FLOP count (reproduce.paper.flops):
+        # B*S, B*T, B*S*S, B*T*T, B*T*S summed over micro-batches, and real target tokens.
+        self.work = dict.fromkeys(WORK_KEYS, 0)
+        self.resumed_from: dict | None = None  # the checkpoint's step and layout, once resumed
+        self._micro_step, self._micro = -1, 0  # dropout's seed: optimizer step, micro-batch
+
+    def _losses(self, batch: dict[str, torch.Tensor]):
+        hidden = self.model.features(batch["src"], batch["tgt_in"])
+        pad = self.config.model.pad_id
+        smoothed, nll = output_loss(hidden, self.model.embed.weight, batch["tgt_out"],
+                                    self.config.train.eps_ls, pad)
+        return smoothed, nll, (batch["tgt_out"] != pad).sum()
+
+    def on_train_batch_start(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        """Seed dropout from (seed, optimizer step, micro-batch within it, rank), so the masks
+        depend on where the run is, not on how long this process has been running: a run
+        resumed from a checkpoint draws the masks the uninterrupted run drew."""
+        step = self.trainer.global_step
+        self._micro = self._micro + 1 if step == self._micro_step else 0
+        self._micro_step = step
+        torch.manual_seed(int(np.random.SeedSequence(
+            [self.config.train.seed, step, self._micro, self.global_rank]).generate_state(1)[0]))
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        smoothed, nll, n = self._losses(batch)
+        loss = smoothed / n
+        (B, S), T = batch["src"].shape, batch["tgt_in"].shape[1]
+        for key, value in zip(WORK_KEYS, (B * S, B * T, B * S * S, B * T * T, B * T * S, int(n)),
+                              strict=True):
+            self.work[key] += value
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/nll", nll / n)
+        self.log("train/lr", self.lr_schedulers().get_last_lr()[0])
+        self.log("train/tgt_tokens", n.float(), reduce_fx="sum")
+        return loss
+
+    def on_validation_epoch_start(self) -> None:
+        self._dev = torch.zeros(2, dtype=torch.float64, device=self.device)
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        if PAD_BATCH in batch:  # several ranks: an empty turn so all run as many steps
+            return
+        _, nll, n = self._losses(batch)
+        self._dev += torch.stack([nll.double(), n.double()])
+
+    def on_validation_epoch_end(self) -> None:
+        total = self.all_gather(self._dev)
+        if total.dim() > 1:  # (world, 2) under DDP
+            total = total.sum(0)
+        nll = (total[0] / total[1].clamp(min=1)).item()
+        # Already the total over ranks (all_gather above); sync_dist averages equal values.
+        self.log(f"{self.eval_name}/nll", nll, sync_dist=True)
+        self.log(f"{self.eval_name}/ppl", math.exp(min(nll, 50.0)), prog_bar=True, sync_dist=True)
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["work"] = dict(self.work)
+        checkpoint["layout"] = {"world_size": self.trainer.world_size,
+                                "accumulate": self.trainer.accumulate_grad_batches}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.work = {**self.work, **checkpoint.get("work", {})}
+        # Checkpoints made before layouts were recorded come from one process.
+        self.resumed_from = {"step": checkpoint.get("global_step"),
+                             **checkpoint.get("layout", {"world_size": 1})}
+
+    def total_work(self) -> dict[str, int]:
+        """`work` summed over all devices (each rank counts its own batches)."""
+        local = torch.tensor([self.work[k] for k in WORK_KEYS], dtype=torch.float64,
+                             device=self.device)
+        total = self.all_gather(local)
+        if total.dim() > 1:
+            total = total.sum(0)
+        return {k: int(v) for k, v in zip(WORK_KEYS, total.tolist(), strict=True)}
+
+    def configure_optimizers(self):
+        optimizer, schedule = adam_with_schedule(self.parameters(), self.config.train,
+                                                 self.config.model.d_model)
+        return {"optimizer": optimizer,
+                "lr_scheduler": {"scheduler": schedule, "interval": "step", "frequency": 1}}

@@ -1,0 +1,261 @@
+"""``precision: auto``: fp32 or bf16 mixed precision, chosen by timing a training step.
+
+A matmul alone misleads on CPUs: on an AMD EPYC with avx512_bf16 but no AMX a bf16 matmul runs 2-3x
+fp32, yet a whole `cpu`-scale training step in bf16-mixed runs ~0.7x fp32 (the casts, the fp32
+loss and optimizer, the small attention products). So on a CPU whose bf16 matmuls are not slower
+than fp32 at all, a few steps of the model, on a micro-batch of its size, are timed both ways
+with the threads the run will use; bf16-mixed is taken if it is ``BF16_MARGIN`` faster. The model
+timed is the table's base at the run's scale, not each variant's own: one precision per table and
+scale, so a row's variants differ only in what the row varies (timed one by one, A1's single
+128-wide head took bf16 at 1.5x while base and the other heads stayed fp32). The
+answer is cached per machine, thread count and model shape (``runs/precision.json``), and both
+timings go into the record.
+Once a table has records at a scale, they decide: its later runs there train in the precision
+those trained in (``settled``), whatever this machine would choose. Machines differ between
+sessions (an Intel CPU with AMX times bf16 ~5x faster, a GPU takes bf16), and a section whose
+base trained in fp32 would otherwise get variants in bf16, which puts precision into the gaps.
+On CUDA: bf16-mixed where the GPU supports it. A CPU whose bf16 matmul is slower than fp32 (avx2
+only: ~150x slower) trains in fp32 without timing a step.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from reproduce.config import Config
+from reproduce.paper.model import Transformer
+from reproduce.paper.optim import accumulation, adam_with_schedule, output_loss
+from reproduce.paths import results_dir, runs_dir
+from reproduce.runs.records import load_records
+from reproduce.runs.sweep import PlannedRun
+from reproduce.train.devices import ONE_DEVICE, Layout
+from reproduce.util.files import write_atomic
+from reproduce.util.machine import cpu_flags, cpu_name, matmul_gflops
+
+log = logging.getLogger("reproduce")
+CHOICES = ("32-true", "bf16-mixed")
+# bf16 rounds more: it must be this much faster per step to be taken (a near tie stays fp32, so a
+# table's variants do not flip between precisions on timing noise).
+BF16_MARGIN = 1.1
+
+
+def bf16_matmul_not_slower() -> bool:
+    """A screen, not the choice: whether timing a bf16 training step here is worth it."""
+    rates = [matmul_gflops(dtype, 256, budget=0.05) for dtype in (torch.bfloat16, torch.float32)]
+    return rates[0] >= rates[1]
+
+
+def synthetic_batch(vocab: int, tokens: int, length: int, seed: int = 0
+                    ) -> dict[str, torch.Tensor]:
+    """Random sentences of ``length`` pieces filling ``tokens`` per side (for timing steps)."""
+    g = torch.Generator().manual_seed(seed)
+    B = max(1, tokens // length)
+    src = torch.randint(4, vocab, (B, length), generator=g)
+    tgt = torch.randint(4, vocab, (B, length + 1), generator=g)
+    return {"src": src, "tgt_in": tgt[:, :-1], "tgt_out": tgt[:, 1:]}
+
+
+def train_step(model: Transformer, optimizer, schedule, batch: dict[str, torch.Tensor],
+               config: Config, precision: str, accumulate: int = 1) -> None:
+    """One optimizer step outside Lightning, as a run trains: ``accumulate`` forward and backward
+    passes of ``batch`` (the smoothed loss of ``optim.output_loss``, under bf16 autocast for
+    bf16-mixed), then Adam and the schedule."""
+    device = batch["src"].device.type
+    for _ in range(accumulate):
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
+            hidden = model.features(batch["src"], batch["tgt_in"])
+            loss, _ = output_loss(hidden, model.embed.weight, batch["tgt_out"],
+                                  config.train.eps_ls, config.model.pad_id)
+        (loss / accumulate).backward()
+    optimizer.step()
+    schedule.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def step_seconds(config: Config, tokens: int, rounds: int = 3,
+                 length: int = 32) -> dict[str, float]:
+    """Median seconds of a training step (forward, smoothed loss, backward, Adam) of ``config``'s
+    model on ``tokens`` per side, in each precision; after a warm-up step each, interleaved."""
+    torch.manual_seed(0)
+    m, t = config.model, config.train
+    model = Transformer(m).train()
+    optimizer, schedule = adam_with_schedule(model.parameters(), t, m.d_model)
+    batch = synthetic_batch(m.vocab_size, tokens, min(length, t.max_tokens_per_sentence))
+
+    def step(precision: str) -> float:
+        start = time.perf_counter()
+        train_step(model, optimizer, schedule, batch, config, precision)
+        return time.perf_counter() - start
+
+    times: dict[str, list[float]] = {p: [] for p in CHOICES}
+    for p in CHOICES:
+        step(p)  # warm-up
+    for r in range(rounds):
+        for p in CHOICES[r % 2:] + CHOICES[:r % 2]:
+            times[p].append(step(p))
+    return {p: round(sorted(v)[len(v) // 2], 4) for p, v in times.items()}
+
+
+def _key(config: Config, tokens: int, threads: int) -> str:
+    m = config.model
+    shape = (f"N{m.N}-d{m.d_model}-ff{m.d_ff}-h{m.h}-k{m.d_k}-v{m.d_v}-V{m.vocab_size}"
+             f"-{m.positions}-tok{tokens}")
+    return f"{cpu_name()}|{','.join(cpu_flags())}|torch {torch.__version__}|{threads}t|{shape}"
+
+
+def _read(cache: Path) -> dict[str, Any]:
+    try:
+        return json.loads(cache.read_text())
+    except (OSError, ValueError):
+        return {}  # none yet, or damaged: measure again
+
+
+def choose(config: Config, micro_tokens: int, cache: Path | None,
+           timer=None, model: str = "this model") -> tuple[str, dict[str, Any]]:
+    """(the precision to train ``config`` with, how it was chosen). ``config.train.precision`` other
+    than ``auto`` is taken as it is. ``model`` names the timed model in the answer."""
+    asked = config.train.precision
+    if asked != "auto":
+        return asked, {"asked": asked, "how": "set in the config"}
+    if torch.cuda.is_available():
+        chosen = "bf16-mixed" if torch.cuda.is_bf16_supported() else "32-true"
+        return chosen, {"asked": asked, "how": f"CUDA ({torch.cuda.get_device_name(0)}): "
+                        + ("supports bf16" if chosen != "32-true" else "no bf16 support")}
+    threads = torch.get_num_threads()
+    key = _key(config, micro_tokens, threads)
+    known = _read(cache).get(key) if cache else None
+    if known:
+        return known["chosen"], {**known, "cached": True}
+    if not bf16_matmul_not_slower():
+        entry = {"chosen": "32-true", "asked": asked, "how": "bf16 matmul slower than fp32 here "
+                 "(no native bf16): fp32 without timing a step", "seconds_per_step": None}
+    else:
+        seconds = (timer or step_seconds)(config, micro_tokens)
+        fast = seconds["32-true"] >= BF16_MARGIN * seconds["bf16-mixed"]
+        chosen = "bf16-mixed" if fast else "32-true"
+        entry = {"chosen": chosen, "asked": asked, "how": f"timed training steps of {model} "
+                 f"({micro_tokens} tokens, {threads} thread(s)); bf16-mixed taken if "
+                 f"{BF16_MARGIN}x faster",
+                 "seconds_per_step": seconds}
+    entry.update(cpu=cpu_name(), cpu_flags=cpu_flags(), threads=threads)
+    if cache:
+        table = {**_read(cache), key: entry}
+        write_atomic(cache, (json.dumps(table, indent=1) + "\n").encode())
+    return entry["chosen"], {**entry, "cached": False}
+
+
+def timed(config: Config, threads: int, cache: Path | None = None) -> dict[str, Any] | None:
+    """What ``choose`` cached for ``config``'s model on this machine at ``threads``, if anything."""
+    micro = accumulation(config.train.batch_tokens, config.train.device_batch_tokens, 1)[1]
+    return _read(cache or runs_dir() / "precision.json").get(_key(config, micro, threads))
+
+
+def step_ratio(choice: dict[str, Any] | None) -> float:
+    """A training step's time in the precision ``choice`` took over its time in fp32, by the
+    choice's own timings (a record's ``precision_choice``, or ``timed``); 1.0 for fp32, or when
+    nothing was timed."""
+    seconds = (choice or {}).get("seconds_per_step") or {}
+    if (choice or {}).get("chosen") != "bf16-mixed" or not seconds.get("32-true"):
+        return 1.0
+    return seconds["bf16-mixed"] / seconds["32-true"]
+
+
+def resolve_precision(precision: str, config: Config | None = None) -> str:
+    """``auto``: bf16 mixed precision where it trains faster, else fp32. With ``config``, the
+    answer ``precision.choose`` cached for its model on this machine, if any; a training run
+    itself calls ``choose``, which times the step when nothing is cached. Without one (or nothing
+    cached), a bf16 matmul no slower than fp32 counts as bf16: a guess, for estimates only."""
+    if precision != "auto":
+        return precision
+    if torch.cuda.is_available():
+        return "bf16-mixed" if torch.cuda.is_bf16_supported() else "32-true"
+    if config is not None:
+        known = timed(config, torch.get_num_threads())
+        if known:
+            return known["chosen"]
+    return "bf16-mixed" if bf16_matmul_not_slower() else "32-true"
+
+
+def trained_in(records, scale: str, exclude: str | None = None) -> dict[str, int]:
+    """How many of ``records`` at ``scale`` with ``precision: auto`` (other than the run
+    ``exclude``) trained in each precision."""
+    counts: dict[str, int] = {}
+    for r in records:
+        if (r.get("scale") == scale and r.get("run_id") != exclude and r.get("precision")
+                and (r.get("config") or {}).get("train", {}).get("precision") == "auto"):
+            counts[r["precision"]] = counts.get(r["precision"], 0) + 1
+    return counts
+
+
+def most_common(counts: dict[str, int]) -> str | None:
+    """The precision most runs trained in (ties: the first by name); None without any."""
+    return max(sorted(counts), key=counts.__getitem__) if counts else None
+
+
+def settled(run: PlannedRun, results: Path) -> tuple[str, dict[str, int]] | None:
+    """The precision ``auto`` resolved to in the records of ``run``'s table at its scale (other
+    runs than ``run`` itself, with ``precision: auto``): (the precision most of them trained in,
+    how many trained in each), or None without such records."""
+    counts = trained_in(load_records(run.table, results, move=False), run.scale, run.run_id)
+    return (most_common(counts), counts) if counts else None
+
+
+def choose_precision(run: PlannedRun, layout: Layout = ONE_DEVICE) -> tuple[str, dict[str, Any]]:
+    """The precision ``run`` trains with on ``layout`` and how it was chosen (``precision.choose``:
+    for ``auto`` on a CPU, a timed fp32 and bf16-mixed step of its table's base model at the
+    scale, or of its own model where it has no table, at the micro-batch and threads of one rank,
+    cached)."""
+    c = run.config
+    # One precision for a table at a scale: timing each variant's own model let a variant whose
+    # matmuls are larger (A1: one head of 128) train in bf16 beside fp32 variants, so the row
+    # measured precision along with heads. The spec's base decides for all of them.
+    reference, model = c, "this model"
+    if run.precision_from is not None:
+        reference = run.precision_from.overrides(precision=c.train.precision)
+        model = f"{run.table}'s base at `{run.scale}` (one precision for all its variants)"
+    micro = accumulation(reference.train.batch_tokens, reference.train.device_batch_tokens,
+                         layout.devices)[1]
+    threads = torch.get_num_threads()
+    if layout.accelerator == "cpu" and layout.devices > 1:
+        torch.set_num_threads(max(1, threads // layout.devices))  # as each rank will have
+    try:
+        precision, chosen = choose(reference, micro, runs_dir() / "precision.json", model=model)
+    finally:
+        torch.set_num_threads(threads)
+    if c.train.precision == "auto":
+        # Which model the timings are of, said in every record (a cached answer's "how" keeps
+        # the words of the run that timed it).
+        chosen = {**chosen, "timed_model": model}
+        if run.precision_from is not None and (found := settled(run, results_dir())):
+            # what this machine alone would take (choose's answer; on CUDA its "how" alone says it)
+            here = precision
+            precision, counts = found
+            chosen = {**chosen, "chosen": precision, "here": here, "records": counts,
+                      "how": f"as {sum(counts.values())} record(s) of {run.table} at "
+                             f"`{run.scale}` trained (one precision per table and scale; "
+                             f"this machine alone would take {here}: {chosen['how']})"}
+            if len(counts) > 1:
+                log.warning("%s: the records of %s at `%s` trained in several precisions (%s); "
+                            "this run takes the most common, %s", run.run_id, run.table,
+                            run.scale, ", ".join(f"{p} {n}" for p, n in sorted(counts.items())),
+                            precision)
+            if precision == "bf16-mixed" and not torch.cuda.is_available() \
+                    and not bf16_matmul_not_slower():
+                log.warning("%s: trains in bf16-mixed as its table's records at `%s` did, but "
+                            "bf16 matmuls are slower than fp32 on this CPU: expect a slow run",
+                            run.run_id, run.scale)
+        seconds = chosen.get("seconds_per_step")
+        line = (", ".join(f"{p} {s:.3f} s/step" for p, s in seconds.items()) if seconds else "")
+        # A cached answer was timed by an earlier run of the same model, maybe at another scale
+        # (its "how" names that one): said so, lest the line seem to time another model.
+        how = (f"cached from an earlier run of the same model: {chosen['how']}"
+               if chosen.get("cached") and "records" not in chosen else chosen["how"])
+        log.info("%s: precision auto -> %s, for %s%s (%s)", run.run_id, precision, model,
+                 f": {line}" if line else "", how)
+    return precision, chosen

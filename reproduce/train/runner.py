@@ -1,0 +1,252 @@
+"""Run one planned run, idempotently, and write its record.
+
+A finished run has a record (``results/<table>/<run_id>.json``, written atomically) and is never
+redone. An interrupted run resumes from its last checkpoint under ``runs/<table>/<run_id>/``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+
+from reproduce.config import Config
+from reproduce.data import is_treebank, treebank_trees
+from reproduce.paper.bleu import tokenized_bleu
+from reproduce.paper.flops import analytic_flops, gpu_tflops, paper_cost
+from reproduce.paper.model import count_parameters
+from reproduce.paper.parsing import treebank_description
+from reproduce.paths import runs_dir
+from reproduce.plan import workers
+from reproduce.runs import records
+from reproduce.runs.averaging import average_checkpoints, last_checkpoints
+from reproduce.runs.claims import claim, rank, worker_id
+from reproduce.runs.records import finished, load_record, record_path, retire_stale, write_record
+from reproduce.runs.sharing import Donor, reuse, training_fields
+from reproduce.runs.sweep import PlannedRun
+from reproduce.train import devices
+from reproduce.train.devices import ONE_DEVICE, Layout
+from reproduce.train.evaluate import parse_scores, sacre_bleu, translate
+from reproduce.train.fit import build_data, finish_wandb, fit, local_data, wandb_logger
+from reproduce.train.precision import choose_precision
+from reproduce.util.machine import commit, gpu_share, hardware, measured_tflops
+
+log = logging.getLogger("reproduce")
+
+
+def execute(run: PlannedRun, split: str, command: str, extra: dict[str, Any] | None = None,
+            layout: Layout = ONE_DEVICE) -> dict[str, Any] | str:
+    """Train, evaluate and record one run on ``layout``'s devices; return its record (also if it
+    had already finished), or why it is not run now: another live worker is on it (``claims``:
+    many workers may share one sweep), or on a twin whose training it will evaluate once that
+    has finished (``sharing``). More than one device: the run's own process group trains it
+    (``devices``).
+
+    ``extra`` entries are added to the record (e.g. ``tuning``: how the settings were chosen)."""
+    path = record_path(run)
+    record = finished(run)
+    if record is not None:
+        log.info("%s: finished earlier (%s), skipped", run.run_id, path)
+        return record
+    work = runs_dir() / run.table / run.run_id
+    with claim(work) as mine:
+        if not mine:
+            return "another worker is training it, skipped"
+        record = finished(run)  # finished by another worker since we looked
+        if record is not None:
+            log.info("%s: finished by another worker (%s), skipped", run.run_id, path)
+            return record
+        retire_stale(run, work)
+        reused = reuse(run) if workers.steps_left(run) else None  # none once its own is done
+        if isinstance(reused, Donor):  # its weights are trained: evaluate them here, on one device
+            log.info("%s: the same training as %s (its checkpoints in %s); evaluating those",
+                     run.run_id, reused.record["run_id"], reused.checkpoints)
+            r = reused.record
+            return run_here(run, split, command, work, extra, replace(layout, devices=1),
+                            (r["precision"], r.get("precision_choice", {})), donor=reused)
+        if reused is not None:
+            return (f"the same training as {reused.run_id}, which a worker is training now: left "
+                    "to evaluate that once it has finished (run this command again then)")
+        precision = choose_precision(run, layout)
+        if layout.devices > 1 and not devices.external_ranks():
+            devices.train_on_ranks(run, split, command, work, extra, layout, precision)
+            return load_record(path) or "its ranks ended without writing a record"
+        record = run_here(run, split, command, work, extra, layout, precision)
+        return record if record is not None else "this rank's part is done; rank 0 records it"
+
+
+def run_here(run: PlannedRun, split: str, command: str, work: Path,
+             extra: dict[str, Any] | None, layout: Layout,
+             precision: tuple[str, dict[str, Any]],
+             donor: Donor | None = None) -> dict[str, Any] | None:
+    """This process's part of ``run``: alone, all of it; one rank of several (``devices``), its
+    shard of training and of the dev perplexity, and on rank 0 the decoding and the record.
+    ``donor``: the finished run whose training this is (``sharing``): its weights are evaluated."""
+    started = time.time()
+    c = run.config
+    precision, chosen = precision
+    pl.seed_everything(c.train.seed, workers=True, verbose=False)
+    tokenizer, data = build_data(c)
+    zero = rank() == 0
+    logger = wandb_logger(run, work, precision) if zero else False
+    trainer, module, clock, resumed, accumulate = fit(
+        run, work, data, logger, precision, layout=layout,
+        resume_from=donor.last if donor is not None else None)
+    work_done = module.total_work()  # a collective: every rank
+    workers.share_cores()  # decoding too uses the cores of workers that have ended
+    weights = _final_weights(module, donor.checkpoints if donor is not None
+                             else work / "checkpoints", c.train.average_last)
+    trainer.limit_val_batches = 1.0
+    dev = trainer.validate(module, datamodule=data, verbose=False)[0]  # shards, gathered
+    module.eval_name = "train_sample"  # the same weights on training pairs: fit against dev
+    sample = trainer.validate(module, dataloaders=data.train_sample_dataloader(), verbose=False)[0]
+    module.eval_name = "dev"
+    if not zero:
+        return None  # rank 0 decodes every sentence and writes the record
+    scores, headline = task_scores(module.model, tokenizer, data, c,
+                                   outputs=(record_path(run).parent, run.run_id))
+
+    metrics = {
+        "dev_ppl": round(float(dev["dev/ppl"]), 3),
+        "dev_nll": round(float(dev["dev/nll"]), 4),
+        "train_sample_nll": round(float(sample["train_sample/nll"]), 4),
+        **headline,
+        "params": count_parameters(module.model),
+        "train_steps": trainer.global_step,
+        "train_seconds": round(clock.seconds, 1),
+        "train_cpu_seconds": round(clock.cpu_seconds, 1),
+    }
+    micro = data.micro_batch_tokens
+    record = {
+        "run_id": run.run_id, "table": run.table, "row": run.row, "variant": run.variant,
+        "scale": run.scale, "seed": c.train.seed, "split": split,
+        "config": c.to_dict(), "scale_overrode": run.overridden,
+        "precision": precision, "precision_choice": chosen,
+        "metrics": metrics, **scores, "paper": run.paper,
+        "data": {"corpus": c.data.corpus, "train_pairs": data.num_train_pairs,
+                 "dropped_train_pairs": data.dropped, "dev_pairs": len(data.dev_pairs),
+                 "train_sample_pairs": data.train_sample_pairs,
+                 "test_pairs": len(data.test_pairs), "vocab_size": tokenizer.vocab_size,
+                 "sha256": data.sha256, "vocab_sha256": tokenizer.sha256,
+                 "reference_ppl": data.reference_perplexities(), **local_data(c)},
+        "batch": {"accelerator": layout.accelerator, "strategy": layout.strategy,
+                  "devices": layout.devices, "world_size": trainer.world_size,
+                  "accumulate": accumulate,
+                  "device_batch_tokens": micro,
+                  "effective_tokens_per_step": micro * trainer.world_size * accumulate,
+                  "measured_tgt_tokens_per_step": round(work_done["real_tgt_tokens"]
+                                                        / max(trainer.global_step, 1))},
+        "averaged_checkpoints": weights, "curve": clock.curve,
+        "cost": _cost(c, work_done, clock.seconds, trainer.world_size),
+        "resumed": resumed, "resumed_from": module.resumed_from, "commit": commit(),
+        "hardware": hardware(), "worker": worker_id(),
+        "wall_seconds": round(time.time() - started, 1), "command": command,
+        "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "wandb": finish_wandb(logger, metrics),
+    }
+    if donor is not None:  # the training is the donor's: what it took is in its record
+        fields, trained = training_fields(donor)
+        record.update(fields, trained_by=donor.describe(), evaluated_on=hardware())
+        record["metrics"].update(trained)
+    record.update(extra or {})
+    path = record_path(run)
+    if trainer.is_global_zero:  # one record per run, however many processes trained it
+        write_record(path, record)
+        log.info("%s: recorded %s", run.run_id, path)
+    return record
+
+
+def _final_weights(module, directory: Path, k: int) -> list[str]:
+    """Table 2: average the last k checkpoints into the model; Table 3 (k = 1): final weights."""
+    if k <= 1:
+        return []
+
+    paths = last_checkpoints(directory, k)
+    module.load_state_dict(average_checkpoints(paths))
+    return [p.name for p in paths]
+
+
+def decode_batch_tokens(c: Config) -> int:
+    """Source tokens per decoding batch. Parsing (treebank corpora): beam x (input +
+    max_len_offset) cached positions per sentence, so fewer sentences per batch."""
+    if is_treebank(c.data.corpus):
+        return max(64, c.train.batch_tokens // c.decode.beam)
+    return c.train.batch_tokens
+
+
+def _bleu(model, tokenizer, data, pairs, c: Config, lang: str) -> dict[str, Any]:
+    """Both BLEU conventions, each labelled, and a few example outputs."""
+    sources, refs = [s for s, _ in pairs], [t for _, t in pairs]
+    hyps = translate(model, tokenizer, data.source_batches(sources, decode_batch_tokens(c)),
+                     len(sources), c.decode)
+    return {"sacrebleu": sacre_bleu(hyps, refs), "tokenized": tokenized_bleu(hyps, refs, lang),
+            "examples": [{"source": s, "reference": t, "output": h}
+                         for s, t, h in list(zip(sources, refs, hyps, strict=True))[:3]],
+            "hypotheses": hyps, "references": refs}
+
+
+def task_scores(model, tokenizer, data, c: Config, splits: tuple[str, ...] = ("dev", "test"),
+                outputs: tuple[Path, str] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The task's evaluation: (record entries, headline metrics). Translation: both BLEUs of each
+    split, and with ``outputs`` (the records folder, the run id) every hypothesis kept there.
+    Parsing (treebank corpora, Table 4): EVALB precision, recall and F1 of each split."""
+    pairs = {"dev": data.dev_pairs, "test": data.test_pairs}
+    if not is_treebank(c.data.corpus):
+        lang = c.data.corpus.rsplit("-", 1)[-1]
+        bleu = {name: _bleu(model, tokenizer, data, pairs[name], c, lang) for name in splits}
+        if outputs is not None:  # every output kept beside the record (records.write_outputs)
+            for name, b in bleu.items():
+                b["outputs"] = records.write_outputs(*outputs, name, b.pop("hypotheses"),
+                                                     b.pop("references"))
+        else:
+            for b in bleu.values():
+                del b["hypotheses"], b["references"]
+        return {"bleu": bleu}, {
+            **{f"{n}_bleu": bleu[n]["sacrebleu"]["score"] for n in splits},
+            **{f"{n}_bleu_tokenized": bleu[n]["tokenized"]["score"] for n in splits}}
+
+    batch_tokens = decode_batch_tokens(c)
+
+    def score(name: str, decode) -> dict[str, Any]:
+        gold = treebank_trees(name, c.data.data_dir or None)[:len(pairs[name])]
+        return parse_scores(model, tokenizer,
+                            data.source_batches([s for s, _ in pairs[name]], batch_tokens),
+                            pairs[name], gold, decode, c.data.linearization)
+
+    evalb = {name: score(name, c.decode) for name in splits}
+    headline = {f"{n}_{k}": evalb[n][k] for n in splits for k in ("f1", "precision", "recall")}
+    if c.decode.constrained:  # the paper's protocol too: free decoding, repaired
+        for name in splits:
+            scores = score(name, replace(c.decode, constrained=False))
+            evalb[name]["free"] = {k: scores[k] for k in scores if k != "examples"}
+            headline[f"{name}_f1_free"] = scores["f1"]
+    return {"evalb": evalb, "treebank": treebank_description(c.data.data_dir or None,
+                                                             c.data.extra_trees or None)}, headline
+
+
+def _cost(c: Config, work: dict[str, int], seconds: float, devices: int) -> dict[str, Any]:
+    """Training cost two ways: the paper's (time x devices x sustained TFLOPS) and counted FLOPs."""
+    share = 1
+    if torch.cuda.is_available():
+        name = torch.cuda.get_device_name(0)
+        tflops, source = gpu_tflops(name), "GPU table (reproduce/paper/flops.py)"
+        share = gpu_share()
+        if share > 1:  # several runs side by side on one GPU: each had a share of it
+            source += f"; the GPU shared by {share} workers, 1/{share} of it per run"
+    else:
+        name, tflops, source = hardware()["cpu"], measured_tflops(), "measured fp32 matmul peak"
+    return {
+        "paper_method_flops": None if tflops is None
+        else paper_cost(seconds / 3600, devices, tflops) / share,
+        "device": name, "devices": devices, "gpu_shared_by": share,
+        "tflops_per_device": tflops, "tflops_source": source,
+        "analytic_flops": analytic_flops(c.model, work["src_tokens"], work["tgt_tokens"],
+                                         work["src_sq"], work["tgt_sq"], work["cross"]),
+        "train_hours": round(seconds / 3600, 4),
+    }

@@ -1,0 +1,182 @@
+"""Tuning of nuisance settings on the dev split with optuna, for any table whose spec has `tune:`.
+
+Section 6.3 tuned only dropout (attention and residual), learning rate and beam size of the parser,
+on the development set; the spec lists those knobs and the dev metric. A study lives in a database
+(SQLite under ``runs/`` by default, any optuna storage URL for workers that share one) and is
+resumed by name, so ``--tune --trials N`` again adds N trials to the same study. Each trial trains
+in the run folder its settings name (``<run_id>-tuned-<digest>``); a trial that is cut off resumes
+from its checkpoint when optuna retries it, and the final run of the best settings reuses the best
+trial's trained model and only evaluates it. Bad trials are pruned on their dev loss.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import warnings
+from dataclasses import replace
+from typing import Any
+
+import pytorch_lightning as pl
+
+from reproduce import paths
+from reproduce.config import FIELDS
+from reproduce.errors import ConfigError
+from reproduce.paths import runs_dir
+from reproduce.runs.sweep import Knob, PlannedRun, Tuning
+from reproduce.train import fit as training
+from reproduce.train import precision, runner
+from reproduce.util.secrets import mask
+
+# optuna is imported where it is used: 0.5 s that only --tune needs.
+log = logging.getLogger("reproduce")
+
+
+def default_storage() -> str:
+    """SQLite in the runs folder: one file holds every study of this checkout."""
+
+    runs_dir().mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{runs_dir() / 'optuna.db'}"
+
+
+def settings_tag(params: dict[str, Any]) -> str:
+    """A short, stable name for one set of tuned settings."""
+    digest = hashlib.sha1(json.dumps(params, sort_keys=True).encode()).hexdigest()[:8]
+    return f"tuned-{digest}"
+
+
+def with_settings(run: PlannedRun, params: dict[str, Any]) -> PlannedRun:
+    """``run`` with tuned settings applied; its run id names the settings."""
+    tag = "-".join(t for t in (run.tag, settings_tag(params)) if t)
+    return replace(run, config=run.config.overrides(**params), tag=tag)
+
+
+def suggest(trial, knobs: dict[str, Knob]) -> dict[str, Any]:
+    """One value per knob from the trial (optuna records them as the trial's params)."""
+    params = {}
+    for name, knob in knobs.items():
+        if knob.choices:
+            params[name] = trial.suggest_categorical(name, list(knob.choices))
+        elif FIELDS[name][1] is int:  # e.g. warmup_steps
+            params[name] = trial.suggest_int(name, int(knob.low), int(knob.high), log=knob.log)
+        else:
+            params[name] = trial.suggest_float(name, knob.low, knob.high, log=knob.log)
+    return params
+
+
+class PruneOnDevLoss(pl.Callback):
+    """Reports the dev loss at every validation during training and stops trials that the
+    study's pruner ranks as bad. Optuna compares reports in the study's direction, so for a
+    maximised metric (F1) the negative NLL is reported."""
+
+    def __init__(self, trial, direction: str) -> None:
+        self.trial = trial
+        self.sign = -1.0 if direction == "maximize" else 1.0
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        import optuna
+
+        nll = trainer.callback_metrics.get("dev/nll")
+        if trainer.sanity_checking or trainer.state.fn != "fit" or nll is None:
+            return
+        self.trial.report(self.sign * float(nll), step=trainer.global_step)
+        if self.trial.should_prune():
+            raise optuna.TrialPruned(f"dev NLL {float(nll):.3f} at step {trainer.global_step}")
+
+
+def train_and_score(run: PlannedRun, callbacks=()) -> dict[str, Any]:
+    """Train ``run`` (resuming its checkpoint if any) and return its dev metrics, no test split."""
+    import optuna
+
+    c = run.config
+    chosen, _ = precision.choose_precision(run)
+    pl.seed_everything(c.train.seed, workers=True, verbose=False)
+    tokenizer, data = training.build_data(c)
+    work = paths.runs_dir() / run.table / run.run_id
+    logger = training.wandb_logger(run, work, chosen)
+    try:
+        try:
+            trainer, module, *_ = training.fit(run, work, data, logger, chosen, callbacks)
+        except optuna.TrialPruned:
+            shutil.rmtree(work / "checkpoints", ignore_errors=True)  # never resumed nor reused
+            raise
+        trainer.limit_val_batches = 1.0
+        dev = trainer.validate(module, datamodule=data, verbose=False)[0]
+        _, headline = runner.task_scores(module.model, tokenizer, data, c, splits=("dev",))
+    finally:
+        if logger:  # False with WANDB_MODE=disabled
+            logger.experiment.finish()
+    return {"dev_ppl": float(dev["dev/ppl"]), "dev_nll": float(dev["dev/nll"]), **headline}
+
+
+def _storage(url: str):
+    import optuna
+    from optuna import storages
+
+    # Heartbeats let a later invocation fail a trial whose process died, and retry it with the
+    # same settings (so in the same run folder, resuming from its last checkpoint).
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            if hasattr(storages, "RetryHeartbeatStaleTrialCallback"):  # optuna >= 4.9
+                retry = {"heartbeat_stale_trial_callback":
+                         storages.RetryHeartbeatStaleTrialCallback(max_retry=2)}
+            else:
+                retry = {"failed_trial_callback": storages.RetryFailedTrialCallback(max_retry=2)}
+            return storages.RDBStorage(url, heartbeat_interval=60, grace_period=180, **retry)
+    except Exception as e:  # sqlalchemy's URL, driver and connection errors, as one line
+        raise ConfigError(mask(f"--storage {url!r}: {type(e).__name__}: "
+                               f"{str(e).splitlines()[0]}")) from None
+
+
+def tune(run: PlannedRun, tuning: Tuning, trials: int, storage: str | None = None,
+         seed: int = 0) -> tuple[PlannedRun, dict[str, Any]]:
+    """Add ``trials`` trials to the study of ``run`` (created or resumed), then return the run with
+    the best settings found so far and a summary of the study for its record."""
+    import optuna
+
+    if trials < 0:
+        raise ConfigError(f"--trials {trials}: must be >= 0")
+    url = storage or default_storage()
+    study = optuna.create_study(
+        study_name=run.run_id, storage=_storage(url), direction=tuning.direction,
+        load_if_exists=True, pruner=optuna.pruners.MedianPruner(n_startup_trials=2))
+    # Seeded by the trials already run, so a resumed study does not repeat its first suggestions;
+    # workers sharing a database (an explicit --storage) draw apart.
+    study.sampler = optuna.samplers.TPESampler(
+        seed=hash((seed, len(study.trials), os.getpid() if storage else 0)) % 2**32)
+    done = len(study.trials)
+    log.info("%s: study %r in %s, %d trial(s) so far, %d more", run.run_id, run.run_id,
+             mask(url), done, trials)
+
+    def objective(trial) -> float:
+        candidate = with_settings(run, suggest(trial, tuning.knobs))
+        trial.set_user_attr("run_id", candidate.run_id)
+        metrics = train_and_score(candidate, [PruneOnDevLoss(trial, tuning.direction)])
+        if tuning.metric not in metrics:
+            raise ConfigError(f"tune.metric {tuning.metric!r} is not a dev metric of this run; "
+                              f"choose one of {', '.join(metrics)}")
+        for key, value in metrics.items():
+            trial.set_user_attr(key, value)
+        return float(metrics[tuning.metric])
+
+    study.optimize(objective, n_trials=trials, catch=())
+    states = [t.state for t in study.trials]
+    complete = states.count(optuna.trial.TrialState.COMPLETE)
+    if not complete:
+        raise ConfigError(f"{run.run_id}: no finished trial in study {run.run_id!r} ({mask(url)}); "
+                          "run --tune with more --trials")
+    best = study.best_trial
+    summary = {
+        "study": run.run_id, "storage": mask(url), "metric": tuning.metric,
+        "direction": tuning.direction, "split": "dev", "best_trial": best.number,
+        "best_value": best.value, "best_params": best.params,
+        "n_trials": len(states), "complete": complete,
+        "pruned": states.count(optuna.trial.TrialState.PRUNED),
+        "knobs": {k: list(v.choices) if v.choices else {"low": v.low, "high": v.high, "log": v.log}
+                  for k, v in tuning.knobs.items()},
+    }
+    return with_settings(run, best.params), summary

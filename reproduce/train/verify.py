@@ -1,0 +1,201 @@
+"""``python -m reproduce verify RECORD [--steps N]``: re-run a record's run from nothing and compare.
+
+The run is trained again in a scratch folder (its own results, runs and tokenizer cache; the
+project's ``results/``, ``runs/`` and ``cache/`` are never touched) with the record's config,
+precision and thread count. Then every metric is compared with the record, and so are the hashes
+of its config (against what the spec resolves to today), data and vocabulary. ``--steps N`` trains
+the first N steps only and compares the learning curve there (the schedule does not depend on the
+step count, so the first N steps of a longer run are these N steps). Where the numbers differ,
+it lists what differs between the machine and code that made the record and this one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+
+from reproduce import paths
+from reproduce.config import Config
+from reproduce.errors import ConfigError, SpecError
+from reproduce.runs import records
+from reproduce.runs.sweep import PlannedRun, load_spec
+from reproduce.train import fit as training
+from reproduce.train import runner
+from reproduce.util import machine
+
+# Metrics that measure the machine, not the model: never compared.
+TIMING = ("train_seconds", "train_cpu_seconds")
+
+
+@contextmanager
+def _scratch(folder: Path):
+    """Results, runs and caches under ``folder`` while the block runs."""
+    keys = {"REPRODUCE_RESULTS": folder / "results", "REPRODUCE_RUNS": folder / "runs",
+            "REPRODUCE_CACHE": folder / "cache"}
+    before = {k: os.environ.get(k) for k in keys}
+    os.environ.update({k: str(v) for k, v in keys.items()})
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _run_of(record: dict[str, Any], config: Config) -> PlannedRun:
+    prefix = f"{record['table']}-{record['variant']}-{record['scale']}-seed{record['seed']}"
+    tag = record["run_id"][len(prefix) + 1:] if record["run_id"] != prefix else ""
+    return PlannedRun(record["table"], record["row"], record["variant"], record["scale"],
+                      record["seed"], config, record.get("paper", {}), tag=tag,
+                      overridden=record.get("scale_overrode", {}))
+
+
+def _spec_line(record: dict[str, Any]) -> str:
+    """Whether the shipped spec still resolves this run to the recorded config."""
+    try:
+        spec = load_spec(record["table"])
+        [run] = spec.plan([record["variant"]], record["scale"], [record["seed"]])
+    except (SpecError, ConfigError, ValueError, KeyError):
+        return "config: no shipped spec plans this run; the record's own config is used"
+    if records.same_config(record["config"], run.config):
+        return "config: the same as sweeps/ resolves it today"
+    return ("config: DIFFERENT from what sweeps/ resolves today (the sweep command would redo "
+            "this run); the record's own config is used")
+
+
+def _environment_differences(record: dict[str, Any]) -> list[str]:
+    """What differs between where the record was made and here (reasons numbers may differ)."""
+    now = {"commit": machine.commit(), "hardware": machine.hardware()}
+    out = []
+    was, is_ = record.get("commit", {}), now["commit"]
+    if was.get("sha") != is_["sha"]:
+        out.append(f"code: recorded at commit {str(was.get('sha'))[:10]}, now {str(is_['sha'])[:10]}")
+    if was.get("dirty") or is_["dirty"]:
+        out.append("code: uncommitted changes " + ("then" if was.get("dirty") else "now"))
+    h, n = record.get("hardware", {}), now["hardware"]
+    for key, what in (("cpu", "CPU"), ("torch", "torch"), ("gpus", "GPUs")):
+        if h.get(key) != n.get(key):
+            out.append(f"{what}: {h.get(key)} then, {n.get(key)} now")
+    if set(h.get("cpu_flags", [])) != set(n.get("cpu_flags", [])) and "cpu_flags" in h:
+        out.append(f"CPU flags: {sorted(h['cpu_flags'])} then, {sorted(n['cpu_flags'])} now")
+    if "sha256" not in record.get("data", {}):
+        out.append("the record predates dropout seeded per step (commit b90a035): its masks came "
+                   "from one stream seeded at the start, which this code no longer draws")
+        if record.get("resumed"):
+            out.append(f"the recorded run was resumed (from {record.get('resumed_from')}) before "
+                       "resuming was exact")
+    if record.get("batch", {}).get("world_size", 1) > 1:
+        out.append(f"the recorded run trained on {record['batch']['world_size']} devices")
+    return out
+
+
+def _hash_lines(record: dict[str, Any], fresh: dict[str, Any]) -> list[str]:
+    lines = []
+    for name, old, new in (("data", record["data"].get("sha256"), fresh["data"].get("sha256")),
+                           ("vocabulary", record["data"].get("vocab_sha256"),
+                            fresh["data"].get("vocab_sha256"))):
+        if old is None:
+            lines.append(f"{name}: the record keeps no hash (made before hashes were kept)")
+        else:
+            lines.append(f"{name}: {'the same' if old == new else 'DIFFERENT'} (sha256 "
+                         f"{json.dumps(old)[:40]}...)")
+    return lines
+
+
+def _compare(old: dict[str, Any], new: dict[str, Any]) -> tuple[list[str], bool]:
+    """A line per number (recorded, re-run, difference); whether all are equal."""
+    lines, same = [f"  {'metric':24} {'recorded':>12} {'re-run':>12} {'difference':>12}"], True
+    for key, value in old.items():
+        if key in TIMING or not isinstance(value, (int, float)) or key not in new:
+            continue
+        diff = new[key] - value
+        same &= diff == 0
+        lines.append(f"  {key:24} {value:>12} {new[key]:>12} {diff:>+12.4g}")
+    return lines, same
+
+
+def _curve_points(curve: dict[str, list]) -> dict[tuple[str, int], float]:
+    """{(train_loss or dev_ppl, step): value} of a recorded learning curve."""
+    return {(kind, int(p[0])): p[2] for kind, points in curve.items() for p in points}
+
+
+def verify(path: Path, steps: int | None = None, scratch: Path | None = None) -> int:
+    """Print the comparison; 0 if every compared number is equal, else 1."""
+    try:
+        record = records.read_record(path)
+    except records.DamagedRecord as e:
+        raise ConfigError(str(e)) from None
+    if record is None:
+        raise ConfigError(f"{path}: no such record")
+    config = Config.from_dict(record["config"]).overrides(precision=record["precision"])
+    if steps is not None:
+        if not 0 < steps <= record["metrics"]["train_steps"]:
+            raise ConfigError(f"--steps {steps}: must be between 1 and the run's "
+                              f"{record['metrics']['train_steps']} steps")
+        config = config.overrides(train_steps=steps)
+    run = _run_of(record, config)
+    folder = scratch or Path(tempfile.mkdtemp(prefix="reproduce-verify-"))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, min(record.get("hardware", {}).get("torch_threads") or threads,
+                                     machine.cores())))
+    print(f"verify {path}: {record['run_id']} again in {folder}, "
+          f"{f'the first {steps} steps' if steps else 'all of it'}, precision "
+          f"{record['precision']}, {torch.get_num_threads()} thread(s)")
+    print(_spec_line(record))
+    try:
+        with _scratch(folder):
+            if steps is None:
+                fresh = runner.execute(run, record["split"], f"verify {path}")
+                if isinstance(fresh, str):  # not run (a scratch folder holds no other worker)
+                    raise RuntimeError(f"{run.run_id}: {fresh}")
+                lines, same = _compare(record["metrics"], fresh["metrics"])
+                lines += _hash_lines(record, fresh)
+                old_curve, new_curve = record.get("curve", {}), fresh["curve"]
+            else:
+                old_curve = record.get("curve", {})
+                new_curve = _train_only(run, _cadence(old_curve.get("train_loss", [])))
+                lines, same = [], True
+            a, b = _curve_points(old_curve), _curve_points(new_curve)
+            common = sorted(k for k in a.keys() & b.keys() if steps is None or k[1] <= steps)
+            differ = [k for k in common if a[k] != b[k]]
+            same &= not differ and bool(common or steps is None)
+            lines.append(f"learning curve: {len(common)} common point(s), "
+                         + (f"{len(differ)} differ (first: {differ[0][0]} at step "
+                            f"{differ[0][1]}: {a[differ[0]]} recorded, {b[differ[0]]} now)"
+                            if differ else "all equal"))
+    finally:
+        torch.set_num_threads(threads)
+    print("\n".join(lines))
+    if same:
+        print("verified: the re-run gives the recorded numbers" if steps is None else
+              f"verified: the first {steps} steps give the recorded learning curve")
+        return 0
+    reasons = _environment_differences(record)
+    print("NOT the recorded numbers. " + ("What differs from where the record was made: "
+                                          + "; ".join(reasons) if reasons else
+                                          "Nothing recorded about code or machine differs."))
+    return 1
+
+
+def _cadence(points: list[list[float]]) -> int | None:
+    """Every how many steps a recorded curve has a point (so a shorter re-run keeps the same)."""
+    return int(points[1][0] - points[0][0]) if len(points) > 1 else None
+
+
+def _train_only(run: PlannedRun, curve_every: int | None) -> dict[str, list]:
+    """The learning curve of ``run``'s steps, trained without evaluation or record."""
+    c = run.config
+    pl.seed_everything(c.train.seed, workers=True, verbose=False)
+    _, data = training.build_data(c)
+    work = paths.runs_dir() / run.table / run.run_id
+    clock = training.fit(run, work, data, False, c.train.precision, curve_every=curve_every)[2]
+    return clock.curve

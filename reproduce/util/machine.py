@@ -1,0 +1,123 @@
+"""Where a run happens, read once for every module that needs it: the CPU's name, the instruction
+sets that decide matmul speed (records, precision choice, benchmarks), the cores this process may
+use (workers, devices), the GPUs, the commit, and this machine's sustained matmul rate."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import time
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from reproduce import paths
+
+CPUINFO = Path("/proc/cpuinfo")
+# Set in a --workers worker on a CPU: a file "<workers still running> <cores they share>" (workers.py)
+SHARE_ENV = "REPRODUCE_WORKER_SHARE"
+# How many workers of one --workers command train on this worker's GPU (workers.gpu_blocks)
+GPU_SHARE_ENV = "REPRODUCE_GPU_SHARE"
+
+
+@lru_cache(maxsize=1)
+def _cpuinfo() -> str:
+    """/proc/cpuinfo, read once per process (records, plans and probes ask for it often)."""
+    return CPUINFO.read_text() if CPUINFO.exists() else ""
+
+
+def _cpuinfo_field(name: str) -> str | None:
+    """The first ``name: value`` line of /proc/cpuinfo, or None (not Linux, or no such line)."""
+    for line in _cpuinfo().splitlines():
+        if line.startswith(name):
+            return line.split(":", 1)[1].strip()
+    return None
+
+
+def cpu_name() -> str:
+    return _cpuinfo_field("model name") or platform.processor() or platform.machine()
+
+
+def cpu_flags() -> list[str]:
+    """The instruction sets that decide matmul speed: avx2, fma, avx512*, amx*."""
+    flags = (_cpuinfo_field("flags") or "").split()
+    return sorted(f for f in flags if f.startswith(("avx512", "amx")) or f in ("avx2", "fma"))
+
+
+def cores() -> int:
+    """Cores this process may run on (its affinity, as taskset or SLURM set it)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+# "<sha>" or "<sha> dirty": the commit of a tree copied to another machine (tools/offline-gpu);
+# set, it wins over the copy's .git
+COMMIT_ENV = "REPRODUCE_COMMIT"
+
+
+def commit() -> dict[str, Any]:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=paths.REPO, capture_output=True, text=True,
+                              check=False).stdout.strip()
+    if os.environ.get(COMMIT_ENV):
+        # a copy of the tree carried to an offline machine names its commit: it may have no .git,
+        # or one whose HEAD lags (the lent GPU machines' copies named an older commit, "dirty")
+        named, _, dirty = os.environ[COMMIT_ENV].partition(" ")
+        return {"sha": named, "dirty": dirty == "dirty", "from": COMMIT_ENV}
+    sha = git("rev-parse", "HEAD")
+    # results/ is what runs write (records, rendered tables): a sweep's own output there is no
+    # change to the code that made a record, so it does not make the tree dirty.
+    return {"sha": sha or None,
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                              ":(exclude)results"))}
+
+
+def hardware() -> dict[str, Any]:
+    info = {"cpu": cpu_name(), "cpu_flags": cpu_flags(), "cpu_count": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__, "python": platform.python_version(), "gpus": [],
+            # Other work on the machine slows a run: the load when the record was written.
+            "load_average": [round(x, 2) for x in os.getloadavg()]}
+    if torch.cuda.is_available():
+        info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return info
+
+
+def default_scale() -> str:
+    """The scale that fits this machine: the paper's on a GPU, `cpu` otherwise."""
+    return "paper" if torch.cuda.is_available() else "cpu"
+
+
+def matmul_seconds(dtype: torch.dtype, n: int, budget: float = 0.5, most: int = 50) -> list[float]:
+    """Seconds of each of up to ``most`` n x n products (after one to warm up), stopping once
+    ``budget`` seconds are spent: the one matmul timer (cost, precision screen, bench)."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    a @ b
+    times: list[float] = []
+    while len(times) < most and sum(times) <= budget:
+        start = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def matmul_gflops(dtype: torch.dtype, n: int, budget: float = 0.5) -> float:
+    """Best matmul rate in GFLOP/s over repeats of an n x n product (a peak, for MFU)."""
+    return 2 * n ** 3 / min(matmul_seconds(dtype, n, budget)) / 1e9
+
+
+def measured_tflops(n: int = 1024, repeats: int = 8) -> float:
+    """This CPU's sustained fp32 matmul rate, in TFLOPS (the paper's method needs one)."""
+    times = matmul_seconds(torch.float32, n, budget=float("inf"), most=repeats)
+    return round(2 * n ** 3 * len(times) / sum(times) / 1e12, 4)
+
+
+def gpu_share() -> int:
+    """How many workers of this command share this process's GPU (1: it has its own). Other
+    processes on that GPU, another command's workers say, are not counted."""
+    try:
+        return max(1, int(os.environ.get(GPU_SHARE_ENV, "1")))
+    except ValueError:
+        return 1
