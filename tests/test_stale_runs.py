@@ -161,6 +161,7 @@ def test_a_record_calls_the_code_dirty_for_edits_outside_results_only(tmp_path, 
     # record names
     import subprocess
 
+    from reproduce import paths
     from reproduce.util import machine
 
     def git(*args):
@@ -173,7 +174,7 @@ def test_a_record_calls_the_code_dirty_for_edits_outside_results_only(tmp_path, 
     git("init", "-q")
     git("add", ".")
     git("commit", "-qm", "c")
-    monkeypatch.setattr(machine, "REPO", tmp_path)
+    monkeypatch.setattr(paths, "REPO", tmp_path)
     assert machine.commit()["dirty"] is False
     (tmp_path / "results" / "table3.md").write_text("new\n")
     (tmp_path / "results" / "r.json").write_text("{}\n")
@@ -204,9 +205,10 @@ def test_time_left_estimates_fp32_steps_where_the_finished_runs_trained_in_fp32(
 
 
 def test_a_copied_tree_names_its_commit_by_the_environment(tmp_path, monkeypatch):
+    from reproduce import paths
     from reproduce.util import machine
 
-    monkeypatch.setattr(machine, "REPO", tmp_path)  # no .git here
+    monkeypatch.setattr(paths, "REPO", tmp_path)  # no .git here
     monkeypatch.delenv(machine.COMMIT_ENV, raising=False)
     assert machine.commit()["sha"] is None
     monkeypatch.setenv(machine.COMMIT_ENV, "abc123 dirty")
