@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from reproduce import data
+from reproduce import data, paths
 from reproduce.data import (
     BIBLE_DEV_BOOKS,
     BIBLE_TEST_BOOKS,
@@ -299,7 +299,7 @@ def test_tokenizer_errors_are_data_errors(tmp_path):
 
 def test_cache_dir_defaults_to_repo_and_follows_env(monkeypatch):
     monkeypatch.delenv("REPRODUCE_CACHE", raising=False)
-    assert cache_dir() == Path(tokenizer.__file__).resolve().parent.parent / "cache"
+    assert cache_dir() == Path(paths.__file__).resolve().parent.parent / "cache"
     monkeypatch.setenv("REPRODUCE_CACHE", "/somewhere/else")
     assert cache_dir() == Path("/somewhere/else")
 
