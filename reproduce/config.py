@@ -24,6 +24,8 @@ POSITIONS = ("sinusoidal", "learned")
 INITS = ("xavier", "depth-scaled")
 # "auto": bf16-mixed where the hardware runs it fast (CUDA with bf16, CPUs with AMX), else 32-true.
 PRECISIONS = ("auto", "32-true", "bf16-mixed", "16-mixed", "bf16-true")
+# Where a run trains (``--accelerator``; ``train.devices``): here, torch-free, for the CLI's --help.
+ACCELERATORS = ("auto", "cpu", "gpu")
 # Parse-tree targets (Table 4): POS tags kept, every tag normalized to XX, or the words themselves
 # in the tags' place (not the paper's; reproduce/paper/parsing.py).
 LINEARIZATIONS = ("tags", "xx", "words")

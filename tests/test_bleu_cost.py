@@ -11,7 +11,8 @@ from reproduce.config import ModelConfig
 from reproduce.paper.bleu import moses_tokenize, multi_bleu, split_compounds, tokenized_bleu
 from reproduce.paper.flops import analytic_flops, forward_flops_per_token, gpu_tflops, paper_cost
 from reproduce.paper.model import Transformer
-from reproduce.runs.averaging import average_checkpoints, last_checkpoints
+from reproduce.runs.averaging import average_checkpoints
+from reproduce.runs.checkpoints import last_checkpoints
 from reproduce.train.evaluate import sacre_bleu
 
 # --- tokenized BLEU --------------------------------------------------------------------------------

@@ -199,9 +199,11 @@ def test_the_dry_run_shows_devices_accumulation_and_the_effective_batch(tmp_path
 
 
 def test_layout_resolution():
-    from reproduce.__main__ import ACCELERATORS
+    from reproduce.__main__ import build_parser
 
-    assert ACCELERATORS == list(devices.ACCELERATORS)
+    accelerator = next(a for a in build_parser()._subparsers._group_actions[0].choices["table3"]
+                       ._actions if a.dest == "accelerator")
+    assert list(accelerator.choices) == list(devices.ACCELERATORS)  # --help names what runs take
     assert devices.resolve("cpu", None, 1) == devices.Layout("cpu", 1)
     assert devices.resolve("cpu", None, "auto").devices == 1  # auto on a CPU: one process
     if machine.cores() >= 2:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from reproduce.runs.sweep import load_spec
-from reproduce.train import precision
+from reproduce.train import precision, step_time
 
 
 @pytest.fixture
@@ -56,7 +56,7 @@ def test_every_variant_of_a_table_trains_in_the_precision_its_base_was_timed_in(
         tmp_path, monkeypatch, cpu_bf16_screen_passes, caplog):
     # Timed alone, row A's single 128-wide head (A1) would take bf16; base and 32 heads would not.
     monkeypatch.setattr(precision, "runs_dir", lambda: tmp_path)
-    monkeypatch.setattr(precision, "step_seconds", lambda c, t: {
+    monkeypatch.setattr(step_time, "seconds_by_precision", lambda c, t: {
         "32-true": 1.0, "bf16-mixed": 0.5 if c.model.h == 1 else 1.2})
     runs = [dataclasses.replace(r, config=r.config.overrides(precision="auto"))
             for r in load_spec("table3").plan(["base", "A1", "A4"], "smoke", [0])]
@@ -88,7 +88,7 @@ def test_a_table_with_records_at_a_scale_keeps_their_precision_on_another_machin
     # the table's base already trained in fp32 at this scale: the variants must follow it.
     monkeypatch.setattr(precision, "runs_dir", lambda: tmp_path / "runs")
     monkeypatch.setattr(precision, "results_dir", lambda: tmp_path / "results")
-    monkeypatch.setattr(precision, "step_seconds", lambda c, t: {"32-true": 1.0,
+    monkeypatch.setattr(step_time, "seconds_by_precision", lambda c, t: {"32-true": 1.0,
                                                                   "bf16-mixed": 0.5})
     base, a1 = [dataclasses.replace(r, config=r.config.overrides(precision="auto"))
                 for r in load_spec("table3").plan(["base", "A1"], "smoke", [0])]
@@ -152,5 +152,5 @@ def test_a_set_precision_is_taken_as_it_is(config, tmp_path):
 
 
 def test_a_real_timing_of_both_precisions(config):
-    seconds = precision.step_seconds(config, 256, rounds=1)
+    seconds = step_time.seconds_by_precision(config, 256, rounds=1)
     assert set(seconds) == {"32-true", "bf16-mixed"} and all(s > 0 for s in seconds.values())

@@ -39,6 +39,34 @@ def _row(table: str, variant: str) -> list[str]:
     raise AssertionError(f"no row {variant}")
 
 
+def test_every_committed_record_loads_as_the_typed_record():
+    from reproduce import paths
+    from reproduce.runs.records import read_record
+    from reproduce.runs.schema import Record, problems
+
+    found = sorted(paths.REPO.glob("results/table*/*.json"))
+    assert len(found) >= 90
+    keys = set(Record.__annotations__) | {"run_id", "config", "metrics"}
+    for path in found:
+        r = read_record(path)  # a DamagedRecord if it broke the schema
+        assert not problems(r), path
+        assert set(r) <= keys, f"{path}: keys the schema does not declare: {set(r) - keys}"
+
+
+def test_a_record_of_the_wrong_shape_is_named_damaged(tmp_path):
+    from reproduce.runs.records import DamagedRecord, read_record
+    from reproduce.runs.schema import problems
+
+    assert problems({"run_id": "x", "config": {}, "metrics": {}, "seed": 0}) == []
+    assert problems({"run_id": "x", "config": {}, "metrics": [], "seed": "0"}) == [
+        "'metrics' is a list, not <class 'reproduce.runs.schema.Metrics'>",
+        "'seed' is a str, not <class 'int'>"]
+    path = tmp_path / "table3" / "x.json"
+    write_record(path, {"run_id": "x", "config": {}})
+    with pytest.raises(DamagedRecord, match="not a run's record: it needs the key 'metrics'"):
+        read_record(path)
+
+
 def test_rendering_puts_ours_beside_the_papers():
     spec = load_spec("table3")
     table = render_table3(spec, [record("base", ppl=7.25, bleu=3.0, params=2_500_000),

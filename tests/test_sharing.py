@@ -69,11 +69,11 @@ def test_a_run_waits_for_its_twin_that_a_worker_is_training(tmp_path):
         status = cli(cli_env(tmp_path), "status").stdout
         plan = cli(cli_env(tmp_path), "table3", "--variant", "base", "--scale", "smoke",
                    "--seeds", "0", "--dry-run").stdout
-    assert ("table3-base-smoke-seed0: waits for table2-base-en-de-smoke-seed0's training, which a "
-            "worker is training now (the same training; no training)") in plan
+    waits = ("waits for table2-base-en-de-smoke-seed0's training, which a worker is training now "
+             "(the same training; no training left)")  # one line, in the plan and in status
+    assert f"table3-base-smoke-seed0: {waits}" in [s.strip() for s in plan.splitlines()]
     assert "total: 0 device-hours" in plan  # nothing priced for it, as status
-    assert ("stopped  table3-base-smoke-seed0 (waits for table2-base-en-de-smoke-seed0's training, "
-            "which a worker is training now; no training left)") in status
+    assert f"stopped  table3-base-smoke-seed0: {waits}" in status
     assert ("table3-base-smoke-seed0: the same training as table2-base-en-de-smoke-seed0, which a "
             "worker is training now: left to evaluate that once it has finished") in out.stdout
     assert not (tmp_path / "results" / "table3" / "table3-base-smoke-seed0.json").exists()
@@ -124,10 +124,10 @@ def test_table3_base_evaluates_table2_s_training_instead_of_training(shared):
 
 def test_status_says_what_reuses_a_training_and_counts_it_once(shared):
     root, _, before, _ = shared
-    assert ("stopped  table3-base-smoke-seed0 (evaluates table2-base-en-de-smoke-seed0's training, "
-            "no training left)") in before
-    assert ("table3-base-smoke-seed0: evaluates table2-base-en-de-smoke-seed0's training (the "
-            "same training, finished; no training)") in before  # the dry run's plan
+    evaluates = ("evaluates table2-base-en-de-smoke-seed0's training (the same training, "
+                 "finished; no training left)")  # one line, in status and in the plan
+    assert f"stopped  table3-base-smoke-seed0: {evaluates}" in before
+    assert f"table3-base-smoke-seed0: {evaluates}" in [s.strip() for s in before.splitlines()]
     after = cli(cli_env(root), "status").stdout
     line = next(s for s in after.splitlines() if s.startswith("table3 at `smoke`"))
     assert "1 done" in line and "spent 0.00 h training (0.00 device-hours" in line

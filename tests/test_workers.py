@@ -230,7 +230,8 @@ def test_cores_follow_the_work_when_a_worker_ends(tmp_path, monkeypatch):
     takes the freed cores (`share_cores`)."""
     import torch
 
-    from reproduce.plan.workers import SHARE_ENV, _wait, _write_share, share_cores
+    from reproduce.plan.workers import _wait, _write_share
+    from reproduce.util.machine import SHARE_ENV, share_cores
 
     share = tmp_path / "share"
     _write_share(share, 2, 4)
@@ -256,7 +257,7 @@ def test_cores_follow_the_work_when_a_worker_ends(tmp_path, monkeypatch):
 
 
 def test_steps_left_counts_from_the_latest_checkpoint(tmp_path, monkeypatch):
-    from reproduce.plan.workers import steps_left
+    from reproduce.runs.checkpoints import steps_left
     from reproduce.runs.sweep import load_spec
 
     monkeypatch.setenv("REPRODUCE_RUNS", str(tmp_path))

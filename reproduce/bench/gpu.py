@@ -29,7 +29,7 @@ from reproduce.paper.flops import BF16_DENSE_TFLOPS, analytic_flops, lookup
 from reproduce.paper.model import Transformer
 from reproduce.paper.optim import accumulation, adam_with_schedule
 from reproduce.runs.sweep import load_spec
-from reproduce.train.precision import synthetic_batch, train_step
+from reproduce.train.step_time import synthetic_batch, train_step
 
 MODELS = ("base-en-de", "big-en-de")
 LENGTH = 32  # pieces per synthetic sentence

@@ -1,60 +1,36 @@
-"""What a configuration costs: parameter counts (Table 3's column) and a measured training step
-here (how ``--workers`` balances runs between its workers; plans use ``estimates``)."""
+"""A measured training step of a config on this machine: how ``--workers`` balances runs
+between its workers (plans use the cost model of ``plan.estimates`` instead)."""
 
 from __future__ import annotations
 
 import statistics
 import time
-from typing import Any
 
 import torch
 
 from reproduce.config import Config
-from reproduce.paper.model import Transformer, build_on_meta, count_parameters
-from reproduce.paper.optim import accumulation, output_loss
-from reproduce.runs.sweep import Spec
+from reproduce.paper.model import Transformer
+from reproduce.paper.optim import accumulation, adam_with_schedule
 from reproduce.train.precision import resolve_precision
-
-
-def parameter_rows(spec: Spec, vocab_size: int, scale: str = "paper") -> list[dict[str, Any]]:
-    """One row per variant: its shape, our exact parameter count (model built on the meta device,
-    no weights allocated) and the paper's printed figure in millions (None where not printed)."""
-    rows = []
-    for name in spec.variants:
-        config = spec.resolve(name, scale).overrides(vocab_size=vocab_size)
-        m = config.model
-        rows.append({
-            "variant": name, "N": m.N, "d_model": m.d_model, "d_ff": m.d_ff, "h": m.h,
-            "d_k": m.d_k, "d_v": m.d_v, "positions": m.positions, "vocab_size": vocab_size,
-            "params": count_parameters(build_on_meta(m)),
-            "paper_params_m": spec.variants[name].paper.get("params_m"),
-        })
-    return rows
+from reproduce.train.step_time import synthetic_batch, train_step
 
 
 def measure_step_seconds(config: Config, tokens: int, sentence_length: int = 25,
                          repeats: int = 1, precision_of: Config | None = None) -> float:
-    """Seconds for one forward + backward + Adam step on `tokens` source (and target) tokens of
-    synthetic sentences, on this machine's default device (no data, no network), in the precision
-    chosen for ``precision_of`` (the run's table base; default ``config``)."""
+    """Seconds for one forward + backward + Adam step (``step_time.train_step``) on ``tokens``
+    per side of synthetic sentences, on this machine's default device (no data, no network), in
+    the precision chosen for ``precision_of`` (the run's table base; default ``config``)."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     m = config.model
-    model = Transformer(m).to(device)
-    optimizer = torch.optim.Adam(model.parameters())
-    B = max(1, tokens // sentence_length)
-    src = torch.randint(4, m.vocab_size, (B, sentence_length), device=device)
-    autocast = torch.autocast(device, dtype=torch.bfloat16,
-                              enabled=resolve_precision(config.train.precision,
-                                                        precision_of or config).startswith("bf16"))
+    model = Transformer(m).to(device).train()
+    optimizer, schedule = adam_with_schedule(model.parameters(), config.train, m.d_model)
+    batch = {k: v.to(device) for k, v in synthetic_batch(m.vocab_size, tokens,
+                                                          sentence_length).items()}
+    precision = resolve_precision(config.train.precision, precision_of or config)
     times = []
     for _ in range(repeats + 1):  # the first step warms up
         start = time.perf_counter()
-        with autocast:
-            loss, _ = output_loss(model.features(src, src), model.embed.weight, src,
-                                  config.train.eps_ls, m.pad_id)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        train_step(model, optimizer, schedule, batch, config, precision)
         if device == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)

@@ -39,6 +39,7 @@ from reproduce.config import Config
 from reproduce.errors import ConfigError
 from reproduce.paper.flops import BF16_DENSE_TFLOPS, analytic_flops, gpu_tflops, lookup
 from reproduce.train.precision import step_ratio, timed
+from reproduce.util import machine
 from reproduce.util.files import write_atomic
 from reproduce.util.machine import cpu_name, matmul_gflops
 
@@ -242,7 +243,7 @@ def cpu_step_ratio(run, threads: int, cache: Path | None = None,
     """A step of ``run`` in the precision ``auto`` took here over an fp32 step, from the timing
     cached (``cache``, default ``runs/precision.json``) for its table's base at ``threads`` (1.0
     when fp32 or not timed yet). ``settled``: the precision the records of its table and scale
-    trained in (``precision.settled``), which ``auto`` follows: fp32 there is an fp32 step."""
+    trained in (``runs.precisions.settled``), which ``auto`` follows: fp32 there is an fp32 step."""
     if run.config.train.precision != "auto" or settled == "32-true":
         return 1.0
     return step_ratio(timed(run.precision_from or run.config, threads, cache))
@@ -302,3 +303,34 @@ def error_line(checked: list[tuple[str, float, float]]) -> str:
     worst = max(errors)
     return (f"checked on {len(errors)} recorded run(s): median error {median:.0%}, worst "
             f"{worst[1]} {worst[0]:.0%} ({worst[2]:.2f} h estimated, {worst[3]:.2f} h taken)")
+
+
+@dataclass(frozen=True)
+class CpuPlan:
+    """This CPU's cost model (fitted to every table's records of this CPU, scaled to the steps
+    timed here) and the folder whose probe and timing caches it reads (``runs``): what a dry run
+    and ``status`` both estimate with."""
+
+    model: CpuModel
+    runs: Path
+
+    def rate(self, threads: int) -> float:
+        return rate_at(threads, self.runs / "cost_probe.json")
+
+    def estimate(self, run, threads: int, steps: int, settled: str | None = None,
+                 target: Target | None = None) -> Estimate:
+        """``run``'s ``steps`` at ``threads`` threads (on ``target``: several CPU processes for
+        a DDP run), in the precision its table's records settled on (``settled``) or ``auto``
+        would take here."""
+        return estimate(run, target or Target("cpu"), self.model, self.rate(threads), steps,
+                        cpu_step_ratio(run, threads, self.runs / "precision.json", settled))
+
+
+def plan_here(records: list[dict[str, Any]], planned: list, runs: Path) -> CpuPlan:
+    """The cost model of this CPU for ``planned`` runs, from ``records`` (every table's)."""
+    def rate(threads: int) -> float:
+        return rate_at(threads, runs / "cost_probe.json")
+
+    model = level_from_timings(fit_cpu(records, rate), planned, rate,
+                               range(1, machine.cores() + 1), runs / "precision.json")
+    return CpuPlan(model, runs)

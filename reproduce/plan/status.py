@@ -23,12 +23,13 @@ import torch
 
 from reproduce.data import missing_input
 from reproduce.plan import estimates
-from reproduce.plan.workers import auto_count, steps_left
+from reproduce.plan.workers import auto_count
+from reproduce.runs.checkpoints import steps_left
 from reproduce.runs.claims import holder
+from reproduce.runs.precisions import most_common, trained_in
 from reproduce.runs.records import device_hours, every_table_records, load_records, same_config
-from reproduce.runs.sharing import Donor, reuse
+from reproduce.runs.sharing import reuse_lines
 from reproduce.runs.sweep import load_spec, shipped_specs
-from reproduce.train.precision import most_common, trained_in
 from reproduce.util import machine
 
 
@@ -77,17 +78,8 @@ def table_status(table: str, results: Path, runs: Path,
         to_go = {run.run_id: steps_left(run, runs) for run in left}
         # what the next command will evaluate instead of training (runner.execute's decision:
         # not for a run whose own training is done, nor one a worker holds)
-        reuses = {}
-        for run in left:
-            if not to_go[run.run_id] or run.run_id in state["running"] + state["stale"]:
-                continue
-            reused = reuse(run, runs, everything)
-            if isinstance(reused, Donor):
-                reuses[run.run_id] = (f"evaluates {reused.record['run_id']}'s training, no "
-                                      "training left")
-            elif reused is not None:  # once the twin a worker is training now has finished
-                reuses[run.run_id] = (f"waits for {reused.run_id}'s training, which a worker is "
-                                      "training now; no training left")
+        reuses = reuse_lines([run for run in left if to_go[run.run_id] and run.run_id not in
+                              state["running"] + state["stale"]], runs, everything)
         # what cannot start without data the user provides (Table 4's silver trees): not "left"
         blocked = {run.run_id: why for run in left
                    if (why := missing_input(run.config.data.corpus, run.config.data.extra_trees))}
@@ -96,7 +88,7 @@ def table_status(table: str, results: Path, runs: Path,
         saved = {run.run_id: (run.config.train.train_steps - to_go[run.run_id],
                               run.config.train.train_steps) for run in left if run.run_id in started}
         # what the finished runs trained in (shown); the runs still to come with `precision:
-        # auto` follow what those with `auto` trained in (precision.settled), whatever this
+        # auto` follow what those with `auto` trained in (runs.precisions.settled), whatever this
         # machine would choose
         shown: dict[str, int] = defaultdict(int)
         for r in done:
@@ -123,19 +115,10 @@ def _time_left(left: list, to_go: dict[str, int], records: list[dict[str, Any]],
         return {"device_hours": 0.0, "wall_hours": 0.0, "workers": 0, "source": ""}
     n = auto_count(left, to_go=to_go)
     threads = max(1, min(machine.cores(), torch.get_num_threads()) // n)
-    cache, timings = runs / "cost_probe.json", runs / "precision.json"
-
-    def rate_at(k: int) -> float:
-        return estimates.rate_at(k, cache)
-
-    model = estimates.level_from_timings(estimates.fit_cpu(records, rate_at), left, rate_at,
-                                         range(1, machine.cores() + 1), timings)
-    rate = rate_at(threads)
-    hours = sum(estimates.estimate(run, estimates.Target("cpu"), model, rate, to_go[run.run_id],
-                                   estimates.cpu_step_ratio(run, threads, timings,
-                                                            settled)).hours
-                for run in left)
-    return {"device_hours": hours, "wall_hours": hours / n, "workers": n, "source": model.source}
+    here = estimates.plan_here(records, left, runs)
+    hours = sum(here.estimate(run, threads, to_go[run.run_id], settled).hours for run in left)
+    return {"device_hours": hours, "wall_hours": hours / n, "workers": n,
+            "source": here.model.source}
 
 
 def _counts(precisions: dict[str, int]) -> str:
@@ -174,7 +157,7 @@ def report(results: Path, runs: Path, verbose: bool = False,
                         continue  # said above
                     step, steps = row["checkpoint_steps"].get(run_id, (None, None))
                     lines.append(f"  {key:8} {run_id}" + (
-                        f" ({row['reuses'][run_id]})" if run_id in row["reuses"] else
+                        f": {row['reuses'][run_id]}" if run_id in row["reuses"] else
                         f" (checkpoint at step {step} of {steps})"
                         if step else " (no checkpoint yet)" if step == 0 else ""))
     return "\n".join(lines)

@@ -37,17 +37,14 @@ from pathlib import Path
 import torch
 
 from reproduce.errors import ConfigError
-from reproduce.paths import runs_dir
 from reproduce.plan.cost import step_seconds
-from reproduce.runs.averaging import checkpoint_step, last_checkpoints
-from reproduce.runs.records import finished, plan_state
+from reproduce.runs.checkpoints import steps_left
+from reproduce.runs.records import COMMAND_ENV, finished, plan_state, recorded_command
 from reproduce.util import machine
 from reproduce.util.machine import GPU_SHARE_ENV, SHARE_ENV
-from reproduce.util.secrets import mask
 
 ORDER_ENV = "REPRODUCE_RUN_ORDER"  # comma-separated run ids a worker tries first, in order
 WORKER_ENV = "REPRODUCE_WORKER"  # set in workers: train and record, leave the table to the parent
-COMMAND_ENV = "REPRODUCE_COMMAND"  # the user's command, stored in each record
 # Fewer training steps than this left between a sweep's runs: one process (a worker takes ~10 s
 # to start, and a 30-step `smoke` run a few seconds to train).
 AUTO_MIN_STEPS = 1000
@@ -55,24 +52,6 @@ AUTO_MIN_STEPS = 1000
 
 def is_worker() -> bool:
     return bool(os.environ.get(WORKER_ENV))
-
-
-def share_cores() -> int | None:
-    """In a CPU worker: take this worker's share of the cores as it is now (the cores split between
-    the workers still running). Returns the new thread count when it changed, else None. Cheap:
-    training calls it every few steps (``ShareCores``)."""
-    path = os.environ.get(SHARE_ENV)
-    if not path:
-        return None
-    try:
-        active, cores = (int(x) for x in Path(path).read_text().split())
-    except (OSError, ValueError):
-        return None  # the parent has gone, or is rewriting it: keep what we have
-    threads = max(1, cores // max(1, active))
-    if threads == torch.get_num_threads():
-        return None
-    torch.set_num_threads(threads)
-    return threads
 
 
 def auto_count(runs: list, tuning: bool = False, to_go: dict[str, int] | None = None) -> int:
@@ -93,18 +72,6 @@ def auto_count(runs: list, tuning: bool = False, to_go: dict[str, int] | None = 
     if len(to_go) < 2 or sum(to_go.values()) < AUTO_MIN_STEPS:
         return 1
     return min(cores, len(to_go))
-
-
-def steps_left(run, runs: Path | None = None) -> int:
-    """Training steps a run still needs: all of them, less those of its latest checkpoint
-    (``step<N>.ckpt`` under ``runs``, default ``runs_dir()``), which it resumes from."""
-    steps = run.config.train.train_steps
-    try:
-        latest = last_checkpoints((runs or runs_dir()) / run.table / run.run_id / "checkpoints",
-                                  1)[0]
-    except ValueError:  # none yet
-        return steps
-    return max(0, steps - checkpoint_step(latest))
 
 
 def gpu_blocks(n: int, devices: int, gpus: int, visible: str | None) -> list[str]:
@@ -134,11 +101,6 @@ def _write_share(path: Path, active: int, cores: int) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(f"{active} {cores}\n")
     os.replace(tmp, path)
-
-
-def command(argv: Sequence[str]) -> str:
-    """The command a record stores: the user's, also when a worker of ``--workers`` made it."""
-    return mask(os.environ.get(COMMAND_ENV) or "python -m reproduce " + " ".join(argv))
 
 
 def reorder(runs: list) -> list:
@@ -242,7 +204,7 @@ def launch(argv: Sequence[str], runs: list, n: int, devices: int = 1) -> int:
         print(f"  w{k + 1}: {', '.join(group)} (about {hours:.1f} h of training measured here), "
               "then the others' if any are left")
         env = dict(os.environ, **{ORDER_ENV: ",".join(group + [i for i in order if i not in group]),
-                                  WORKER_ENV: str(k + 1), COMMAND_ENV: command(argv),
+                                  WORKER_ENV: str(k + 1), COMMAND_ENV: recorded_command(argv),
                                   "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)})
         if share is not None:
             env[SHARE_ENV] = str(share)

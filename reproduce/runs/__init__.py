@@ -1,1 +1,2 @@
-"""Runs as files: sweep specs -> planned runs, their records, checkpoints, averaging, claims, shared trainings."""
+"""Runs as files: sweep specs -> planned runs; their records, checkpoints, averaging, claims, and
+trainings shared between tables."""

@@ -7,14 +7,9 @@ Lightning module's ``state_dict`` loads the result directly.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import torch
-
-# ModelCheckpoint(filename="step{step}") writes step1200.ckpt, and step1200-v1.ckpt when that name
-# is taken (a resumed run saving the same step again).
-_STEP_NAME = re.compile(r"step(\d+)(?:-v(\d+))?\.ckpt")
 
 
 def load_weights(path: Path) -> dict[str, torch.Tensor]:
@@ -59,30 +54,3 @@ def average_checkpoints(paths: list[Path]) -> dict[str, torch.Tensor]:
     return {key: (sums[key] / len(paths)).to(tensor.dtype) if key in sums else last[key]
             for key, tensor in first.items()}
 
-
-def checkpoint_step(path: Path) -> int:
-    """The training step in a ``step<N>.ckpt`` file's name."""
-    match = _STEP_NAME.fullmatch(Path(path).name)
-    if match is None:
-        raise ValueError(f"{path}: not a step<N>.ckpt checkpoint")
-    return int(match[1])
-
-
-def last_checkpoints(directory: Path, k: int) -> list[Path]:
-    """The `k` checkpoints with the highest training step in their name (``step<N>.ckpt``), oldest
-    first; ``last.ckpt`` and other names are ignored. Fewer than `k` when fewer exist (the caller
-    records how many it averaged); ValueError when there is none."""
-    if k < 1:
-        raise ValueError(f"k = {k}: must be at least 1")
-    by_step: dict[int, tuple[int, Path]] = {}
-    for path in Path(directory).glob("step*.ckpt"):
-        match = _STEP_NAME.fullmatch(path.name)
-        if match is None:
-            continue
-        step, copy = int(match[1]), int(match[2] or 0)
-        # Two files for one step hold the same training state; counting both would weight it twice.
-        if step not in by_step or copy > by_step[step][0]:
-            by_step[step] = (copy, path)
-    if not by_step:
-        raise ValueError(f"{directory}: no step<N>.ckpt checkpoints to average")
-    return [by_step[step][1] for step in sorted(by_step)[-k:]]

@@ -11,17 +11,19 @@ and checking need no Lightning, so the commands that only read runs start withou
 from __future__ import annotations
 
 import logging
-import os
 import re
 import zipfile
 from pathlib import Path
 
-from reproduce.util.files import timestamp
+from reproduce.paths import runs_dir
+from reproduce.util.files import DAMAGED, move_aside
 
 log = logging.getLogger("reproduce")
 
 LAST = "last.ckpt"
-DAMAGED = "damaged"
+# ModelCheckpoint(filename="step{step}") writes step1200.ckpt, and step1200-v1.ckpt when that name
+# is taken (a resumed run saving the same step again).
+STEP_NAME = re.compile(r"step(\d+)(?:-v(\d+))?\.ckpt")
 
 
 def unreadable(path: Path) -> str | None:
@@ -34,9 +36,13 @@ def unreadable(path: Path) -> str | None:
     return f"member {bad} is corrupted" if bad else None
 
 
+class NoCheckpoints(ValueError):
+    """A folder holds no ``step<N>.ckpt`` checkpoint (yet)."""
+
+
 def _step(path: Path) -> int:
-    match = re.fullmatch(r"step(\d+)\.ckpt", path.name)
-    return int(match.group(1)) if match else -1
+    match = STEP_NAME.fullmatch(path.name)
+    return int(match[1]) if match else -1
 
 
 def newest_readable(directory: Path) -> Path | None:
@@ -59,13 +65,50 @@ def newest_readable(directory: Path) -> Path | None:
         why = unreadable(path)
         if why is None:
             return path
-        stamp = timestamp()
-        moved = directory / DAMAGED / f"{path.name}.{stamp}"
-        moved.parent.mkdir(exist_ok=True)
         try:
-            os.replace(path, moved)
+            moved = move_aside(path, directory / DAMAGED / f"{path.name}.{{time}}")
         except FileNotFoundError:  # another rank of the same run moved it first
             continue
         log.warning("%s: %s; moved to %s, resuming from the newest readable checkpoint instead",
                     path, why, moved)
     return None
+
+
+def checkpoint_step(path: Path) -> int:
+    """The training step in a ``step<N>.ckpt`` file's name."""
+    match = STEP_NAME.fullmatch(Path(path).name)
+    if match is None:
+        raise ValueError(f"{path}: not a step<N>.ckpt checkpoint")
+    return int(match[1])
+
+
+def last_checkpoints(directory: Path, k: int) -> list[Path]:
+    """The `k` checkpoints with the highest training step in their name (``step<N>.ckpt``), oldest
+    first; ``last.ckpt`` and other names are ignored. Fewer than `k` when fewer exist (the caller
+    records how many it averaged); ValueError when there is none."""
+    if k < 1:
+        raise ValueError(f"k = {k}: must be at least 1")
+    by_step: dict[int, tuple[int, Path]] = {}
+    for path in Path(directory).glob("step*.ckpt"):
+        match = STEP_NAME.fullmatch(path.name)
+        if match is None:
+            continue
+        step, copy = int(match[1]), int(match[2] or 0)
+        # Two files for one step hold the same training state; counting both would weight it twice.
+        if step not in by_step or copy > by_step[step][0]:
+            by_step[step] = (copy, path)
+    if not by_step:
+        raise NoCheckpoints(f"{directory}: no step<N>.ckpt checkpoints to average")
+    return [by_step[step][1] for step in sorted(by_step)[-k:]]
+
+
+def steps_left(run, runs: Path | None = None) -> int:
+    """Training steps a run still needs: all of them, less those of its latest checkpoint
+    (``step<N>.ckpt`` under ``runs``, default ``runs_dir()``), which it resumes from."""
+    steps = run.config.train.train_steps
+    folder = (runs or runs_dir()) / run.table / run.run_id / "checkpoints"
+    try:
+        latest = last_checkpoints(folder, 1)[0]
+    except NoCheckpoints:  # none yet
+        return steps
+    return max(0, steps - checkpoint_step(latest))

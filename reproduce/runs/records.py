@@ -16,6 +16,7 @@ import hashlib
 import json
 import logging
 import os
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -26,13 +27,15 @@ from reproduce.config import Config
 from reproduce.errors import ConfigError
 from reproduce.paths import results_dir
 from reproduce.runs.checkpoints import newest_readable
+from reproduce.runs.schema import Record, problems
 from reproduce.runs.sweep import PlannedRun
-from reproduce.util.files import timestamp, write_atomic
+from reproduce.util.files import DAMAGED, move_aside, write_atomic
+from reproduce.util.secrets import mask
+
+COMMAND_ENV = "REPRODUCE_COMMAND"  # set by a parent (--workers): the user's command
 
 log = logging.getLogger("reproduce")
 
-DAMAGED = "damaged"
-REQUIRED = ("run_id", "config", "metrics")
 
 
 class DamagedRecord(ValueError):
@@ -43,7 +46,7 @@ class DamagedRecord(ValueError):
         self.path = path
 
 
-def read_record(path: Path) -> dict[str, Any] | None:
+def read_record(path: Path) -> Record | None:
     """The record at ``path``; None if there is none; ``DamagedRecord`` if it is not one."""
     try:
         text = path.read_text()
@@ -55,18 +58,16 @@ def read_record(path: Path) -> dict[str, Any] | None:
         record = json.loads(text)
     except json.JSONDecodeError as e:
         raise DamagedRecord(path, f"not valid JSON: {e}") from None
-    if not isinstance(record, dict) or any(key not in record for key in REQUIRED):
-        raise DamagedRecord(path, f"not a run's record: it needs the keys {', '.join(REQUIRED)}")
+    if not isinstance(record, dict):
+        raise DamagedRecord(path, f"not a run's record: a JSON {type(record).__name__}")
+    if wrong := problems(record):
+        raise DamagedRecord(path, "not a run's record: " + "; ".join(wrong))
     return record
 
 
 def set_aside(path: Path) -> Path:
     """Move a damaged record to ``<its folder>/damaged/<name>.<time>.json``; return where."""
-    stamp = timestamp()
-    moved = path.parent / DAMAGED / f"{path.stem}.{stamp}.json"
-    moved.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(path, moved)
-    return moved
+    return move_aside(path, path.parent / DAMAGED / f"{path.stem}.{{time}}.json")
 
 
 def _moved_line(e: DamagedRecord) -> str | None:
@@ -79,7 +80,7 @@ def _moved_line(e: DamagedRecord) -> str | None:
 
 
 def load_records(table: str, results: Path, damaged: list[str] | None = None,
-                 move: bool = True) -> list[dict[str, Any]]:
+                 move: bool = True) -> list[Record]:
     """Every record of ``table``. Damaged files are set aside, and a line saying which and where
     they went is appended to ``damaged`` (logged as a warning when no list is given); with
     ``move=False`` (a dry run, which changes nothing) they are only skipped."""
@@ -98,7 +99,7 @@ def load_records(table: str, results: Path, damaged: list[str] | None = None,
     return records
 
 
-def every_table_records(results: Path) -> list[dict[str, Any]]:
+def every_table_records(results: Path) -> list[Record]:
     """The readable records of every table under ``results`` (damaged ones skipped, not moved):
     what a cost model of one machine learns from, whichever table a plan is for."""
     tables = sorted(p.name for p in results.iterdir() if p.is_dir()) if results.is_dir() else []
@@ -130,7 +131,7 @@ def write_outputs(folder: Path, run_id: str, split: str, hypotheses: list[str],
     return {"hypotheses": str(hyp_path), "references": str(ref_path)}
 
 
-def device_hours(record: dict[str, Any]) -> float:
+def device_hours(record: Record) -> float:
     """Hours of device time a record's training took: its hours x its devices, a share of one
     GPU where several of a command's workers trained side by side on it (``gpu_shared_by``);
     none for a run evaluated from another run's training (``sharing``), counted there."""
@@ -146,12 +147,12 @@ def record_path(run: PlannedRun, results: Path | None = None) -> Path:
     return (results or results_dir()) / run.table / f"{run.run_id}.json"
 
 
-def write_record(path: Path, data: dict[str, Any]) -> None:
+def write_record(path: Path, data: Record) -> None:
     """Write JSON so that a reader sees the old file or the whole new one, never a part."""
     write_atomic(path, (json.dumps(data, indent=1, sort_keys=False) + "\n").encode())
 
 
-def load_record(path: Path) -> dict[str, Any] | None:
+def load_record(path: Path) -> Record | None:
     """The record at ``path``, or None when there is none or it is damaged (then set aside, in
     one line: the run is redone)."""
     try:
@@ -209,7 +210,7 @@ def same_config(stored: dict[str, Any] | None, config: Config, training_only: bo
     return rebuilt == config
 
 
-def finished(run: PlannedRun) -> dict[str, Any] | None:
+def finished(run: PlannedRun) -> Record | None:
     """The record of ``run`` if it finished with exactly ``run``'s resolved config, else None.
 
     A record made under other settings (a scale or spec edited since) is not this run: it is
@@ -222,13 +223,10 @@ def retire_stale(run: PlannedRun, work: Path) -> None:
     """Move aside what an earlier config of ``run`` left: its record (to
     ``results/<table>/superseded/``) and its checkpoints (to ``<work>/superseded-<time>/``), so a
     changed config neither reuses nor resumes them, and nothing is deleted."""
-    stamp = timestamp()
     path = record_path(run)
     record = load_record(path)
     if record is not None and not same_config(record.get("config"), run.config):
-        moved = path.parent / "superseded" / f"{run.run_id}.{stamp}.json"
-        moved.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(path, moved)
+        moved = move_aside(path, path.parent / "superseded" / f"{run.run_id}.{{time}}.json")
         log.warning("%s: its record was made with another config; moved to %s", run.run_id, moved)
     last = newest_readable(work / "checkpoints")
     if last is not None:
@@ -240,8 +238,12 @@ def retire_stale(run: PlannedRun, work: Path) -> None:
         behind = int(saved.get("global_step", 0)) <= run.config.train.train_steps
         if config is not None and not (behind and same_config(config, run.config,
                                                               training_only=True)):
-            moved = work / f"superseded-{stamp}"
-            moved.mkdir(parents=True, exist_ok=True)
-            os.replace(work / "checkpoints", moved / "checkpoints")
+            moved = move_aside(work / "checkpoints", work / "superseded-{time}" / "checkpoints")
             log.warning("%s: its checkpoints were made with another config; moved to %s",
-                        run.run_id, moved)
+                        run.run_id, moved.parent)
+
+
+def recorded_command(argv: Sequence[str]) -> str:
+    """The command a record stores: the user's, also when a worker of ``--workers`` made it."""
+    return mask(os.environ.get(COMMAND_ENV) or "python -m reproduce " + " ".join(argv))
+

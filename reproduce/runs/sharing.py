@@ -21,8 +21,7 @@ from typing import Any
 
 from reproduce.config import Config
 from reproduce.paths import results_dir, runs_dir
-from reproduce.runs.averaging import last_checkpoints
-from reproduce.runs.checkpoints import LAST, unreadable
+from reproduce.runs.checkpoints import LAST, NoCheckpoints, last_checkpoints, unreadable
 from reproduce.runs.claims import holder
 from reproduce.runs.records import every_table_records, finished, stored_config
 from reproduce.runs.sweep import PlannedRun, load_spec, shipped_specs
@@ -71,7 +70,7 @@ def _enough(folder: Path, config: Config) -> bool:
     if k > 1:
         try:
             steps = last_checkpoints(folder, k)
-        except ValueError:
+        except NoCheckpoints:
             return False
         if len(steps) < k:  # the donor's last ones (at `paper`, every 10 minutes, not at its end)
             return False
@@ -142,3 +141,21 @@ def reuse(run: PlannedRun, runs: Path | None = None,
     run's training (its ``Donor``), or a twin a live worker is training now (``run`` waits for
     it), or None (it trains). The runner acts on it; ``status`` says it."""
     return find_donor(run, runs=runs, records=records) or twin_in_training(run, runs)
+
+
+def reuse_line(reused: Donor | PlannedRun) -> str:
+    """What a run whose training is ``reused`` (``reuse``'s answer) will do, as the dry run and
+    ``status`` both say it."""
+    if isinstance(reused, Donor):
+        return (f"evaluates {reused.record['run_id']}'s training (the same training, finished; "
+                "no training left)")
+    return (f"waits for {reused.run_id}'s training, which a worker is training now (the same "
+            "training; no training left)")
+
+
+def reuse_lines(runs: list[PlannedRun], folder: Path | None = None,
+                records: list[dict[str, Any]] | None = None) -> dict[str, str]:
+    """For each of ``runs`` (their own training not done) that will evaluate another's training
+    instead of training, by run id: what it will do (``reuse_line``)."""
+    return {run.run_id: reuse_line(reused) for run in runs
+            if (reused := reuse(run, folder, records)) is not None}

@@ -105,6 +105,7 @@ class Spec:
     cited: list[dict[str, Any]] = field(default_factory=list)  # other systems' published rows
     preset: str = "base"  # the named config (reproduce.config.PRESETS) that `base` overrides
     tuning: Tuning | None = None  # `tune:` in the spec; None: the table is not tuned
+    kind: str = "table3"  # which of the paper's tables it follows (TABLES): its table and figures
 
     def search_space(self, scale: str) -> Tuning:
         """The spec's tuning with the scale's own knobs (e.g. smaller beams) in place of its."""
@@ -216,8 +217,10 @@ class Spec:
         ]
 
 
-SPEC_KEYS = {"table", "caption", "split", "base", "variants", "rows", "scales", "cited", "preset",
-             "tune"}
+SPEC_KEYS = {"table", "kind", "caption", "split", "base", "variants", "rows", "scales", "cited",
+             "preset", "tune"}
+# The paper's tables a spec may follow (its `kind`): each renders its own way (reproduce/tables/).
+TABLES = ("table2", "table3", "table4")
 VARIANT_KEYS = {"set", "paper"}
 SCALE_KEYS = {"about", "width", "steps", "corpus", "vocab", "set", "tune", "devices", "rows",
               "variants"}
@@ -384,13 +387,21 @@ def load_tuning(data: Any, where: str, varied: set[str]) -> Tuning | None:
     return Tuning(data["metric"], direction, knobs)
 
 
-def load_spec(table_or_path: str | Path) -> Spec:
-    """Load ``sweeps/<table>.yaml`` (or a path) with the shared scales, validating every key."""
+def load_spec(table_or_path: str | Path, kind: str | None = None) -> Spec:
+    """Load ``sweeps/<table>.yaml`` (or a path) with the shared scales, validating every key.
+
+    ``kind``: the paper's table the spec follows, as the command that runs it names it
+    (``table2 --spec mine.yaml``); else the spec's own ``kind:``, else its ``table`` when that is
+    one of ``TABLES``, else ``table3`` (variants against a base)."""
     path = Path(table_or_path)
     if not path.suffix:
         path = SWEEPS / f"{table_or_path}.yaml"
     data = _read_yaml(path)
     _keys(data, SPEC_KEYS, path.name)
+    table = str(data.get("table", path.stem))
+    kind = kind or str(data.get("kind", table if table in TABLES else "table3"))
+    if kind not in TABLES:
+        raise SpecError(f"{path.name}: kind {kind!r} unknown; allowed: {', '.join(TABLES)}")
     variants = {}
     for name, raw in _mapping(data.get("variants"), f"{path.name}: variants").items():
         where = f"{path.name}: variants.{name}"
@@ -423,9 +434,8 @@ def load_spec(table_or_path: str | Path) -> Spec:
     if preset not in PRESETS:
         raise SpecError(f"{path.name}: preset {preset!r} unknown; allowed: {', '.join(PRESETS)}")
     tuning = load_tuning(data.get("tune"), f"{path.name}: tune", varied)
-    spec = Spec(path, str(data.get("table", path.stem)), str(data.get("caption", "")),
-                str(data.get("split", "dev")),
-                base, variants, rows, scales, cited, preset, tuning)
+    spec = Spec(path, table, str(data.get("caption", "")), str(data.get("split", "dev")),
+                base, variants, rows, scales, cited, preset, tuning, kind)
     for name in variants:  # every variant must be buildable at every scale
         for scale in scales:
             try:

@@ -38,8 +38,11 @@ def _by_scale(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
 def plot_table(spec: Spec, records: list[dict[str, Any]], directory: Path) -> list[Path]:
     """The figures of a table, per scale with records; returns the files written. Table 3:
     ``table3-<scale>.png`` (changes from base, ``plot_changes``) and ``table3-<scale>-curves.png``;
-    Table 2: ``table2-<scale>.png`` (BLEU against parameters, and the curves)."""
-    if spec.table != "table3":
+    Table 2: ``table2-<scale>.png`` (BLEU against parameters, and the curves); Table 4: none.
+    Which of these is the spec's ``kind``."""
+    if spec.kind == "table4":
+        return []
+    if spec.kind == "table2":
         return _plot_bleu_params(spec, records, directory)
     written = []
     for scale, recs in sorted(_by_scale(records).items()):

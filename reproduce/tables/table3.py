@@ -147,6 +147,20 @@ def _scale_table(spec: Spec, scale: str, records: list[dict[str, Any]]) -> list[
     return out
 
 
+@dataclass(frozen=True)
+class GapRow:
+    """One variant's line of the gap over training, its seeds paired with base's."""
+
+    variant: str
+    label: str  # the variant, and its steps when they are not base's (``_row_label``)
+    n: int  # (variant, base) pairs
+    gaps: dict[int, list[float]]  # step -> dev PPL in % of base's, one per pair with that point
+    end: list[float]  # final dev PPL in % of base's final, per pair
+    dev_nll: list[float]  # final dev NLL, variant - base, nats
+    train_loss: list[float] | None  # late training loss, variant - base; None: another loss
+    train_nll: list[float]  # final weights on the training sample, variant - base
+
+
 def gap_over_training(spec: Spec, runs: dict[str, list[dict[str, Any]]],
                       scale: str) -> list[str]:
     """Each variant's dev PPL against base's at every evaluation, in % of base, with seeds paired
@@ -169,13 +183,14 @@ def gap_over_training(spec: Spec, runs: dict[str, list[dict[str, Any]]],
             else None
         if gaps:
             end = [100 * (v["metrics"]["dev_ppl"] / b["metrics"]["dev_ppl"] - 1) for v, b in pairs]
-            rows.append((name, _row_label(name, pairs), len(pairs), gaps, end,
-                         _paired(pairs, "dev_nll"), fit, _paired(pairs, "train_sample_nll")))
+            rows.append(GapRow(name, _row_label(name, pairs), len(pairs), gaps, end,
+                               _paired(pairs, "dev_nll"), fit,
+                               _paired(pairs, "train_sample_nll")))
             steps |= set(gaps)
     if not rows:
         return []
     steps_in = sorted(steps)
-    sampled = any(sample for *_, sample in rows)  # records that scored a training sample
+    sampled = any(row.train_nll for row in rows)  # records that scored a training sample
     out = ["Over training: dev PPL of each variant against base at each evaluation, in % of base "
            "(+: worse than base), mean over seeds paired with base's; n = pairs (a cell with "
            "fewer says so: a curve without that point). At the end: each run's final dev PPL "
@@ -198,14 +213,16 @@ def gap_over_training(spec: Spec, runs: dict[str, list[dict[str, Any]]],
         return (f"{statistics.mean(values):+.3f}" + (f" (n={len(values)})" if len(values) < n
                                                      else "")) if values else ""
 
-    for name, label, n, gap, end, nll, fit, sample in rows:
-        paper = spec.variants[name].paper.get("ppl")
-        out.append(f"| {label} | {n} | " + " | ".join(
+    for row in rows:
+        n, gap = row.n, row.gaps
+        paper = spec.variants[row.variant].paper.get("ppl")
+        out.append(f"| {row.label} | {n} | " + " | ".join(
             f"{statistics.mean(gap[s]):+.1f}%" + (f" (n={len(gap[s])})" if len(gap[s]) < n else "")
-            if s in gap else "" for s in steps_in) + f" | {statistics.mean(end):+.1f}% / "
+            if s in gap else "" for s in steps_in) + f" | {statistics.mean(row.end):+.1f}% / "
             + (f"{100 * (paper / paper_base - 1):+.1f}%" if paper and paper_base else "–")
-            + f" | {nats(nll, n)} | {'another loss' if fit is None else nats(fit, n)} |"
-            + (f" {nats(sample, n)} |" if sampled else ""))
+            + f" | {nats(row.dev_nll, n)} | "
+            + f"{'another loss' if row.train_loss is None else nats(row.train_loss, n)} |"
+            + (f" {nats(row.train_nll, n)} |" if sampled else ""))
     return out + [""]
 
 

@@ -1,1 +1,2 @@
-"""Training and evaluating one run: the LightningModule, the fit, the protocol, precision, devices, tuning, verify."""
+"""One run trained and evaluated: the LightningModule, the fit, the evaluation protocol,
+precision, devices, tuning, and verify."""

@@ -32,14 +32,13 @@ from typing import Any
 
 import torch
 
-from reproduce.config import Config
+from reproduce.config import ACCELERATORS, Config
 from reproduce.errors import ConfigError, RankFailure
 from reproduce.runs.claims import rank
 from reproduce.runs.sweep import PlannedRun
 from reproduce.util import machine
 from reproduce.util.machine import SHARE_ENV
 
-ACCELERATORS = ("auto", "cpu", "gpu")
 PAYLOAD = "ranks.json"  # in the run's folder: what its ranks train
 # Seconds a rank waits in a collective (or for the others to join) before it gives up. Long enough
 # for a rank to load paper-scale data before the first one; a rank that dies is noticed at once.

@@ -25,12 +25,12 @@ from reproduce.data.module import TranslationData
 from reproduce.paper.optim import accumulation
 from reproduce.paper.tokenizer import train_tokenizer
 from reproduce.paths import REPO, cache_dir
-from reproduce.plan import workers
 from reproduce.runs import checkpoints
 from reproduce.runs.sweep import PlannedRun
 from reproduce.train import devices
 from reproduce.train.devices import ONE_DEVICE, Layout
 from reproduce.train.lit import TranslationModule
+from reproduce.util import machine
 from reproduce.util.files import write_atomic
 from reproduce.util.tracking import wandb_mode
 
@@ -83,7 +83,7 @@ def fit(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=(),
     c = run.config
     module = TranslationModule(c.to_dict())
     clock = TrainClock(every=0 if sys.stderr.isatty() else 50, curve_every=curve_every)
-    if os.environ.get(workers.SHARE_ENV):  # a --workers worker on a CPU
+    if os.environ.get(machine.SHARE_ENV):  # a --workers worker on a CPU
         callbacks = [*callbacks, ShareCores()]
     every = ({"train_time_interval": timedelta(minutes=c.train.ckpt_every_minutes)}
              if c.train.ckpt_every_minutes else
@@ -168,13 +168,13 @@ class StepCheckpoint(pl.callbacks.ModelCheckpoint):
 
 class ShareCores(pl.Callback):
     """In a ``--workers`` worker on a CPU: every ``every`` steps, take the cores of workers that
-    have ended (``workers.share_cores``)."""
+    have ended (``machine.share_cores``)."""
 
     def __init__(self, every: int = 10) -> None:
         self.every = every
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if trainer.global_step % self.every == 0 and (threads := workers.share_cores()):
+        if trainer.global_step % self.every == 0 and (threads := machine.share_cores()):
             log.info("step %d: %d thread(s) now (a worker has ended)", trainer.global_step, threads)
 
 

@@ -22,24 +22,23 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from reproduce.config import Config
-from reproduce.paper.model import Transformer
-from reproduce.paper.optim import accumulation, adam_with_schedule, output_loss
+from reproduce.paper.optim import accumulation
 from reproduce.paths import results_dir, runs_dir
-from reproduce.runs.records import load_records
+from reproduce.runs.precisions import settled
 from reproduce.runs.sweep import PlannedRun
+from reproduce.train import step_time
 from reproduce.train.devices import ONE_DEVICE, Layout
 from reproduce.util.files import write_atomic
 from reproduce.util.machine import cpu_flags, cpu_name, matmul_gflops
 
 log = logging.getLogger("reproduce")
-CHOICES = ("32-true", "bf16-mixed")
+
 # bf16 rounds more: it must be this much faster per step to be taken (a near tie stays fp32, so a
 # table's variants do not flip between precisions on timing noise).
 BF16_MARGIN = 1.1
@@ -49,57 +48,6 @@ def bf16_matmul_not_slower() -> bool:
     """A screen, not the choice: whether timing a bf16 training step here is worth it."""
     rates = [matmul_gflops(dtype, 256, budget=0.05) for dtype in (torch.bfloat16, torch.float32)]
     return rates[0] >= rates[1]
-
-
-def synthetic_batch(vocab: int, tokens: int, length: int, seed: int = 0
-                    ) -> dict[str, torch.Tensor]:
-    """Random sentences of ``length`` pieces filling ``tokens`` per side (for timing steps)."""
-    g = torch.Generator().manual_seed(seed)
-    B = max(1, tokens // length)
-    src = torch.randint(4, vocab, (B, length), generator=g)
-    tgt = torch.randint(4, vocab, (B, length + 1), generator=g)
-    return {"src": src, "tgt_in": tgt[:, :-1], "tgt_out": tgt[:, 1:]}
-
-
-def train_step(model: Transformer, optimizer, schedule, batch: dict[str, torch.Tensor],
-               config: Config, precision: str, accumulate: int = 1) -> None:
-    """One optimizer step outside Lightning, as a run trains: ``accumulate`` forward and backward
-    passes of ``batch`` (the smoothed loss of ``optim.output_loss``, under bf16 autocast for
-    bf16-mixed), then Adam and the schedule."""
-    device = batch["src"].device.type
-    for _ in range(accumulate):
-        with torch.autocast(device, dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
-            hidden = model.features(batch["src"], batch["tgt_in"])
-            loss, _ = output_loss(hidden, model.embed.weight, batch["tgt_out"],
-                                  config.train.eps_ls, config.model.pad_id)
-        (loss / accumulate).backward()
-    optimizer.step()
-    schedule.step()
-    optimizer.zero_grad(set_to_none=True)
-
-
-def step_seconds(config: Config, tokens: int, rounds: int = 3,
-                 length: int = 32) -> dict[str, float]:
-    """Median seconds of a training step (forward, smoothed loss, backward, Adam) of ``config``'s
-    model on ``tokens`` per side, in each precision; after a warm-up step each, interleaved."""
-    torch.manual_seed(0)
-    m, t = config.model, config.train
-    model = Transformer(m).train()
-    optimizer, schedule = adam_with_schedule(model.parameters(), t, m.d_model)
-    batch = synthetic_batch(m.vocab_size, tokens, min(length, t.max_tokens_per_sentence))
-
-    def step(precision: str) -> float:
-        start = time.perf_counter()
-        train_step(model, optimizer, schedule, batch, config, precision)
-        return time.perf_counter() - start
-
-    times: dict[str, list[float]] = {p: [] for p in CHOICES}
-    for p in CHOICES:
-        step(p)  # warm-up
-    for r in range(rounds):
-        for p in CHOICES[r % 2:] + CHOICES[:r % 2]:
-            times[p].append(step(p))
-    return {p: round(sorted(v)[len(v) // 2], 4) for p, v in times.items()}
 
 
 def _key(config: Config, tokens: int, threads: int) -> str:
@@ -136,7 +84,7 @@ def choose(config: Config, micro_tokens: int, cache: Path | None,
         entry = {"chosen": "32-true", "asked": asked, "how": "bf16 matmul slower than fp32 here "
                  "(no native bf16): fp32 without timing a step", "seconds_per_step": None}
     else:
-        seconds = (timer or step_seconds)(config, micro_tokens)
+        seconds = (timer or step_time.seconds_by_precision)(config, micro_tokens)
         fast = seconds["32-true"] >= BF16_MARGIN * seconds["bf16-mixed"]
         chosen = "bf16-mixed" if fast else "32-true"
         entry = {"chosen": chosen, "asked": asked, "how": f"timed training steps of {model} "
@@ -180,30 +128,6 @@ def resolve_precision(precision: str, config: Config | None = None) -> str:
         if known:
             return known["chosen"]
     return "bf16-mixed" if bf16_matmul_not_slower() else "32-true"
-
-
-def trained_in(records, scale: str, exclude: str | None = None) -> dict[str, int]:
-    """How many of ``records`` at ``scale`` with ``precision: auto`` (other than the run
-    ``exclude``) trained in each precision."""
-    counts: dict[str, int] = {}
-    for r in records:
-        if (r.get("scale") == scale and r.get("run_id") != exclude and r.get("precision")
-                and (r.get("config") or {}).get("train", {}).get("precision") == "auto"):
-            counts[r["precision"]] = counts.get(r["precision"], 0) + 1
-    return counts
-
-
-def most_common(counts: dict[str, int]) -> str | None:
-    """The precision most runs trained in (ties: the first by name); None without any."""
-    return max(sorted(counts), key=counts.__getitem__) if counts else None
-
-
-def settled(run: PlannedRun, results: Path) -> tuple[str, dict[str, int]] | None:
-    """The precision ``auto`` resolved to in the records of ``run``'s table at its scale (other
-    runs than ``run`` itself, with ``precision: auto``): (the precision most of them trained in,
-    how many trained in each), or None without such records."""
-    counts = trained_in(load_records(run.table, results, move=False), run.scale, run.run_id)
-    return (most_common(counts), counts) if counts else None
 
 
 def choose_precision(run: PlannedRun, layout: Layout = ONE_DEVICE) -> tuple[str, dict[str, Any]]:

@@ -23,11 +23,12 @@ from reproduce.paper.flops import analytic_flops, gpu_tflops, paper_cost
 from reproduce.paper.model import count_parameters
 from reproduce.paper.parsing import treebank_description
 from reproduce.paths import runs_dir
-from reproduce.plan import workers
 from reproduce.runs import records
-from reproduce.runs.averaging import average_checkpoints, last_checkpoints
+from reproduce.runs.averaging import average_checkpoints
+from reproduce.runs.checkpoints import last_checkpoints, steps_left
 from reproduce.runs.claims import claim, rank, worker_id
 from reproduce.runs.records import finished, load_record, record_path, retire_stale, write_record
+from reproduce.runs.schema import SCHEMA_VERSION, Record
 from reproduce.runs.sharing import Donor, reuse, training_fields
 from reproduce.runs.sweep import PlannedRun
 from reproduce.train import devices
@@ -35,13 +36,13 @@ from reproduce.train.devices import ONE_DEVICE, Layout
 from reproduce.train.evaluate import parse_scores, sacre_bleu, translate
 from reproduce.train.fit import build_data, finish_wandb, fit, local_data, wandb_logger
 from reproduce.train.precision import choose_precision
-from reproduce.util.machine import commit, gpu_share, hardware, measured_tflops
+from reproduce.util.machine import commit, gpu_share, hardware, measured_tflops, share_cores
 
 log = logging.getLogger("reproduce")
 
 
 def execute(run: PlannedRun, split: str, command: str, extra: dict[str, Any] | None = None,
-            layout: Layout = ONE_DEVICE) -> dict[str, Any] | str:
+            layout: Layout = ONE_DEVICE) -> Record | str:
     """Train, evaluate and record one run on ``layout``'s devices; return its record (also if it
     had already finished), or why it is not run now: another live worker is on it (``claims``:
     many workers may share one sweep), or on a twin whose training it will evaluate once that
@@ -63,7 +64,7 @@ def execute(run: PlannedRun, split: str, command: str, extra: dict[str, Any] | N
             log.info("%s: finished by another worker (%s), skipped", run.run_id, path)
             return record
         retire_stale(run, work)
-        reused = reuse(run) if workers.steps_left(run) else None  # none once its own is done
+        reused = reuse(run) if steps_left(run) else None  # none once its own is done
         if isinstance(reused, Donor):  # its weights are trained: evaluate them here, on one device
             log.info("%s: the same training as %s (its checkpoints in %s); evaluating those",
                      run.run_id, reused.record["run_id"], reused.checkpoints)
@@ -84,7 +85,7 @@ def execute(run: PlannedRun, split: str, command: str, extra: dict[str, Any] | N
 def run_here(run: PlannedRun, split: str, command: str, work: Path,
              extra: dict[str, Any] | None, layout: Layout,
              precision: tuple[str, dict[str, Any]],
-             donor: Donor | None = None) -> dict[str, Any] | None:
+             donor: Donor | None = None) -> Record | None:
     """This process's part of ``run``: alone, all of it; one rank of several (``devices``), its
     shard of training and of the dev perplexity, and on rank 0 the decoding and the record.
     ``donor``: the finished run whose training this is (``sharing``): its weights are evaluated."""
@@ -99,7 +100,7 @@ def run_here(run: PlannedRun, split: str, command: str, work: Path,
         run, work, data, logger, precision, layout=layout,
         resume_from=donor.last if donor is not None else None)
     work_done = module.total_work()  # a collective: every rank
-    workers.share_cores()  # decoding too uses the cores of workers that have ended
+    share_cores()  # decoding too uses the cores of workers that have ended
     weights = _final_weights(module, donor.checkpoints if donor is not None
                              else work / "checkpoints", c.train.average_last)
     trainer.limit_val_batches = 1.0
@@ -123,8 +124,9 @@ def run_here(run: PlannedRun, split: str, command: str, work: Path,
         "train_cpu_seconds": round(clock.cpu_seconds, 1),
     }
     micro = data.micro_batch_tokens
-    record = {
-        "run_id": run.run_id, "table": run.table, "row": run.row, "variant": run.variant,
+    record: Record = {
+        "schema": SCHEMA_VERSION, "run_id": run.run_id, "table": run.table, "row": run.row,
+        "variant": run.variant,
         "scale": run.scale, "seed": c.train.seed, "split": split,
         "config": c.to_dict(), "scale_overrode": run.overridden,
         "precision": precision, "precision_choice": chosen,

@@ -132,14 +132,19 @@ def _storage(url: str):
                                f"{str(e).splitlines()[0]}")) from None
 
 
+def check_trials(trials: int) -> None:
+    """``--trials``: each ``--tune`` adds at least one trial to its study."""
+    if trials < 1:
+        raise ConfigError(f"--trials {trials}: must be at least 1")
+
+
 def tune(run: PlannedRun, tuning: Tuning, trials: int, storage: str | None = None,
          seed: int = 0) -> tuple[PlannedRun, dict[str, Any]]:
     """Add ``trials`` trials to the study of ``run`` (created or resumed), then return the run with
     the best settings found so far and a summary of the study for its record."""
     import optuna
 
-    if trials < 0:
-        raise ConfigError(f"--trials {trials}: must be >= 0")
+    check_trials(trials)
     url = storage or default_storage()
     study = optuna.create_study(
         study_name=run.run_id, storage=_storage(url), direction=tuning.direction,

@@ -1,4 +1,5 @@
-"""Durable file writes: a reader sees the old file or the whole new one, never a part."""
+"""Durable file writes (a reader sees the old file or the whole new one, never a part), and files
+set aside instead of deleted."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import os
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
+
+DAMAGED = "damaged"  # the folder beside damaged records and checkpoints that holds them
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -33,3 +36,13 @@ def timestamp() -> str:
     """UTC now as ``YYYYMMDDTHHMMSS``: the suffix of files and folders set aside (superseded,
     damaged), so they sort by when it happened."""
     return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+
+
+def move_aside(path: Path, to: Path) -> Path:
+    """Move ``path`` (a file or a folder) to ``to``, where ``{time}`` stands for now
+    (``timestamp``), making its folder as needed: set aside, never deleted. Returns where it
+    went; FileNotFoundError when ``path`` has gone (another process moved it first)."""
+    moved = Path(str(to).replace("{time}", timestamp()))
+    moved.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(path, moved)
+    return moved

@@ -121,3 +121,22 @@ def gpu_share() -> int:
         return max(1, int(os.environ.get(GPU_SHARE_ENV, "1")))
     except ValueError:
         return 1
+
+
+def share_cores() -> int | None:
+    """In a CPU worker: take this worker's share of the cores as it is now (the cores split between
+    the workers still running). Returns the new thread count when it changed, else None. Cheap:
+    training calls it every few steps (``fit.ShareCores``)."""
+    path = os.environ.get(SHARE_ENV)
+    if not path:
+        return None
+    try:
+        active, cores = (int(x) for x in Path(path).read_text().split())
+    except (OSError, ValueError):
+        return None  # the parent has gone, or is rewriting it: keep what we have
+    threads = max(1, cores // max(1, active))
+    if threads == torch.get_num_threads():
+        return None
+    torch.set_num_threads(threads)
+    return threads
+

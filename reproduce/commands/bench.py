@@ -1,0 +1,44 @@
+"""``python -m reproduce bench [--gpu]``: speed beside nn.Transformer and MarianMT, or one GPU."""
+
+from __future__ import annotations
+
+import argparse
+
+from reproduce.commands.base import Command
+
+
+class Bench(Command):
+    name = "bench"
+    help = ("training and decoding speed beside torch.nn.Transformer and MarianMT, in one process "
+            "(reproduce/bench/)")
+
+    def add_arguments(self, b: argparse.ArgumentParser) -> None:
+        b.add_argument("--quick", action="store_true", help="fewer batches and rounds (minutes)")
+        b.add_argument("--gpu", action="store_true", help="one GPU with the paper's base and big: "
+                       "step time, tokens/s, MFU, memory, projected hours -> results/gpu.md (on a "
+                       "CPU: says so and checks the same code on a tiny model)")
+        b.add_argument("--scales", nargs="+", default=["cpu", "paper"],
+                       help="scales whose base config to measure (default: cpu paper)")
+        b.add_argument("--data", choices=["bible", "synthetic"], default="bible",
+                       help="training batches: Bible EN-DE (default) or random ids")
+        b.add_argument("--checkpoint", help="trained `cpu`-scale base checkpoint: decode Bible dev "
+                       "sentences with it instead of untrained weights on random sources")
+        b.add_argument("--precision", default="auto", help="auto (default), 32-true or bf16-mixed")
+        b.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
+        b.add_argument("--compile", action="store_true", help="add our model under torch.compile")
+        b.add_argument("--no-lightning", action="store_true",
+                       help="skip the Lightning-loop contender")
+        b.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                       help="config overrides for every scale, e.g. N=2 (a quick look, or tests)")
+        b.add_argument("--seed", type=int, default=0)
+        b.add_argument("--out", default="results/performance.md", help="the report (Markdown)")
+
+    def run(self, args: argparse.Namespace, argv: list[str]) -> int:
+        from reproduce.bench.command import run as run_bench
+        from reproduce.bench.gpu import run as check_gpu
+        from reproduce.runs.records import recorded_command
+
+        if args.gpu:
+            return check_gpu(out="results/gpu.md" if args.out == "results/performance.md"
+                             else args.out)
+        return run_bench(args, recorded_command(argv))

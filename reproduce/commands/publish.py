@@ -1,0 +1,57 @@
+"""``python -m reproduce publish --table T``: the committed records of a table as W&B runs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from reproduce.commands.base import Command
+from reproduce.runs.sweep import TABLES
+
+
+class Publish(Command):
+    name = "publish"
+    help = ("log every committed record of a table as a W&B run (config, curve, metrics, "
+            "examples, cost) plus the table and figures; idempotent; offline unless "
+            "WANDB_API_KEY is set")
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--table", required=True, choices=sorted(TABLES))
+        parser.add_argument("--scale", help="only the records of this scale")
+
+    def run(self, args: argparse.Namespace, argv: list[str]) -> int:
+        from reproduce.errors import ConfigError
+        from reproduce.paths import results_dir, runs_dir
+        from reproduce.runs.records import load_records
+        from reproduce.runs.sweep import load_spec
+        from reproduce.tables.dashboard import publish
+        from reproduce.tables.figures import plot_table
+        from reproduce.tables.render import render
+        from reproduce.util.logs import quiet_libraries
+        from reproduce.util.tracking import wandb_mode
+
+        if wandb_mode() == "disabled":
+            raise ConfigError("publish: WANDB_MODE=disabled turns W&B off; unset it (offline "
+                              "without WANDB_API_KEY, online with it)")
+        quiet_libraries()
+        spec = load_spec(args.table)
+        damaged: list[str] = []
+        records = [r for r in load_records(spec.table, results_dir(), damaged)
+                   if args.scale in (None, r["scale"])]
+        for line in damaged:
+            print(f"warning: {line}", file=sys.stderr)
+        if not records:
+            raise ConfigError(f"{spec.table}: no records" + (f" at scale {args.scale!r}"
+                                                             if args.scale else "") + " to publish")
+        markdown = results_dir() / f"{spec.table}.md"
+        if not markdown.exists():
+            render(spec, markdown, log=False)
+        folder = runs_dir() / spec.table / "published"
+        figures = plot_table(spec, records, folder / "figures")
+        out = publish(spec, records, markdown, figures, folder)
+        print(f"{spec.table}: {len(out['published'])} record(s) logged to W&B ({out['mode']}), "
+              f"{len(out['unchanged'])} already published unchanged; table "
+              + (f"logged ({out['table']['dir']})" if out["table"] else "unchanged"))
+        if out["mode"] == "offline":
+            print(f"  sync with: wandb sync {folder / 'wandb'}")
+        return 1 if damaged else 0

@@ -1,0 +1,26 @@
+"""``python -m reproduce status``: per table and scale, what is done, running, stopped, missing."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from reproduce.commands.base import Command
+
+
+class Status(Command):
+    name = "status"
+    help = "per table and scale: runs done, running, stopped and missing, and the cost so far"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--all", action="store_true", help="also list the missing runs")
+
+    def run(self, args: argparse.Namespace, argv: list[str]) -> int:
+        from reproduce.paths import results_dir, runs_dir
+        from reproduce.plan.status import report
+
+        damaged: list[str] = []
+        print(report(results_dir(), runs_dir(), verbose=args.all, damaged=damaged))
+        for line in damaged:
+            print(f"warning: {line}", file=sys.stderr)
+        return 1 if damaged else 0

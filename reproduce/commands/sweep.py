@@ -1,0 +1,287 @@
+"""``python -m reproduce table2|table3|table4``: plan a table's runs, train, evaluate and record
+them (here, in worker processes, or as SLURM array tasks), and render the table from the records.
+``--render`` only renders, ``--dry-run`` only plans, ``table3 --params`` counts parameters."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from reproduce.commands.base import Command, positive_or_auto
+from reproduce.config import ACCELERATORS
+
+
+class Table(Command):
+    """One of the paper's tables: its sweep spec's runs, then its page in ``results/``."""
+
+    def __init__(self, name: str, about: str):
+        self.name, self.help = name, about
+
+    def add_arguments(self, t: argparse.ArgumentParser) -> None:
+        t.add_argument("--row", action="append", help="a row of the table (repeatable): "
+                       "runs base and the row's variants")
+        t.add_argument("--variant", action="append", help="one variant (repeatable)")
+        t.add_argument("--scale", help="a scale of sweeps/scales.yaml or of the spec: paper, "
+                       "cpu, smoke, ... (default: fits this machine)")
+        t.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds (default 0)")
+        t.add_argument("--dry-run", action="store_true", help="print the plan and what each run "
+                       "should take, from counted FLOPs and a cached probe, and exit")
+        t.add_argument("--on", help="with --dry-run: plan for other hardware, e.g. 8xH100, "
+                       "A100, or cpu (this machine, the default)")
+        t.add_argument("--render", action="store_true", help="train nothing: render "
+                       f"results/{self.name}.md (and its figures) from the records there and exit")
+        t.add_argument("--spec", help=f"a sweep spec file instead of sweeps/{self.name}.yaml")
+        t.add_argument("--launcher", choices=["local", "slurm"], default="local",
+                       help="local: train on this machine (default; --workers says how many "
+                       "processes); slurm: submit one job-array task per run with submitit")
+        t.add_argument("--gpus", type=int, help="with --launcher slurm: GPUs per run (default: "
+                       "by scale, 8 at `paper`)")
+        t.add_argument("--partition", help="with --launcher slurm: the SLURM partition")
+        t.add_argument("--workers", type=positive_or_auto, default="auto", help="local: train "
+                       "with N processes that split the cores (or one GPU each), runs balanced "
+                       "by measured cost; auto (default): one per core on a CPU when two or more "
+                       "runs have 1000+ steps left between them, else 1 (on a 2-core CPU 2 "
+                       "trains a row ~1.3x faster)")
+        t.add_argument("--devices", type=positive_or_auto, help="devices one run trains on: "
+                       "N (DDP over N GPUs, or N CPU processes with cores / N threads each, "
+                       "gloo) or auto (every visible GPU; 1 on a CPU); default: the scale's "
+                       "(`paper`: auto, else 1). The paper's batch is kept by accumulation")
+        t.add_argument("--accelerator", choices=ACCELERATORS, default="auto",
+                       help="auto (default: GPU if torch sees one), cpu or gpu")
+        t.add_argument("--tune", action="store_true", help="tune the spec's nuisance settings "
+                       "(`tune:`; never what a row varies) on the dev split with optuna first, "
+                       "then run the best")
+        t.add_argument("--trials", type=int, default=10, help="with --tune: trials to add to the "
+                       "study (default 10, at least 1); running again resumes the same study")
+        t.add_argument("--storage", help="with --tune: an optuna storage URL shared by workers "
+                       "(default: sqlite:///runs/optuna.db)")
+
+    def run(self, args: argparse.Namespace, argv: list[str]) -> int:
+        from reproduce.runs.sweep import load_spec, planned_summary
+        from reproduce.util.machine import default_scale
+
+        spec = load_spec(args.spec or self.name, kind=self.name)
+        scale = args.scale or default_scale()
+        runs = self.planned(spec, scale, args)
+        tuning = spec.search_space(scale) if args.tune else None
+        if tuning:
+            from reproduce.train.tuning import check_trials
+            check_trials(args.trials)
+        print(f"{spec.table}: {len(runs)} run(s) at scale `{scale}`"
+              f"{'' if args.scale else ' (default for this machine; --scale to change)'}: "
+              f"{spec.scale(scale).about}")
+        _overridden_line(spec, scale)
+        todo = self.announce(spec, runs, args, tuning, planned_summary)
+        _train_and_render(args, argv, spec, todo, scale, tuning, self.report)
+        return 0
+
+    def planned(self, spec, scale: str, args: argparse.Namespace) -> list:
+        return spec.plan(spec.select(args.row, args.variant, scale), scale, args.seeds)
+
+    def announce(self, spec, runs: list, args: argparse.Namespace, tuning, summary) -> list:
+        """Print each planned run; return those to run."""
+        for run in runs:
+            print("  " + summary(run, spec.variants[run.variant].overrides))
+        return runs
+
+    @staticmethod
+    def report(m: dict) -> str:
+        """A finished run's line: its headline metrics."""
+        return (f"dev PPL {m['dev_ppl']}, dev BLEU {m['dev_bleu']}, test BLEU {m['test_bleu']}, "
+                f"{m['params'] / 1e6:.2f}M params, {m['train_seconds']:.0f} s training")
+
+
+class Table3(Table):
+    """Table 3, which can also count every variant's parameters at the paper's sizes."""
+
+    def add_arguments(self, t: argparse.ArgumentParser) -> None:
+        super().add_arguments(t)
+        t.add_argument("--params", action="store_true",
+                       help="print parameter counts of all variants at the paper's sizes and exit")
+        t.add_argument("--vocab-size", type=int, default=37000,
+                       help="shared vocabulary for --params (default 37000, the paper's)")
+        t.add_argument("--json", action="store_true", help="with --params: print JSON")
+
+    def run(self, args: argparse.Namespace, argv: list[str]) -> int:
+        if args.params:
+            _print_params(self.name, args.vocab_size, args.json)
+            return 0
+        return super().run(args, argv)
+
+
+class Table4(Table):
+    """Table 4: the parser's rows, on the user's treebank or NLTK's sample, tuned or not."""
+
+    def add_arguments(self, t: argparse.ArgumentParser) -> None:
+        super().add_arguments(t)
+        t.add_argument("--treebank", help="the Penn Treebank's parsed/mrg/wsj (sections 02-23); "
+                       "default: NLTK's WSJ sample, found through NLTK_DATA")
+        t.add_argument("--silver", help="bracketed trees (a file or folder) added to training for "
+                       "the semi-supervised row; without them that row is not run")
+
+    def run(self, args: argparse.Namespace, argv: list[str]) -> int:
+        from reproduce.errors import ConfigError
+
+        for flag, path, what in (("--treebank", args.treebank, "the Penn Treebank's parsed/mrg/wsj"),
+                                 ("--silver", args.silver, "bracketed trees, a file or a folder")):
+            if path and not os.path.exists(path):
+                raise ConfigError(f"{flag} {path!r}: no such file or folder ({what})")
+        if args.launcher != "local":
+            raise ConfigError(f"--launcher {args.launcher}: table4 runs locally only, for now")
+        return super().run(args, argv)
+
+    def planned(self, spec, scale: str, args: argparse.Namespace) -> list:
+        from reproduce.runs.sweep import with_data
+
+        return [with_data(run, args.treebank, args.silver)
+                for run in super().planned(spec, scale, args)]
+
+    def announce(self, spec, runs: list, args: argparse.Namespace, tuning, summary) -> list:
+        from reproduce.data import missing_input
+
+        print("  data: " + (f"Penn Treebank WSJ at {args.treebank}" if args.treebank else
+                            "NLTK's WSJ sample (NLTK_DATA); --treebank DIR for the full WSJ"))
+        todo = []
+        for run in runs:
+            print("  " + summary(run, spec.variants[run.variant].overrides))
+            why = missing_input(run.config.data.corpus, run.config.data.extra_trees)
+            if why:
+                print(f"    not run: {why}")
+            else:
+                todo.append(run)
+        if tuning:
+            goal = "maximising" if tuning.direction == "maximize" else "minimising"
+            print(f"  tuning: {args.trials} more trial(s) per run, {goal} {tuning.metric} on dev")
+            for knob in tuning.knobs.values():
+                print(f"    {knob.name}: " + (f"one of {list(knob.choices)}" if knob.choices else
+                                               f"{knob.low:g} .. {knob.high:g}"
+                                               + (" (log scale)" if knob.log else "")))
+        return todo
+
+    @staticmethod
+    def report(m: dict) -> str:
+        return (f"dev F1 {m['dev_f1']}, test F1 {m['test_f1']} (P {m['test_precision']}, R "
+                f"{m['test_recall']}), dev PPL {m['dev_ppl']}, {m['params'] / 1e6:.2f}M params, "
+                f"{m['train_seconds']:.0f} s training")
+
+
+def _print_params(table: str, vocab_size: int, as_json: bool) -> None:
+    import json
+
+    from reproduce.runs.sweep import load_spec
+    from reproduce.tables.params import parameter_rows
+
+    rows = parameter_rows(load_spec(table), vocab_size)
+    if as_json:
+        print(json.dumps(rows, indent=1))
+        return
+    print(f"Table 3 parameter counts at the paper's sizes, shared vocabulary {vocab_size} "
+          "(tied source/target/softmax embedding; biases and LayerNorms included).")
+    print("The paper's column fits a tied vocabulary of about 41000 better than 37000 "
+          "(--vocab-size 41000 to compare).\n")
+    header = f"{'variant':8} {'N':>2} {'d_model':>7} {'d_ff':>5} {'h':>3} {'d_k':>4} {'d_v':>4} "
+    print(header + f"{'positions':>10} {'ours (M)':>9} {'paper (M)':>9}")
+    for r in rows:
+        paper = "" if r["paper_params_m"] is None else f"{r['paper_params_m']:>9}"
+        print(f"{r['variant']:8} {r['N']:>2} {r['d_model']:>7} {r['d_ff']:>5} {r['h']:>3} "
+              f"{r['d_k']:>4} {r['d_v']:>4} {r['positions']:>10} {r['params'] / 1e6:>9.1f} "
+              f"{paper:>9}")
+
+
+def _overridden_line(spec, scale: str) -> None:
+    """Say where the scale replaces a value the spec's base set (the record keeps both)."""
+    if overridden := spec.scale_overrides(scale):
+        print(f"  scale `{scale}` replaces the spec's base: " + ", ".join(
+            f"{k} {v['spec']} -> {v['scale']}" for k, v in overridden.items())
+            + " (a scale sets these for every run; recorded as scale_overrode)")
+
+
+def _train_and_render(args: argparse.Namespace, argv: list[str], spec, runs: list, scale: str,
+                      tuning, report) -> None:
+    """Train ``runs`` (tuned first with ``tuning``), here or in ``--workers`` processes, then render
+    the table from the records; ``--render`` only renders, ``--dry-run`` only estimates and
+    ``--launcher slurm`` submits instead."""
+    from reproduce.errors import DamagedRecords
+    from reproduce.paths import results_dir
+    from reproduce.tables.render import render
+    from reproduce.train import devices
+
+    layout = devices.resolve(args.accelerator, args.devices, spec.scale(scale).devices)
+    out = results_dir() / f"{spec.table}.md"
+    log = not args.dry_run  # the rendered table to W&B (with its figures; Table 4 has none)
+    if args.render:
+        if render(spec, out, log=log):
+            raise DamagedRecords(f"{spec.table}: damaged record(s) set aside (above); the table "
+                                 "shows the rest; the sweep command redoes their runs")
+        return
+    if args.launcher == "slurm":
+        _submit(args, argv, spec, runs, scale)
+        return
+    if args.dry_run:
+        from reproduce.plan.dry_run import print_plan
+        print_plan(spec, runs, layout, args.on, args.devices, args.workers)
+        return
+    from reproduce.plan import workers
+    from reproduce.runs.records import recorded_command
+    from reproduce.train import runner
+    from reproduce.train.tuning import tune
+    from reproduce.util.logs import quiet_libraries
+
+    quiet_libraries()
+    command = recorded_command(argv)
+    try:
+        n = args.workers
+        if n == "auto":
+            n = 1 if layout.devices > 1 else workers.auto_count(runs, tuning=bool(tuning))
+            if n > 1:
+                print(f"--workers auto: {n} worker processes (one per core, at most one per "
+                      "run; --workers 1 trains in this process)")
+        if n > 1 and runs:
+            if workers.launch(argv, runs, n, layout.devices):
+                raise SystemExit(1)
+            runs = []
+        for run in workers.reorder(runs):
+            extra = None
+            if tuning:
+                run, summary = tune(run, tuning, args.trials, args.storage, run.seed)
+                extra = {"tuning": summary}
+                print(f"{summary['study']}: best of {summary['n_trials']} trial(s): "
+                      f"{summary['metric']} {summary['best_value']:.3f} with "
+                      f"{summary['best_params']}")
+            record = runner.execute(run, spec.split, command, extra, layout)
+            if isinstance(record, str):  # not run now, and why
+                print(f"{run.run_id}: {record}")
+                continue
+            print(f"{run.run_id}: {report(record['metrics'])}")
+    finally:
+        if not workers.is_worker():  # workers leave the table to the process that started them
+            render(spec, out, log=log)
+
+
+def _submit(args: argparse.Namespace, argv: list[str], spec, runs: list, scale: str) -> None:
+    """--launcher slurm: one array task per run without a record (reproduce/plan/launch.py)."""
+    from reproduce.paths import runs_dir
+    from reproduce.plan import launch
+    from reproduce.runs.records import finished, recorded_command
+
+    todo = [run for run in runs if finished(run) is None]
+    print(f"submission plan: {len(todo)} of {len(runs)} run(s) have no record; one SLURM array "
+          "task each:")
+    for line in launch.plan_lines(todo, args.gpus, args.partition):
+        print("  " + line)
+    if not todo:
+        return
+    folder = runs_dir() / spec.table / "slurm"
+    if args.dry_run:
+        script = launch.sbatch_script(folder, scale, todo, args.gpus, args.partition)
+        print("sbatch header (submitit writes the rest):")
+        for line in script.splitlines():
+            if line.startswith("#SBATCH"):
+                print("  " + line)
+        return
+    executor = launch.executor_for(folder, scale, todo, args.gpus, args.partition)
+    jobs = launch.submit(executor, str(spec.path), todo, spec.split, recorded_command(argv),
+                         args.gpus)
+    for run, job in zip(todo, jobs, strict=True):
+        print(f"  {run.run_id}: job {job.job_id}")
+

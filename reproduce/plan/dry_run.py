@@ -1,0 +1,99 @@
+"""``--dry-run``: what each run of a sweep will do and take, on this machine with the worker
+layout the same command would use, or on ``--on`` hardware; the estimates beside what recorded
+runs took. Counted, not timed: nothing is built or stepped but a short matmul probe (cached)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from reproduce.paper.optim import accumulation
+from reproduce.paths import results_dir, runs_dir
+from reproduce.plan import estimates, workers
+from reproduce.runs.checkpoints import steps_left
+from reproduce.runs.precisions import most_common, trained_in
+from reproduce.runs.records import every_table_records, load_records, plan_state
+from reproduce.runs.sharing import reuse_lines, twins
+from reproduce.train.devices import Layout
+from reproduce.util import machine
+
+
+def print_plan(spec, runs: list, layout: Layout, on: str | None = None,
+               devices: int | str | None = None, n_workers: int | str = "auto") -> dict[str, float]:
+    """Print the plan of ``runs`` and return its total device-hours and wall-clock hours.
+    ``on``, ``devices`` and ``n_workers``: the command's ``--on``, ``--devices``, ``--workers``."""
+    target = estimates.parse_on(on)
+    if target.kind == "gpu" and devices not in (None, "auto"):
+        target = dataclasses.replace(target, devices=int(devices))
+    if target.kind == "cpu" and layout.devices > 1:  # one run over CPU processes
+        target = dataclasses.replace(target, devices=layout.devices)
+    states = {run.run_id: plan_state(run) for run in runs}
+    everything = every_table_records(results_dir())
+    # runs that will evaluate another run's training (``sharing``) instead of training: what the
+    # runner does with them, as status says it
+    reuses = reuse_lines([run for run in runs
+                          if states[run.run_id] == "train" and steps_left(run)],
+                         records=everything)
+    todo = [run for run in runs if states[run.run_id] != "done" and run.run_id not in reuses]
+    # steps each still needs on a CPU, after the checkpoint it would resume from (read once: the
+    # worker count and each run's estimate both come from it)
+    to_go = ({run.run_id: steps_left(run) for run in todo} if target.kind == "cpu"
+             else {run.run_id: run.config.train.train_steps for run in todo})
+    n = 1
+    if target.kind == "cpu":
+        n = n_workers if isinstance(n_workers, int) else (
+            1 if layout.devices > 1 else workers.auto_count(todo, to_go=to_go))
+    ranks = target.devices if target.kind == "cpu" else 1
+    threads = max(1, min(machine.cores(), torch.get_num_threads()) // max(n * ranks, 1))
+    records = {r["run_id"]: r for r in load_records(spec.table, results_dir(), move=False)}
+    # per scale, the precision its records trained in, which `auto` runs follow
+    settled = {scale: most_common(trained_in(records.values(), scale))
+               for scale in {run.scale for run in runs}}
+    # Fitted to every table's records of this CPU: one model code, one training step.
+    here = estimates.plan_here(everything, runs, runs_dir()) if target.kind == "cpu" else None
+    where = (f"this CPU ({machine.cpu_name()}), {n} worker(s) x {ranks} rank(s) of {threads} "
+             "thread(s)" if target.kind == "cpu" else target.label)
+    print(f"each run on {layout.describe() if target.kind == 'cpu' else target.label}; plan on "
+          f"{where}; counted FLOPs per step, no model built:")
+    total = 0.0
+    for run in runs:
+        state = states[run.run_id]
+        if state == "done":
+            print(f"  {run.run_id}: done (its record is kept; not run again)")
+            continue
+        if run.run_id in reuses:
+            print(f"  {run.run_id}: {reuses[run.run_id]}")
+            continue
+        if state.startswith("redo: "):
+            print(f"  {run.run_id}: will be redone: {state[6:]}")
+        e = (here.estimate(run, threads, to_go[run.run_id], settled[run.scale], target) if here
+             else estimates.estimate(run, target, steps=to_go[run.run_id]))
+        paper = estimates.paper_method_flops(e, target)
+        total += e.device_hours
+        t = run.config.train
+        accumulate, micro = accumulation(t.batch_tokens, t.device_batch_tokens, e.devices)
+        print(f"  {run.run_id}: {e.steps} steps x {micro * e.devices * accumulate} tokens/step "
+              f"({e.devices} device(s) x {accumulate} accumulated x {micro}), "
+              f"{e.seconds_per_step:.3g} s/step -> {hours(e.hours)}, {e.device_hours:.3g} "
+              f"device-hours; {e.flops:.2g} FLOPs counted"
+              + (f", {paper:.2g} by the paper's method" if paper else "") + f" [{e.source}]")
+        fed_by, feeds = twins(run)
+        if fed_by:
+            print(f"    the same training as {', '.join(t.run_id for t in fed_by)}: run that "
+                  "table first and this run only evaluates its checkpoints")
+        elif feeds:
+            print(f"    {', '.join(t.run_id for t in feeds)}, run after this one, will evaluate its "
+                  "training instead of training again")
+    wall = total / (n if target.kind == "cpu" else 1)
+    print(f"total: {total:.3g} device-hours, about {hours(wall)} of wall clock "
+          + (f"with {n} worker(s)" if target.kind == "cpu" else "one run after another"))
+    if here is not None:
+        checked = estimates.check_against_records(runs, records, here.model, here.rate)
+        print("  " + estimates.error_line(checked))
+    return {"device_hours": total, "wall_hours": wall}
+
+
+def hours(h: float) -> str:
+    """A duration in hours, or in minutes below a tenth of an hour (a GPU run of a small model)."""
+    return f"{h:.2f} h" if h >= 0.1 else f"{h * 60:.1f} min"

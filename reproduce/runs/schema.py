@@ -1,0 +1,167 @@
+"""The run record (``results/<table>/<run_id>.json``) as one typed definition.
+
+Code reads records by key (``record["metrics"]["dev_ppl"]``); these ``TypedDict``s say which keys
+exist, what they hold and which every record has, so a reader (and a type checker) need not
+reconstruct them from ``train.runner.run_here``, which writes them. ``SCHEMA_VERSION`` goes into
+every new record; a record without ``schema`` is version 1 (the same keys: the version counts
+changes from here on). Keys only some records carry (older runs, other tasks) are not required.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict, get_type_hints
+
+SCHEMA_VERSION = 2
+
+
+class Metrics(TypedDict, total=False):
+    """Headline numbers: translation (BLEU) or parsing (F1) plus what every run has."""
+
+    dev_ppl: float
+    dev_nll: float
+    train_sample_nll: float  # the same weights on a sample of training pairs (fit against dev)
+    dev_bleu: float  # sacreBLEU, detokenized
+    test_bleu: float
+    dev_bleu_tokenized: float  # the paper's convention (paper.bleu)
+    test_bleu_tokenized: float
+    dev_f1: float
+    dev_precision: float
+    dev_recall: float
+    test_f1: float
+    test_precision: float
+    test_recall: float
+    dev_f1_free: float  # parsing decoded without the tree constraint, repaired
+    test_f1_free: float
+    params: int
+    train_steps: int
+    train_seconds: float
+    train_cpu_seconds: float
+
+
+class DataSummary(TypedDict, total=False):
+    corpus: str
+    train_pairs: int
+    dropped_train_pairs: int
+    dev_pairs: int
+    train_sample_pairs: int
+    test_pairs: int
+    vocab_size: int
+    sha256: str  # of the sentence pairs
+    vocab_sha256: str
+    reference_ppl: dict[str, Any]  # n-gram models of the same dev pieces
+    data_dir: str
+    files: dict[str, Any]  # per split: path, size, SHA-256 (a user's own files)
+
+
+class Batch(TypedDict, total=False):
+    accelerator: str
+    strategy: str
+    devices: int
+    world_size: int
+    accumulate: int
+    device_batch_tokens: int
+    effective_tokens_per_step: int
+    measured_tgt_tokens_per_step: int
+
+
+class Cost(TypedDict, total=False):
+    """Training cost two ways (Table 2's columns): the paper's method and counted FLOPs."""
+
+    paper_method_flops: float | None
+    device: str
+    devices: int
+    gpu_shared_by: int
+    tflops_per_device: float | None
+    tflops_source: str
+    analytic_flops: float
+    train_hours: float
+
+
+class Commit(TypedDict, total=False):
+    sha: str | None
+    dirty: bool
+    # set when a copied tree named its commit (util.machine.COMMIT_ENV)
+    # "from": COMMIT_ENV -- a keyword, so not declared here
+
+
+class TrainedBy(TypedDict):
+    """The finished run whose training this run evaluated (``runs.sharing``)."""
+
+    table: str
+    run_id: str
+    record: str
+    commit: dict[str, Any] | None
+
+
+class _Required(TypedDict):
+    run_id: str
+    config: dict[str, Any]  # config.Config.to_dict(): the resolved config
+    metrics: Metrics
+
+
+class Record(_Required, total=False):
+    """One finished run. Written once, atomically, by ``train.runner``; never edited."""
+
+    schema: int  # SCHEMA_VERSION when written; absent: 1
+    table: str
+    row: str
+    variant: str
+    scale: str
+    seed: int
+    split: str  # the split the table reports (dev for Table 3)
+    scale_overrode: dict[str, Any]  # what the scale replaced of the spec's base
+    precision: str
+    precision_choice: dict[str, Any]  # how `auto` chose (train.precision)
+    bleu: dict[str, Any]  # per split: sacrebleu, tokenized, examples, outputs
+    evalb: dict[str, Any]  # per split (Table 4)
+    treebank: dict[str, Any]  # which treebank and sections (Table 4)
+    paper: dict[str, Any]  # the paper's figures for this variant, from the spec
+    data: DataSummary
+    batch: Batch
+    averaged_checkpoints: list[str]
+    curve: dict[str, Any]  # learning curve: train loss, dev PPL by step
+    cost: Cost
+    resumed: bool
+    resumed_from: Any
+    commit: Commit
+    hardware: dict[str, Any]
+    worker: str
+    wall_seconds: float
+    command: str
+    finished_at: str
+    wandb: dict[str, Any]
+    trained_by: TrainedBy  # set when the training is another run's (runs.sharing)
+    evaluated_on: dict[str, Any]
+    tuning: dict[str, Any]  # how --tune chose the settings
+
+
+REQUIRED = tuple(sorted(Record.__required_keys__))
+_TYPES = get_type_hints(Record)
+
+
+def _base(hint: Any) -> tuple[type, ...]:
+    """The runtime types a JSON value of ``hint`` may have (TypedDicts are dicts)."""
+    origin = getattr(hint, "__origin__", None)
+    if hint is Any:
+        return (object,)
+    if origin is not None and str(origin) == "typing.Union" or type(hint).__name__ == "UnionType":
+        return tuple(t for arg in hint.__args__ for t in _base(arg))
+    if isinstance(hint, type) and issubclass(hint, dict) or hasattr(hint, "__required_keys__"):
+        return (dict,)
+    if origin in (dict, list):
+        return (origin,)
+    if hint is float:
+        return (int, float)  # JSON writes 3.0 as 3
+    if hint is type(None):
+        return (type(None),)
+    return (hint,)
+
+
+def problems(record: dict[str, Any]) -> list[str]:
+    """What keeps ``record`` from being a ``Record``: missing required keys, or a known key whose
+    value has another type. Unknown keys are allowed (a newer writer's)."""
+    out = [f"it needs the key {key!r}" for key in REQUIRED if key not in record]
+    for key, value in record.items():
+        if key in _TYPES and not isinstance(value, _base(_TYPES[key])):
+            out.append(f"{key!r} is a {type(value).__name__}, not {_TYPES[key]}")
+    return out

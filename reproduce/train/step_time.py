@@ -1,0 +1,66 @@
+"""A training step outside Lightning on a synthetic batch, as a run trains, and its timing in
+each precision (``precision: auto`` chooses by it; ``plan.cost`` times a config's step with it)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from reproduce.config import Config
+from reproduce.paper.model import Transformer
+from reproduce.paper.optim import adam_with_schedule, output_loss
+
+CHOICES = ("32-true", "bf16-mixed")  # what ``precision: auto`` chooses between
+
+
+def synthetic_batch(vocab: int, tokens: int, length: int, seed: int = 0
+                    ) -> dict[str, torch.Tensor]:
+    """Random sentences of ``length`` pieces filling ``tokens`` per side (for timing steps)."""
+    g = torch.Generator().manual_seed(seed)
+    B = max(1, tokens // length)
+    src = torch.randint(4, vocab, (B, length), generator=g)
+    tgt = torch.randint(4, vocab, (B, length + 1), generator=g)
+    return {"src": src, "tgt_in": tgt[:, :-1], "tgt_out": tgt[:, 1:]}
+
+
+def train_step(model: Transformer, optimizer, schedule, batch: dict[str, torch.Tensor],
+               config: Config, precision: str, accumulate: int = 1) -> None:
+    """One optimizer step outside Lightning, as a run trains: ``accumulate`` forward and backward
+    passes of ``batch`` (the smoothed loss of ``optim.output_loss``, under bf16 autocast for
+    bf16-mixed), then Adam and the schedule."""
+    device = batch["src"].device.type
+    for _ in range(accumulate):
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
+            hidden = model.features(batch["src"], batch["tgt_in"])
+            loss, _ = output_loss(hidden, model.embed.weight, batch["tgt_out"],
+                                  config.train.eps_ls, config.model.pad_id)
+        (loss / accumulate).backward()
+    optimizer.step()
+    schedule.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def seconds_by_precision(config: Config, tokens: int, rounds: int = 3,
+                         length: int = 32) -> dict[str, float]:
+    """Median seconds of a training step (forward, smoothed loss, backward, Adam) of ``config``'s
+    model on ``tokens`` per side, in each precision; after a warm-up step each, interleaved."""
+    torch.manual_seed(0)
+    m, t = config.model, config.train
+    model = Transformer(m).train()
+    optimizer, schedule = adam_with_schedule(model.parameters(), t, m.d_model)
+    batch = synthetic_batch(m.vocab_size, tokens, min(length, t.max_tokens_per_sentence))
+
+    def step(precision: str) -> float:
+        start = time.perf_counter()
+        train_step(model, optimizer, schedule, batch, config, precision)
+        return time.perf_counter() - start
+
+    times: dict[str, list[float]] = {p: [] for p in CHOICES}
+    for p in CHOICES:
+        step(p)  # warm-up
+    for r in range(rounds):
+        for p in CHOICES[r % 2:] + CHOICES[:r % 2]:
+            times[p].append(step(p))
+    return {p: round(sorted(v)[len(v) // 2], 4) for p, v in times.items()}
+

@@ -1,0 +1,109 @@
+"""The folder order of reproduce/ (docs/architecture.md): every import points down it, and no
+module imports itself back through others. Imports inside functions count too."""
+
+import ast
+from pathlib import Path
+
+import reproduce
+
+PACKAGE = Path(reproduce.__file__).parent
+# Lowest first: a module may import its own layer and those before it, never one after it.
+LAYERS = [
+    {"config", "errors", "paths", "util"},
+    {"paper"},
+    {"data"},
+    {"runs"},
+    {"train"},
+    {"plan"},
+    {"tables", "bench"},
+    {"commands"},
+    {"__main__"},
+]
+
+
+def _name(path: Path, package: Path = PACKAGE) -> str:
+    parts = path.relative_to(package.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _layer(module: str) -> int:
+    top = module.split(".")[1] if "." in module else ""
+    if not top:  # the package itself
+        return 0
+    return next(i for i, names in enumerate(LAYERS) if top in names)
+
+
+def _imports(package: Path = PACKAGE) -> dict[str, set[str]]:
+    modules = {_name(p, package): p for p in package.rglob("*.py")}
+    edges: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    base = ".".join(parts + ([base] if base else []))
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
+                           for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            edges[name] |= {t for t in targets if t in modules and t != name}
+    return edges
+
+
+def test_every_module_has_a_layer():
+    for module in _imports():
+        assert module == "reproduce" or any(module.split(".")[1] in names for names in LAYERS), \
+            f"{module}: add its folder to LAYERS and to docs/architecture.md"
+
+
+def _against(edges: dict[str, set[str]]) -> list[str]:
+    return [f"{a} imports {b}" for a, targets in edges.items() for b in sorted(targets)
+            if _layer(b) > _layer(a)]
+
+
+def _circles(edges: dict[str, set[str]]) -> list[str]:
+    state: dict[str, int] = {}
+    circles = []
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for target in sorted(edges[module]):
+            if state.get(target) == 1:
+                circles.append(" -> ".join(path[path.index(target):] + [target]))
+            elif target not in state:
+                visit(target, path + [target])
+        state[module] = 2
+
+    for module in sorted(edges):
+        if module not in state:
+            visit(module, [module])
+    return circles
+
+
+def test_imports_point_down_the_folder_order():
+    against = _against(_imports())
+    assert not against, "imports against the folder order:\n" + "\n".join(against)
+
+
+def test_no_import_circles():
+    circles = _circles(_imports())
+    assert not circles, "import circles:\n" + "\n".join(circles)
+
+
+def test_the_scan_finds_an_upward_import_and_a_circle(tmp_path):
+    package = tmp_path / "reproduce"
+    for folder in ("paper", "train"):
+        (package / folder).mkdir(parents=True)
+        (package / folder / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    # the model importing the training machinery, lazily, and the fit importing the model
+    (package / "paper" / "model.py").write_text("def f():\n    from ..train import fit\n")
+    (package / "train" / "fit.py").write_text("from reproduce.paper.model import f\n")
+    edges = _imports(package)
+    assert _against(edges) == ["reproduce.paper.model imports reproduce.train.fit"]
+    assert _circles(edges) == ["reproduce.paper.model -> reproduce.train.fit -> "
+                               "reproduce.paper.model"]
