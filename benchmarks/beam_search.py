@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def decoder(root: Path, run_id: str, sentences: int, batch_tokens: int | None = None):
     """(callable decoding the sentences with the `reproduce` package under `root`, description,
     source tokens per batch). The tokenizer and data are the run's evaluation's
-    (``training.build_data``); batches are ``runner.decode_batch_tokens`` unless `batch_tokens` is given
+    (``training.build_data``); batches are ``evaluate.decode_batch_tokens`` unless `batch_tokens` is given
     (an older checkout is handed this one's, so both decode the same batches)."""
     for name in [m for m in sys.modules if m == "reproduce" or m.startswith("reproduce.")]:
         del sys.modules[name]
@@ -38,8 +38,8 @@ def decoder(root: Path, run_id: str, sentences: int, batch_tokens: int | None = 
     try:
         from reproduce import paths
         from reproduce.data import is_treebank
+        from reproduce.train import evaluate
         from reproduce.train import fit as training
-        from reproduce.train import runner
         from reproduce.train.evaluate import translate
         from reproduce.train.lit import TranslationModule
     finally:
@@ -52,7 +52,7 @@ def decoder(root: Path, run_id: str, sentences: int, batch_tokens: int | None = 
     data.setup()  # reads the splits (as the run's training did before its evaluation)
     sources = [s for s, _ in data.dev_pairs[:sentences]]
     parsing = is_treebank(c.data.corpus)
-    batch_tokens = batch_tokens or runner.decode_batch_tokens(c)
+    batch_tokens = batch_tokens or evaluate.decode_batch_tokens(c)
     words = [len(s.split()) for s in sources] if parsing else None
 
     def run() -> list[str]:

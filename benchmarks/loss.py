@@ -1,13 +1,12 @@
-"""The label-smoothed loss three ways: autograd's, its written-out backward, and fused with the
-output projection. Speed and gradient.
+"""The label-smoothed loss two ways: autograd's, and fused with the output projection (what
+training uses). Speed and gradient.
 
     python benchmarks/loss.py [--threads 2] [--batches 8] [--rounds 4]
 
 At the `cpu` scale's base config, on Bible training batches (``reproduce.bench.inputs.Bible``):
 
 * ``autograd``: the tied projection to logits, then the loss formula left to autograd
-  (log-softmax, gather, mean), as before its backward was written out;
-* ``ours``: the projection, then ``optim.smoothed_loss`` (gradient written out, softmax - q);
+  (log-softmax, gather, mean);
 * ``fused``: ``optim.output_loss`` (what training uses): projection, loss and gradients in
   chunks over the real target tokens, no (tokens, V) logits in memory.
 
@@ -33,12 +32,12 @@ from reproduce.bench.report import environment
 from reproduce.bench.timing import interleaved
 from reproduce.bench.training import plain_step
 from reproduce.paper.model import Transformer
-from reproduce.paper.optim import output_loss, smoothed_loss
+from reproduce.paper.optim import output_loss
 from reproduce.runs.sweep import load_spec
 
 
 def autograd_loss(logits, target, eps_ls: float, pad_id: int):
-    """``smoothed_loss`` as it was before its backward was written out."""
+    """The label-smoothed loss and NLL sum, left to autograd."""
     logp = F.log_softmax(logits.float(), dim=-1)
     keep = target != pad_id
     nll = -logp.gather(-1, target.unsqueeze(-1)).squeeze(-1)[keep].sum()
@@ -65,7 +64,7 @@ def main() -> int:
 
     def projected(loss):
         return lambda hidden, weight, target: loss(hidden @ weight.t(), target, eps, m.pad_id)
-    losses = {"autograd": projected(autograd_loss), "ours": projected(smoothed_loss),
+    losses = {"autograd": projected(autograd_loss),
               "fused": lambda hidden, weight, target: output_loss(hidden, weight, target, eps,
                                                                   m.pad_id)}
     model = Transformer(m)
@@ -79,7 +78,7 @@ def main() -> int:
         loss(h, w, first["tgt_out"])[0].backward()
         grads[name] = h.grad, w.grad
     # Relative to the gradient's largest entry (the embedding's sums over ~2000 tokens).
-    diff = max(((a - b).abs().max() / b.abs().max()).item() for name in ("ours", "fused")
+    diff = max(((a - b).abs().max() / b.abs().max()).item() for name in ("fused",)
                for a, b in zip(grads[name], grads["autograd"], strict=True))
     print(f"largest gradient difference from autograd's, relative to the largest entry: {diff:.1e}")
 

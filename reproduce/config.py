@@ -270,10 +270,3 @@ PARSING = BASE.overrides(N=4, d_model=1024, d_k=128, d_v=128, vocab_size=16000,
 
 PRESETS: dict[str, Config] = {"base": BASE, "big": BIG, "parsing": PARSING}
 
-
-def preset(name: str) -> Config:
-    """A named preset (``base``, ``big``, ``parsing``)."""
-    try:
-        return PRESETS[name]
-    except KeyError:
-        raise ConfigError(f"unknown preset {name!r}; allowed: {', '.join(PRESETS)}") from None

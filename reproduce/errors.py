@@ -15,7 +15,7 @@ class SpecError(ConfigError):
     """A sweep spec that cannot be used; the message names the file and the key."""
 
 
-class ParsingDataError(ValueError):
+class ParsingDataError(DataError):
     """A treebank that cannot be found or read."""
 
 

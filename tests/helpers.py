@@ -1,9 +1,13 @@
-"""The real CLI in a subprocess, with results and runs in a folder of the test's own."""
+"""The real CLI in a subprocess, with results and runs in a folder of the test's own; the
+label-smoothed loss written plainly, the reference for ``optim.output_loss``."""
 
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import torch
+import torch.nn.functional as F
 
 
 def cli_env(root: Path, threads: int = 1) -> dict[str, str]:
@@ -19,3 +23,15 @@ def cli(env: dict[str, str], *args: str, check: bool = True) -> subprocess.Compl
     if check and out.returncode != 0:
         raise AssertionError(f"exit {out.returncode}\n{out.stdout}\n{out.stderr}")
     return out
+
+
+def smoothed_loss(logits: torch.Tensor, target: torch.Tensor, eps_ls: float,
+                  pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Label-smoothed cross-entropy summed over non-pad tokens (eps_ls spread uniformly over the
+    vocabulary, as section 5.4 and ``F.cross_entropy(label_smoothing=eps_ls)``), and the plain NLL
+    sum, left to autograd: what ``optim.output_loss`` computes in chunks with its own gradients."""
+    logp = F.log_softmax(logits.float() if logits.element_size() < 4 else logits, dim=-1)
+    keep = target != pad_id
+    nll = -logp.gather(-1, target.unsqueeze(-1)).squeeze(-1)[keep].sum()
+    uniform = -logp.mean(dim=-1)[keep].sum()
+    return (1.0 - eps_ls) * nll + eps_ls * uniform, nll.detach()

@@ -14,7 +14,7 @@ from reproduce.bench import timing as bench_timing
 from reproduce.config import ModelConfig
 from reproduce.paper.decoding import beam_search, greedy_search
 from reproduce.paper.model import Transformer
-from reproduce.paper.optim import smoothed_loss
+from tests.helpers import smoothed_loss
 
 BOS, EOS = 2, 3
 CONFIG = ModelConfig(vocab_size=50, N=2, d_model=32, d_ff=64, h=4, d_k=8, d_v=8)

@@ -9,21 +9,21 @@ import nltk
 import pytest
 from nltk.tree import Tree
 
-from reproduce.errors import ParsingDataError
-from reproduce.paper.parsing import (
-    PTB_TAGS,
+from reproduce.data.treebank import (
     SAMPLE_FILES,
     SAMPLE_SENTENCES,
     SPLITS,
-    bracket_f1,
-    delinearize,
-    evalb,
-    evalb_brackets,
-    linearize,
     load_treebank,
-    normalize_tree,
     read_trees,
     sample_fileids,
+)
+from reproduce.errors import ParsingDataError
+from reproduce.paper.evalb import bracket_f1, evalb, evalb_brackets
+from reproduce.paper.parsing import (
+    PTB_TAGS,
+    delinearize,
+    linearize,
+    normalize_tree,
     strip_empty,
     tag_pos,
     well_formed,

@@ -13,7 +13,8 @@ from reproduce.__main__ import main
 from reproduce.config import PARSING
 from reproduce.data import load_pairs, missing_input, tokenizer_name, tree_symbols
 from reproduce.errors import DataError, SpecError
-from reproduce.paper.parsing import bracket_f1, delinearize, linearize, tag_pos, words
+from reproduce.paper.evalb import bracket_f1
+from reproduce.paper.parsing import delinearize, linearize, tag_pos, words
 from reproduce.paper.tokenizer import train_tokenizer
 from reproduce.runs.sweep import load_spec
 from reproduce.tables.table4 import render_table4

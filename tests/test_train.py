@@ -5,7 +5,8 @@ import torch
 import torch.nn.functional as F
 
 from reproduce.config import BASE, TrainConfig
-from reproduce.paper.optim import adam_with_schedule, lrate, output_loss, smoothed_loss
+from reproduce.paper.optim import adam_with_schedule, lrate, output_loss
+from tests.helpers import smoothed_loss
 
 
 def test_lrate_is_equation_3():

@@ -185,6 +185,6 @@ def marian_generate(model, src: Tensor, beam: int, alpha: float, max_len_offset:
 
 def smoothed_cross_entropy(logits: Tensor, target: Tensor, eps_ls: float, pad_id: int) -> Tensor:
     """The label-smoothed loss a user would write, summed over non-pad tokens: the same formula as
-    ``reproduce.paper.optim.smoothed_loss``."""
+    ``reproduce.paper.optim.output_loss`` computes in chunks."""
     return F.cross_entropy(logits.float().flatten(0, 1), target.flatten(), ignore_index=pad_id,
                            label_smoothing=eps_ls, reduction="sum")

@@ -52,49 +52,9 @@ def _minus_q_(probs: Tensor, target: Tensor, eps_ls: float) -> Tensor:
         -1, index, torch.full(index.shape, eps_ls - 1.0, dtype=probs.dtype, device=probs.device))
 
 
-class _SmoothedLoss(torch.autograd.Function):
-    """The smoothed loss and NLL of ``smoothed_loss`` with a hand-written backward: the gradient
-    of the smoothed cross-entropy with respect to the logits is softmax - q (q: 1 - eps_ls on the
-    target, eps_ls / V everywhere), written in three passes over the (tokens, V) logits instead of
-    autograd's scatter into zeros, mean backward and log-softmax backward. The same gradient (to
-    float rounding, tests/test_train.py). On the 2-core AMD EPYC at the `cpu` scale
-    (``python benchmarks/loss.py [--threads 1]``, 2026-11-24): the loss's forward and backward
-    1.4x faster (85 against 121 ms at 2 threads, 139 against 202 at 1); base's whole training
-    step 1.09x at 1 thread (1.45 against 1.58 s; the same in an earlier A/B), at 2 threads 1.03x
-    in one run and 1.10x in another, both within the rounds' spread."""
-
-    @staticmethod
-    def forward(ctx, logits: Tensor, target: Tensor, keep: Tensor, eps_ls: float):
-        # fp32 at least (bf16 logits under autocast; float64 stays float64)
-        logp = F.log_softmax(logits.float() if logits.element_size() < 4 else logits, dim=-1)
-        nll = -logp.gather(-1, target.unsqueeze(-1)).squeeze(-1)[keep].sum()
-        uniform = -logp.mean(dim=-1)[keep].sum()
-        ctx.save_for_backward(logp, target, keep)
-        ctx.eps_ls, ctx.dtype = eps_ls, logits.dtype
-        ctx.mark_non_differentiable(nll)  # for logging and perplexity
-        return (1.0 - eps_ls) * nll + eps_ls * uniform, nll
-
-    @staticmethod
-    def backward(ctx, grad_smoothed: Tensor, grad_nll: Tensor):
-        logp, target, keep = ctx.saved_tensors
-        grad = _minus_q_(torch.exp(logp), target, ctx.eps_ls)
-        grad.mul_((grad_smoothed * keep).unsqueeze(-1).to(grad.dtype))
-        return grad.to(ctx.dtype), None, None, None
-
-
-def smoothed_loss(logits: Tensor, target: Tensor, eps_ls: float, pad_id: int) -> tuple[Tensor, Tensor]:
-    """Label-smoothed cross-entropy summed over non-pad tokens, and the plain NLL sum.
-
-    Smoothing spreads eps_ls uniformly over the vocabulary (Szegedy et al. 2016, as the paper;
-    the same loss as ``F.cross_entropy(label_smoothing=eps_ls)``), from one log-softmax so the
-    unsmoothed NLL (for perplexity) comes for free; its gradient is written out (``_SmoothedLoss``).
-    Divide by the token count for means. The NLL has no gradient: it is for logging and perplexity.
-    """
-    return _SmoothedLoss.apply(logits, target, target != pad_id, eps_ls)
-
-
 class _OutputLoss(torch.autograd.Function):
-    """``smoothed_loss(hidden @ weight.T, ...)`` without the (tokens, V) logits in memory: the
+    """``output_loss``'s forward and backward: the smoothed loss of ``hidden @ weight.T`` without
+    the (tokens, V) logits in memory: the
     pre-softmax projection, the loss and both gradients are computed together, `rows` real target
     positions at a time (padding positions are skipped: their loss and gradient are zero). The
     gradients of a chunk (softmax - q, then through the projection) are taken in the forward pass,
@@ -144,19 +104,16 @@ class _OutputLoss(torch.autograd.Function):
 
 def output_loss(hidden: Tensor, weight: Tensor, target: Tensor, eps_ls: float, pad_id: int,
                 chunk_elements: int | None = None) -> tuple[Tensor, Tensor]:
-    """``smoothed_loss`` of the logits ``hidden @ weight.T`` (the tied pre-softmax projection,
-    hidden (.., d), weight (V, d)), computed in chunks of about ``chunk_elements`` logits over the
-    real (non-pad) target positions only (``_OutputLoss``). The same loss and gradients to float
-    rounding. Default chunks: 1024 positions on a CPU, 64M logits (at least 1024 positions) on a
-    GPU. Fewer positions per chunk pay for adding each chunk's (V, d) weight gradient into the
-    sum: at V 37000, d 512 (2 threads) 56 positions per chunk took 3.3 s against 1.8 unfused,
-    1024 positions 1.79 s; at V 8000, d 128, 256 to 1024 positions all took 0.13-0.135 s against
-    0.16 unfused.
-    On the 2-core AMD EPYC, `cpu` base (vocabulary 8000, ~2000 target tokens per step; idle
-    machine, ``python benchmarks/loss.py``): with 262 positions per chunk, the output layer's
-    forward + backward 240 against 285 ms unfused at 1 thread, 139 against 157 at 2, a whole
-    training step 1.00 against 1.06 s at 1 thread, 0.637 against 0.653 at 2; with 1024 (now the
-    default) at 2 threads, 119 against 141 ms and a step 0.639 against 0.670 s."""
+    """Label-smoothed cross-entropy of the logits ``hidden @ weight.T`` (the tied pre-softmax
+    projection, hidden (.., d), weight (V, d)) summed over non-pad target tokens, and the plain NLL
+    sum. Smoothing spreads eps_ls uniformly over the vocabulary (Szegedy et al. 2016, as the
+    paper's section 5.4; the same loss as ``F.cross_entropy(label_smoothing=eps_ls)``); the NLL has
+    no gradient: it is for logging and perplexity. Divide by the token count for means.
+
+    Computed in chunks of about ``chunk_elements`` logits over the real target positions only
+    (``_OutputLoss``), so the (tokens, V) logits are never in memory whole. Default chunks: 1024
+    positions on a CPU, 64M logits (at least 1024 positions) on a GPU; fewer positions per chunk
+    pay for adding each chunk's (V, d) weight gradient into the sum (docs/performance.md)."""
     if chunk_elements is None:
         rows = 1024 if hidden.device.type == "cpu" else max(1024, (1 << 26) // weight.shape[0])
     else:

@@ -46,7 +46,9 @@ def plot_table(spec: Spec, records: list[dict[str, Any]], directory: Path) -> li
         return _plot_bleu_params(spec, records, directory)
     written = []
     for scale, recs in sorted(_by_scale(records).items()):
-        written.append(plot_changes(spec, recs, directory / f"{spec.table}-{scale}.png", scale))
+        if spec.rows_at(scale):  # a spec of base alone has no changes to draw
+            written.append(plot_changes(spec, recs, directory / f"{spec.table}-{scale}.png",
+                                        scale))
         written.append(_plot_curves(spec, recs, directory / f"{spec.table}-{scale}-curves.png",
                                     scale))
     return written

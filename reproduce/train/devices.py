@@ -183,10 +183,9 @@ def rank_main(path: str, run_here: Callable[..., Any]) -> int:
         print(f"rank {me} of {layout.devices}: {type(e).__name__}: {first[:160]} "
               f"(traceback: {where})", file=sys.stderr)
         return 1
-    # Leave the process group before the interpreter exits: left to exit, a rank's communication
-    # threads were sometimes still joinable, C++ called terminate() ("terminate called without an
-    # active exception"), and Lightning's observer in rank 0 then SIGKILLed a run whose record
-    # was already written (seen under load, in the test of resuming on 2 then 1 devices).
+    # Leave the process group before the interpreter exits: a rank whose communication threads
+    # are still joinable at exit dies in C++ terminate(), and Lightning's observer in rank 0 then
+    # kills a run whose record is already written.
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     return 0

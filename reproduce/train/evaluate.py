@@ -1,16 +1,25 @@
-"""Evaluation: translation with beam search and BLEU (sacreBLEU on detokenized text); parse trees
-with beam search, repaired over the input words and scored with EVALB (Table 4)."""
+"""The evaluation protocol of a trained model (``task_scores``): translation with beam search and
+BLEU both ways (sacreBLEU on detokenized text, and the paper's tokenized BLEU), every output kept
+beside the record; parse trees with beam search, repaired over the input words and scored with
+EVALB (Table 4)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
 import sacrebleu
 import torch
 
-from reproduce.config import DecodeConfig
+from reproduce.config import Config, DecodeConfig
+from reproduce.data import is_treebank, treebank_trees
+from reproduce.data.treebank import treebank_description
+from reproduce.paper.bleu import tokenized_bleu
 from reproduce.paper.decoding import TreeConstraint, beam_search
 from reproduce.paper.model import Transformer
+from reproduce.runs import records
 
 
 @torch.no_grad()
@@ -57,7 +66,8 @@ def parse_scores(model: Transformer, tokenizer, batches: Iterable[tuple[list[int
     """Parse each sentence of ``pairs`` (its words, its linearized gold tree) by beam search, repair
     every output into a tree over the gold words with the gold POS tags (``delinearize``) and score
     the trees against ``gold`` as EVALB with COLLINS.prm does: labelled bracket P, R, F1 (%)."""
-    from reproduce.paper.parsing import delinearize, evalb, tag_pos, well_formed, words
+    from reproduce.paper.evalb import evalb
+    from reproduce.paper.parsing import delinearize, tag_pos, well_formed, words
 
     outputs = translate(model, tokenizer, batches, len(pairs), decode,
                         words=[len(source.split()) for source, _ in pairs],
@@ -75,3 +85,62 @@ def parse_scores(model: Transformer, tokenizer, batches: Iterable[tuple[list[int
             "well_formed": whole,
             "examples": [{"source": s, "reference": t, "output": o, "tree": tree.pformat(margin=10**6)}
                          for (s, t), o, tree in list(zip(pairs, outputs, trees, strict=True))[:3]]}
+
+
+def decode_batch_tokens(c: Config) -> int:
+    """Source tokens per decoding batch. Parsing (treebank corpora): beam x (input +
+    max_len_offset) cached positions per sentence, so fewer sentences per batch."""
+    if is_treebank(c.data.corpus):
+        return max(64, c.train.batch_tokens // c.decode.beam)
+    return c.train.batch_tokens
+
+
+def _bleu(model, tokenizer, data, pairs, c: Config, lang: str) -> dict[str, Any]:
+    """Both BLEU conventions, each labelled, and a few example outputs."""
+    sources, refs = [s for s, _ in pairs], [t for _, t in pairs]
+    hyps = translate(model, tokenizer, data.source_batches(sources, decode_batch_tokens(c)),
+                     len(sources), c.decode)
+    return {"sacrebleu": sacre_bleu(hyps, refs), "tokenized": tokenized_bleu(hyps, refs, lang),
+            "examples": [{"source": s, "reference": t, "output": h}
+                         for s, t, h in list(zip(sources, refs, hyps, strict=True))[:3]],
+            "hypotheses": hyps, "references": refs}
+
+
+def task_scores(model, tokenizer, data, c: Config, splits: tuple[str, ...] = ("dev", "test"),
+                outputs: tuple[Path, str] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The task's evaluation: (record entries, headline metrics). Translation: both BLEUs of each
+    split, and with ``outputs`` (the records folder, the run id) every hypothesis kept there.
+    Parsing (treebank corpora, Table 4): EVALB precision, recall and F1 of each split."""
+    pairs = {"dev": data.dev_pairs, "test": data.test_pairs}
+    if not is_treebank(c.data.corpus):
+        lang = c.data.corpus.rsplit("-", 1)[-1]
+        bleu = {name: _bleu(model, tokenizer, data, pairs[name], c, lang) for name in splits}
+        if outputs is not None:  # every output kept beside the record (records.write_outputs)
+            for name, b in bleu.items():
+                b["outputs"] = records.write_outputs(*outputs, name, b.pop("hypotheses"),
+                                                     b.pop("references"))
+        else:
+            for b in bleu.values():
+                del b["hypotheses"], b["references"]
+        return {"bleu": bleu}, {
+            **{f"{n}_bleu": bleu[n]["sacrebleu"]["score"] for n in splits},
+            **{f"{n}_bleu_tokenized": bleu[n]["tokenized"]["score"] for n in splits}}
+
+    batch_tokens = decode_batch_tokens(c)
+
+    def score(name: str, decode) -> dict[str, Any]:
+        gold = treebank_trees(name, c.data.data_dir or None)[:len(pairs[name])]
+        return parse_scores(model, tokenizer,
+                            data.source_batches([s for s, _ in pairs[name]], batch_tokens),
+                            pairs[name], gold, decode, c.data.linearization)
+
+    evalb = {name: score(name, c.decode) for name in splits}
+    headline = {f"{n}_{k}": evalb[n][k] for n in splits for k in ("f1", "precision", "recall")}
+    if c.decode.constrained:  # the paper's protocol too: free decoding, repaired
+        for name in splits:
+            scores = score(name, replace(c.decode, constrained=False))
+            evalb[name]["free"] = {k: scores[k] for k in scores if k != "examples"}
+            headline[f"{name}_f1_free"] = scores["f1"]
+    return {"evalb": evalb, "treebank": treebank_description(c.data.data_dir or None,
+                                                             c.data.extra_trees or None)}, headline
+

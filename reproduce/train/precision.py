@@ -1,21 +1,18 @@
 """``precision: auto``: fp32 or bf16 mixed precision, chosen by timing a training step.
 
-A matmul alone misleads on CPUs: on an AMD EPYC with avx512_bf16 but no AMX a bf16 matmul runs 2-3x
-fp32, yet a whole `cpu`-scale training step in bf16-mixed runs ~0.7x fp32 (the casts, the fp32
-loss and optimizer, the small attention products). So on a CPU whose bf16 matmuls are not slower
-than fp32 at all, a few steps of the model, on a micro-batch of its size, are timed both ways
-with the threads the run will use; bf16-mixed is taken if it is ``BF16_MARGIN`` faster. The model
-timed is the table's base at the run's scale, not each variant's own: one precision per table and
-scale, so a row's variants differ only in what the row varies (timed one by one, A1's single
-128-wide head took bf16 at 1.5x while base and the other heads stayed fp32). The
-answer is cached per machine, thread count and model shape (``runs/precision.json``), and both
-timings go into the record.
+A matmul alone misleads on CPUs: a bf16 matmul can run several times fp32 while a whole training
+step in bf16-mixed runs slower (the casts, the fp32 loss and optimizer, the small attention
+products). So on a CPU whose bf16 matmuls are not slower than fp32, a few steps of the model, on
+a micro-batch of its size, are timed both ways with the threads the run will use
+(``step_time``); bf16-mixed is taken if it is ``BF16_MARGIN`` faster. The model timed is the
+table's base at the run's scale, not each variant's own: one precision per table and scale, so
+a row's variants differ only in what the row varies. The answer is cached per machine, thread
+count and model shape (``runs/precision.json``), and both timings go into the record.
 Once a table has records at a scale, they decide: its later runs there train in the precision
-those trained in (``settled``), whatever this machine would choose. Machines differ between
-sessions (an Intel CPU with AMX times bf16 ~5x faster, a GPU takes bf16), and a section whose
-base trained in fp32 would otherwise get variants in bf16, which puts precision into the gaps.
-On CUDA: bf16-mixed where the GPU supports it. A CPU whose bf16 matmul is slower than fp32 (avx2
-only: ~150x slower) trains in fp32 without timing a step.
+those trained in (``runs.precisions.settled``), whatever this machine would choose, lest a
+section started in fp32 get variants in bf16 on another machine, which puts precision into the
+gaps. On CUDA: bf16-mixed where the GPU supports it. A CPU whose bf16 matmul is slower than fp32
+(no native bf16) trains in fp32 without timing a step. Measurements: docs/devices.md.
 """
 
 from __future__ import annotations

@@ -17,13 +17,9 @@ import pytorch_lightning as pl
 import torch
 
 from reproduce.config import Config
-from reproduce.data import is_treebank, treebank_trees
-from reproduce.paper.bleu import tokenized_bleu
 from reproduce.paper.flops import analytic_flops, gpu_tflops, paper_cost
 from reproduce.paper.model import count_parameters
-from reproduce.paper.parsing import treebank_description
 from reproduce.paths import runs_dir
-from reproduce.runs import records
 from reproduce.runs.averaging import average_checkpoints
 from reproduce.runs.checkpoints import last_checkpoints, steps_left
 from reproduce.runs.claims import claim, rank, worker_id
@@ -33,7 +29,7 @@ from reproduce.runs.sharing import Donor, reuse, training_fields
 from reproduce.runs.sweep import PlannedRun
 from reproduce.train import devices
 from reproduce.train.devices import ONE_DEVICE, Layout
-from reproduce.train.evaluate import parse_scores, sacre_bleu, translate
+from reproduce.train.evaluate import task_scores
 from reproduce.train.fit import build_data, finish_wandb, fit, local_data, wandb_logger
 from reproduce.train.precision import choose_precision
 from reproduce.util.machine import commit, gpu_share, hardware, measured_tflops, share_cores
@@ -96,33 +92,39 @@ def run_here(run: PlannedRun, split: str, command: str, work: Path,
     tokenizer, data = build_data(c)
     zero = rank() == 0
     logger = wandb_logger(run, work, precision) if zero else False
-    trainer, module, clock, resumed, accumulate = fit(
-        run, work, data, logger, precision, layout=layout,
-        resume_from=donor.last if donor is not None else None)
-    work_done = module.total_work()  # a collective: every rank
-    share_cores()  # decoding too uses the cores of workers that have ended
-    weights = _final_weights(module, donor.checkpoints if donor is not None
-                             else work / "checkpoints", c.train.average_last)
-    trainer.limit_val_batches = 1.0
-    dev = trainer.validate(module, datamodule=data, verbose=False)[0]  # shards, gathered
-    module.eval_name = "train_sample"  # the same weights on training pairs: fit against dev
-    sample = trainer.validate(module, dataloaders=data.train_sample_dataloader(), verbose=False)[0]
-    module.eval_name = "dev"
-    if not zero:
-        return None  # rank 0 decodes every sentence and writes the record
-    scores, headline = task_scores(module.model, tokenizer, data, c,
-                                   outputs=(record_path(run).parent, run.run_id))
+    try:
+        trainer, module, clock, resumed, accumulate = fit(
+            run, work, data, logger, precision, layout=layout,
+            resume_from=donor.last if donor is not None else None)
+        work_done = module.total_work()  # a collective: every rank
+        share_cores()  # decoding too uses the cores of workers that have ended
+        weights = _final_weights(module, donor.checkpoints if donor is not None
+                                 else work / "checkpoints", c.train.average_last)
+        trainer.limit_val_batches = 1.0
+        dev = trainer.validate(module, datamodule=data, verbose=False)[0]  # shards, gathered
+        module.eval_name = "train_sample"  # the same weights on training pairs: fit against dev
+        sample = trainer.validate(module, dataloaders=data.train_sample_dataloader(), verbose=False)[0]
+        module.eval_name = "dev"
+        if not zero:
+            return None  # rank 0 decodes every sentence and writes the record
+        scores, headline = task_scores(module.model, tokenizer, data, c,
+                                       outputs=(record_path(run).parent, run.run_id))
 
-    metrics = {
-        "dev_ppl": round(float(dev["dev/ppl"]), 3),
-        "dev_nll": round(float(dev["dev/nll"]), 4),
-        "train_sample_nll": round(float(sample["train_sample/nll"]), 4),
-        **headline,
-        "params": count_parameters(module.model),
-        "train_steps": trainer.global_step,
-        "train_seconds": round(clock.seconds, 1),
-        "train_cpu_seconds": round(clock.cpu_seconds, 1),
-    }
+        metrics = {
+            "dev_ppl": round(float(dev["dev/ppl"]), 3),
+            "dev_nll": round(float(dev["dev/nll"]), 4),
+            "train_sample_nll": round(float(sample["train_sample/nll"]), 4),
+            **headline,
+            "params": count_parameters(module.model),
+            "train_steps": trainer.global_step,
+            "train_seconds": round(clock.seconds, 1),
+            "train_cpu_seconds": round(clock.cpu_seconds, 1),
+        }
+        wandb_run = finish_wandb(logger, metrics)
+    except BaseException:
+        if logger:  # the W&B run ends as failed, not left open for the next one
+            logger.experiment.finish(exit_code=1)
+        raise
     micro = data.micro_batch_tokens
     record: Record = {
         "schema": SCHEMA_VERSION, "run_id": run.run_id, "table": run.table, "row": run.row,
@@ -150,7 +152,7 @@ def run_here(run: PlannedRun, split: str, command: str, work: Path,
         "hardware": hardware(), "worker": worker_id(),
         "wall_seconds": round(time.time() - started, 1), "command": command,
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "wandb": finish_wandb(logger, metrics),
+        "wandb": wandb_run,
     }
     if donor is not None:  # the training is the donor's: what it took is in its record
         fields, trained = training_fields(donor)
@@ -172,64 +174,6 @@ def _final_weights(module, directory: Path, k: int) -> list[str]:
     paths = last_checkpoints(directory, k)
     module.load_state_dict(average_checkpoints(paths))
     return [p.name for p in paths]
-
-
-def decode_batch_tokens(c: Config) -> int:
-    """Source tokens per decoding batch. Parsing (treebank corpora): beam x (input +
-    max_len_offset) cached positions per sentence, so fewer sentences per batch."""
-    if is_treebank(c.data.corpus):
-        return max(64, c.train.batch_tokens // c.decode.beam)
-    return c.train.batch_tokens
-
-
-def _bleu(model, tokenizer, data, pairs, c: Config, lang: str) -> dict[str, Any]:
-    """Both BLEU conventions, each labelled, and a few example outputs."""
-    sources, refs = [s for s, _ in pairs], [t for _, t in pairs]
-    hyps = translate(model, tokenizer, data.source_batches(sources, decode_batch_tokens(c)),
-                     len(sources), c.decode)
-    return {"sacrebleu": sacre_bleu(hyps, refs), "tokenized": tokenized_bleu(hyps, refs, lang),
-            "examples": [{"source": s, "reference": t, "output": h}
-                         for s, t, h in list(zip(sources, refs, hyps, strict=True))[:3]],
-            "hypotheses": hyps, "references": refs}
-
-
-def task_scores(model, tokenizer, data, c: Config, splits: tuple[str, ...] = ("dev", "test"),
-                outputs: tuple[Path, str] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The task's evaluation: (record entries, headline metrics). Translation: both BLEUs of each
-    split, and with ``outputs`` (the records folder, the run id) every hypothesis kept there.
-    Parsing (treebank corpora, Table 4): EVALB precision, recall and F1 of each split."""
-    pairs = {"dev": data.dev_pairs, "test": data.test_pairs}
-    if not is_treebank(c.data.corpus):
-        lang = c.data.corpus.rsplit("-", 1)[-1]
-        bleu = {name: _bleu(model, tokenizer, data, pairs[name], c, lang) for name in splits}
-        if outputs is not None:  # every output kept beside the record (records.write_outputs)
-            for name, b in bleu.items():
-                b["outputs"] = records.write_outputs(*outputs, name, b.pop("hypotheses"),
-                                                     b.pop("references"))
-        else:
-            for b in bleu.values():
-                del b["hypotheses"], b["references"]
-        return {"bleu": bleu}, {
-            **{f"{n}_bleu": bleu[n]["sacrebleu"]["score"] for n in splits},
-            **{f"{n}_bleu_tokenized": bleu[n]["tokenized"]["score"] for n in splits}}
-
-    batch_tokens = decode_batch_tokens(c)
-
-    def score(name: str, decode) -> dict[str, Any]:
-        gold = treebank_trees(name, c.data.data_dir or None)[:len(pairs[name])]
-        return parse_scores(model, tokenizer,
-                            data.source_batches([s for s, _ in pairs[name]], batch_tokens),
-                            pairs[name], gold, decode, c.data.linearization)
-
-    evalb = {name: score(name, c.decode) for name in splits}
-    headline = {f"{n}_{k}": evalb[n][k] for n in splits for k in ("f1", "precision", "recall")}
-    if c.decode.constrained:  # the paper's protocol too: free decoding, repaired
-        for name in splits:
-            scores = score(name, replace(c.decode, constrained=False))
-            evalb[name]["free"] = {k: scores[k] for k in scores if k != "examples"}
-            headline[f"{name}_f1_free"] = scores["f1"]
-    return {"evalb": evalb, "treebank": treebank_description(c.data.data_dir or None,
-                                                             c.data.extra_trees or None)}, headline
 
 
 def _cost(c: Config, work: dict[str, int], seconds: float, devices: int) -> dict[str, Any]:

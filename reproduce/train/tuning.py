@@ -27,8 +27,8 @@ from reproduce.config import FIELDS
 from reproduce.errors import ConfigError
 from reproduce.paths import runs_dir
 from reproduce.runs.sweep import Knob, PlannedRun, Tuning
+from reproduce.train import evaluate, precision
 from reproduce.train import fit as training
-from reproduce.train import precision, runner
 from reproduce.util.secrets import mask
 
 # optuna is imported where it is used: 0.5 s that only --tune needs.
@@ -105,7 +105,7 @@ def train_and_score(run: PlannedRun, callbacks=()) -> dict[str, Any]:
             raise
         trainer.limit_val_batches = 1.0
         dev = trainer.validate(module, datamodule=data, verbose=False)[0]
-        _, headline = runner.task_scores(module.model, tokenizer, data, c, splits=("dev",))
+        _, headline = evaluate.task_scores(module.model, tokenizer, data, c, splits=("dev",))
     finally:
         if logger:  # False with WANDB_MODE=disabled
             logger.experiment.finish()

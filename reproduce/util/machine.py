@@ -63,7 +63,7 @@ def commit() -> dict[str, Any]:
                               check=False).stdout.strip()
     if os.environ.get(COMMIT_ENV):
         # a copy of the tree carried to an offline machine names its commit: it may have no .git,
-        # or one whose HEAD lags (the lent GPU machines' copies named an older commit, "dirty")
+        # or one whose HEAD lags behind the tree it holds
         named, _, dirty = os.environ[COMMIT_ENV].partition(" ")
         return {"sha": named, "dirty": dirty == "dirty", "from": COMMIT_ENV}
     sha = git("rev-parse", "HEAD")

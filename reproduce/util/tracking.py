@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import os
 
-MODES = ("online", "offline", "disabled")
-
 
 def wandb_mode() -> str:
+    """``online``, ``offline`` or ``disabled``, by the rule above."""
     mode = os.environ.get("WANDB_MODE", "")
     if mode == "disabled":
         return "disabled"
