@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def decoder(root: Path, run_id: str, sentences: int, batch_tokens: int | None = None):
     """(callable decoding the sentences with the `reproduce` package under `root`, description,
     source tokens per batch). The tokenizer and data are the run's evaluation's
-    (``training.build_data``); batches are ``evaluate.decode_batch_tokens`` unless `batch_tokens` is given
+    (``fit.build_data``); batches are ``evaluate.decode_batch_tokens`` unless `batch_tokens` is given
     (an older checkout is handed this one's, so both decode the same batches)."""
     for name in [m for m in sys.modules if m == "reproduce" or m.startswith("reproduce.")]:
         del sys.modules[name]

@@ -1,6 +1,6 @@
 """Checkpoint files a run can always resume from.
 
-Written atomically (``training.AtomicCheckpointIO``: a temporary file in the same folder, fsync,
+Written atomically (``train.fit.AtomicCheckpointIO``: a temporary file in the same folder, fsync,
 rename, fsync of the folder), so a kill or a full disk during a save leaves the previous
 checkpoint whole. Before a run resumes, ``newest_readable`` checks its checkpoints (the zip's
 index and every member's CRC: a truncated or corrupted file fails it) and sets aside the ones that
