@@ -37,12 +37,12 @@ def _imports(package: Path = PACKAGE) -> dict[str, set[str]]:
     modules = {_name(p, package): p for p in package.rglob("*.py")}
     edges: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
-        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        parent = name if path.name == "__init__.py" else name.rpartition(".")[0]
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
-                    parts = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    parts = parent.split(".")[:len(parent.split(".")) - node.level + 1]
                     base = ".".join(parts + ([base] if base else []))
                 targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
                            for a in node.names]

@@ -57,7 +57,7 @@ class Table(Command):
                        "(default: sqlite:///runs/optuna.db)")
 
     def run(self, args: argparse.Namespace, argv: list[str]) -> int:
-        from reproduce.runs.sweep import load_spec, planned_summary
+        from reproduce.runs.sweep import load_spec
         from reproduce.util.machine import default_scale
 
         spec = load_spec(args.spec or self.name, kind=self.name)
@@ -71,17 +71,19 @@ class Table(Command):
               f"{'' if args.scale else ' (default for this machine; --scale to change)'}: "
               f"{spec.scale(scale).about}")
         _overridden_line(spec, scale)
-        todo = self.announce(spec, runs, args, tuning, planned_summary)
+        todo = self.announce(spec, runs, args, tuning)
         _train_and_render(args, argv, spec, todo, scale, tuning, self.report)
         return 0
 
     def planned(self, spec, scale: str, args: argparse.Namespace) -> list:
         return spec.plan(spec.select(args.row, args.variant, scale), scale, args.seeds)
 
-    def announce(self, spec, runs: list, args: argparse.Namespace, tuning, summary) -> list:
+    def announce(self, spec, runs: list, args: argparse.Namespace, tuning) -> list:
         """Print each planned run; return those to run."""
+        from reproduce.runs.sweep import planned_summary
+
         for run in runs:
-            print("  " + summary(run, spec.variants[run.variant].overrides))
+            print("  " + planned_summary(run, spec.variants[run.variant].overrides))
         return runs
 
     @staticmethod
@@ -136,14 +138,15 @@ class Table4(Table):
         return [with_data(run, args.treebank, args.silver)
                 for run in super().planned(spec, scale, args)]
 
-    def announce(self, spec, runs: list, args: argparse.Namespace, tuning, summary) -> list:
+    def announce(self, spec, runs: list, args: argparse.Namespace, tuning) -> list:
         from reproduce.data import missing_input
+        from reproduce.runs.sweep import planned_summary
 
         print("  data: " + (f"Penn Treebank WSJ at {args.treebank}" if args.treebank else
                             "NLTK's WSJ sample (NLTK_DATA); --treebank DIR for the full WSJ"))
         todo = []
         for run in runs:
-            print("  " + summary(run, spec.variants[run.variant].overrides))
+            print("  " + planned_summary(run, spec.variants[run.variant].overrides))
             why = missing_input(run.config.data.corpus, run.config.data.extra_trees)
             if why:
                 print(f"    not run: {why}")
