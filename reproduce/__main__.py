@@ -6,28 +6,32 @@ from __future__ import annotations
 import argparse
 import sys
 
+from reproduce import __version__
 from reproduce.commands import rank
 from reproduce.commands.attention import Attention
 from reproduce.commands.base import Command
 from reproduce.commands.bench import Bench
 from reproduce.commands.bible_db import BibleDb
+from reproduce.commands.migrate import Migrate
 from reproduce.commands.publish import Publish
 from reproduce.commands.status import Status
 from reproduce.commands.sweep import Table, Table3, Table4
 from reproduce.commands.verify import Verify
 from reproduce.errors import ConfigError, DamagedRecords, DataError, RankFailure
+from reproduce.paths import use_results
 
 # The table of commands, in the order --help lists them.
 COMMANDS: list[Command] = [
     Table("table2", "Table 2: BLEU and training cost, base and big, EN-DE and EN-FR"),
     Table3("table3", "Table 3: variations on the architecture"),
     Table4("table4", "Table 4: English constituency parsing, WSJ section 23 F1"),
-    Bench(), Status(), Publish(), Verify(), Attention(), BibleDb(),
+    Bench(), Status(), Publish(), Verify(), Attention(), BibleDb(), Migrate(),
 ]
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m reproduce", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"reproduce {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
         command.add_arguments(sub.add_parser(command.name, help=command.help))
@@ -41,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
             return rank.run_rank(argv[1])
         args = build_parser().parse_args(argv)
         command = next(c for c in COMMANDS if c.name == args.command)
+        if getattr(args, "results", None):
+            use_results(args.results)
         return command.run(args, argv)
     except (ConfigError, DataError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -252,6 +252,24 @@ def apply_overrides(config: Config, overrides: dict[str, Any]) -> Config:
     )
 
 
+def parse_sets(items: list[str], flag: str = "--set") -> dict[str, Any]:
+    """``--set`` on the command line: ``["train.warmup_steps=8000", "beam=8"]`` ->
+    ``{"warmup_steps": 8000, "beam": 8}``. Keys are a config field, with or without its section;
+    values are read as YAML scalars and checked against the field's type (``ConfigError``)."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"{flag} {item!r}: expected SECTION.FIELD=VALUE, e.g. "
+                              "train.warmup_steps=8000 (or FIELD=VALUE)")
+        value = yaml.safe_load(text)
+        apply_overrides(BASE_FOR_CHECKS, {key: value})  # unknown key or wrong type: one line
+        out[key.split(".", 1)[-1]] = value
+    return out
+
+
 # --- Named presets ------------------------------------------------------------------------------
 
 # Base model: section 3 and Table 3's first row.
@@ -269,4 +287,5 @@ PARSING = BASE.overrides(N=4, d_model=1024, d_k=128, d_v=128, vocab_size=16000,
                          beam=21, alpha=0.3, max_len_offset=300)
 
 PRESETS: dict[str, Config] = {"base": BASE, "big": BIG, "parsing": PARSING}
+BASE_FOR_CHECKS = BASE  # any config: parse_sets checks keys and types against its fields
 

@@ -107,3 +107,13 @@ def test_the_scan_finds_an_upward_import_and_a_circle(tmp_path):
     assert _against(edges) == ["reproduce.paper.model imports reproduce.train.fit"]
     assert _circles(edges) == ["reproduce.paper.model -> reproduce.train.fit -> "
                                "reproduce.paper.model"]
+
+
+def test_pyproject_lists_every_package():
+    # the wheel carries only the packages pyproject.toml names (and the specs, as reproduce.sweeps)
+    import re
+
+    listed = set(re.findall(r'^\s+"(reproduce[\w.]*)",$', (PACKAGE.parent / "pyproject.toml")
+                            .read_text(), flags=re.MULTILINE))
+    folders = {_name(p.parent / "__init__.py") for p in PACKAGE.rglob("__init__.py")}
+    assert folders | {"reproduce.sweeps"} == listed

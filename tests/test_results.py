@@ -53,6 +53,37 @@ def test_every_committed_record_loads_as_the_typed_record():
         assert set(r) <= keys, f"{path}: keys the schema does not declare: {set(r) - keys}"
 
 
+def test_no_committed_record_holds_an_absolute_path():
+    from reproduce import paths
+
+    def strings(value):
+        if isinstance(value, dict):
+            for v in value.values():
+                yield from strings(v)
+        elif isinstance(value, list):
+            for v in value:
+                yield from strings(v)
+        elif isinstance(value, str):
+            yield value
+
+    for path in paths.REPO.glob("results/**/*.json"):
+        absolute = [s for s in strings(json.loads(path.read_text())) if s.startswith("/")]
+        assert not absolute, f"{path}: {absolute[:2]}"
+
+
+def test_migrate_makes_a_wandb_folder_relative_to_the_runs_root(tmp_path):
+    from reproduce.runs.records import migrate, read_record
+
+    r = {**record("A1"), "wandb": {"dir": "/elsewhere/runs/table3/x/wandb/files", "id": "x"}}
+    write_record(tmp_path / "table3" / "x.json", r)
+    write_record(tmp_path / "table3" / "superseded" / "y.json", r)
+    assert len(migrate(tmp_path)) == 2
+    moved = read_record(tmp_path / "table3" / "x.json")
+    assert moved["wandb"]["dir"] == "runs/table3/x/wandb/files"
+    assert {**moved, "wandb": r["wandb"]} == r  # nothing else changed
+    assert migrate(tmp_path) == []  # once
+
+
 def test_a_record_of_the_wrong_shape_is_named_damaged(tmp_path):
     from reproduce.runs.records import DamagedRecord, read_record
     from reproduce.runs.schema import problems

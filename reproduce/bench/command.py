@@ -16,7 +16,7 @@ from reproduce.bench.decoding import bench_decoding
 from reproduce.bench.inputs import BIBLE_VOCAB, OTHER, PLANS, Bible, Plan, real_tokens, synthetic_batches
 from reproduce.bench.report import environment, render
 from reproduce.bench.training import bench_training
-from reproduce.config import Config
+from reproduce.config import Config, parse_sets
 from reproduce.errors import ConfigError
 from reproduce.paper.model import Transformer
 from reproduce.runs.sweep import load_spec
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace, command: str) -> int:
     info["precision"] = (f"{precision} (asked: {args.precision})" if args.precision != precision
                          else precision)
     spec = load_spec("table3")
-    overrides = _overrides(args.set)
+    overrides = parse_sets(args.set)
     sections, ok = [], True
     bible = None
     for scale in args.scales:
@@ -97,19 +97,6 @@ def run(args: argparse.Namespace, command: str) -> int:
         indent=1) + "\n")
     print(f"wrote {out} and {raw}")
     return 0 if ok else 1
-
-
-def _overrides(items: list[str]) -> dict[str, Any]:
-    """``["N=2", "p_drop=0"]`` -> ``{"N": 2, "p_drop": 0}`` (values read as YAML scalars)."""
-    import yaml
-
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. N=2")
-        out[key] = yaml.safe_load(value)
-    return out
 
 
 def _decoding_setup(args, scale: str, config: Config, plan: Plan, bible: Bible | None):

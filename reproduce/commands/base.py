@@ -30,3 +30,10 @@ def positive_or_auto(value: str) -> int | str:
     if n < 1:
         raise argparse.ArgumentTypeError(f"expected a positive number or 'auto', got {value!r}")
     return n
+
+
+def add_results_option(parser: argparse.ArgumentParser) -> None:
+    """``--results DIR``, for the commands that read or write records (``paths.use_results``)."""
+    parser.add_argument("--results", metavar="DIR", help="records, tables and figures in DIR and "
+                        "runs in DIR/runs instead of the project's results/ and runs/ (your own "
+                        "sweep beside ours)")

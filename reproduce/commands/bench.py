@@ -28,8 +28,9 @@ class Bench(Command):
         b.add_argument("--compile", action="store_true", help="add our model under torch.compile")
         b.add_argument("--no-lightning", action="store_true",
                        help="skip the Lightning-loop contender")
-        b.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
-                       help="config overrides for every scale, e.g. N=2 (a quick look, or tests)")
+        b.add_argument("--set", nargs="+", default=[], metavar="SECTION.FIELD=VALUE",
+                       help="config values for every scale, as the table commands' --set, e.g. "
+                       "model.N=2 (a quick look, or tests)")
         b.add_argument("--seed", type=int, default=0)
         b.add_argument("--out", default="results/performance.md", help="the report (Markdown)")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from reproduce.commands.base import Command
+from reproduce.commands.base import Command, add_results_option
 from reproduce.runs.sweep import TABLES
 
 
@@ -18,6 +18,7 @@ class Publish(Command):
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--table", required=True, choices=sorted(TABLES))
         parser.add_argument("--scale", help="only the records of this scale")
+        add_results_option(parser)
 
     def run(self, args: argparse.Namespace, argv: list[str]) -> int:
         from reproduce.errors import ConfigError

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from reproduce.commands.base import Command
+from reproduce.commands.base import Command, add_results_option
 
 
 class Status(Command):
@@ -14,6 +14,7 @@ class Status(Command):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--all", action="store_true", help="also list the missing runs")
+        add_results_option(parser)
 
     def run(self, args: argparse.Namespace, argv: list[str]) -> int:
         from reproduce.paths import results_dir, runs_dir

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from reproduce.commands.base import Command, positive_or_auto
+from reproduce.commands.base import Command, add_results_option, positive_or_auto
 from reproduce.config import ACCELERATORS
 
 
@@ -55,14 +55,22 @@ class Table(Command):
                        "study (default 10, at least 1); running again resumes the same study")
         t.add_argument("--storage", help="with --tune: an optuna storage URL shared by workers "
                        "(default: sqlite:///runs/optuna.db)")
+        t.add_argument("--set", nargs="+", default=[], metavar="SECTION.FIELD=VALUE",
+                       help="config values for every run, over the spec and scale, e.g. "
+                       "train.warmup_steps=8000 decode.beam=8 (checked as a spec is; not what a "
+                       "chosen row varies); recorded. Needs --results DIR in a checkout")
+        add_results_option(t)
 
     def run(self, args: argparse.Namespace, argv: list[str]) -> int:
-        from reproduce.runs.sweep import load_spec
+        from reproduce.runs.sweep import load_spec, sets_line, with_sets
         from reproduce.util.machine import default_scale
 
         spec = load_spec(args.spec or self.name, kind=self.name)
         scale = args.scale or default_scale()
+        sets = _sets(args.set)
         runs = self.planned(spec, scale, args)
+        set_line = sets_line(runs, sets) if sets else ""
+        runs = with_sets(runs, spec, sets)
         tuning = spec.search_space(scale) if args.tune else None
         if tuning:
             from reproduce.train.tuning import check_trials
@@ -71,6 +79,8 @@ class Table(Command):
               f"{'' if args.scale else ' (default for this machine; --scale to change)'}: "
               f"{spec.scale(scale).about}")
         _overridden_line(spec, scale)
+        if set_line:
+            print(set_line)
         todo = self.announce(spec, runs, args, tuning)
         _train_and_render(args, argv, spec, todo, scale, tuning, self.report)
         return 0
@@ -168,6 +178,20 @@ class Table4(Table):
                 f"{m['train_seconds']:.0f} s training")
 
 
+def _sets(items: list[str]) -> dict:
+    """``--set``, parsed and checked; refused where its records would land among the project's
+    own (a checkout's results/): a run with other settings is another run."""
+    from reproduce import paths
+    from reproduce.config import parse_sets
+    from reproduce.errors import ConfigError
+
+    sets = parse_sets(items)
+    if sets and paths.REPO is not None and paths.results_dir() == paths.REPO / "results":
+        raise ConfigError("--set changes what the runs are: keep their records apart from the "
+                          "project's with --results DIR (e.g. --results my-results)")
+    return sets
+
+
 def _print_params(table: str, vocab_size: int, as_json: bool) -> None:
     import json
 
@@ -225,13 +249,14 @@ def _train_and_render(args: argparse.Namespace, argv: list[str], spec, runs: lis
         print_plan(spec, runs, layout, args.on, args.devices, args.workers)
         return
     from reproduce.plan import workers
-    from reproduce.runs.records import recorded_command
+    from reproduce.runs.records import plan_state, recorded_command
     from reproduce.train import runner
     from reproduce.train.tuning import tune
     from reproduce.util.logs import quiet_libraries
 
     quiet_libraries()
     command = recorded_command(argv)
+    recorded = runs and all(plan_state(run) == "done" for run in runs)
     try:
         n = args.workers
         if n == "auto":
@@ -259,6 +284,8 @@ def _train_and_render(args: argparse.Namespace, argv: list[str], spec, runs: lis
     finally:
         if not workers.is_worker():  # workers leave the table to the process that started them
             render(spec, out, log=log)
+    if recorded:
+        _nothing_trained(spec, runs, argv)
 
 
 def _submit(args: argparse.Namespace, argv: list[str], spec, runs: list, scale: str) -> None:
@@ -288,3 +315,20 @@ def _submit(args: argparse.Namespace, argv: list[str], spec, runs: list, scale: 
     for run, job in zip(todo, jobs, strict=True):
         print(f"  {run.run_id}: job {job.job_id}")
 
+
+
+def _nothing_trained(spec, runs: list, argv: list[str]) -> None:
+    """The last lines of a command whose runs all had records: say so, and how to train them
+    yourself (a fresh clone holds the project's committed records) or re-run one and compare."""
+    from reproduce.paths import results_dir
+    from reproduce.runs.records import record_path
+
+    folder = os.path.relpath(results_dir())
+    print(f"All {len(runs)} run(s) already had a record in {folder}/: nothing was trained "
+          "(a fresh clone holds the project's committed records; a record is never redone).")
+    if "--results" not in argv:
+        print("  to train them yourself, beside ours: python -m reproduce "
+              + " ".join(argv + ["--results", "my-results"]))
+    example = os.path.relpath(record_path(runs[0]))
+    print(f"  to re-run one from nothing and compare with its record: python -m reproduce verify "
+          f"{example}")

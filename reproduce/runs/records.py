@@ -25,7 +25,7 @@ import torch
 
 from reproduce.config import Config
 from reproduce.errors import ConfigError
-from reproduce.paths import results_dir
+from reproduce.paths import results_dir, runs_dir
 from reproduce.runs.checkpoints import newest_readable
 from reproduce.runs.schema import Record, problems
 from reproduce.runs.sweep import PlannedRun
@@ -247,3 +247,32 @@ def recorded_command(argv: Sequence[str]) -> str:
     """The command a record stores: the user's, also when a worker of ``--workers`` made it."""
     return mask(os.environ.get(COMMAND_ENV) or "python -m reproduce " + " ".join(argv))
 
+
+def wandb_folder(where: Path) -> str:
+    """A run's W&B folder as its record keeps it: ``runs/<table>/<run>/wandb/...``, relative to
+    the runs root (``paths.runs_dir``), so the record reads the same on any machine; absolute
+    only for a folder outside it."""
+    where = Path(where).resolve()
+    root = runs_dir().resolve()
+    return str("runs" / where.relative_to(root)) if where.is_relative_to(root) else str(where)
+
+
+def migrate(results: Path) -> list[str]:
+    """Bring every record under ``results`` to what records now keep, in place (atomically),
+    changing nothing else: a W&B folder recorded as an absolute path (older runs, and runs made
+    with another runs root) becomes relative to the runs root, from its last ``runs/``. Records
+    set aside as superseded are kept history and migrated too; damaged ones are not read.
+    Returns a line per record changed."""
+    changed = []
+    for path in sorted(p for p in results.rglob("*.json") if DAMAGED not in p.parts):
+        try:
+            record = read_record(path)
+        except DamagedRecord:
+            continue  # the sweep commands set it aside and redo its run
+        folder = (record or {}).get("wandb", {}).get("dir")
+        if not folder or not Path(folder).is_absolute() or "/runs/" not in folder:
+            continue
+        record["wandb"]["dir"] = "runs/" + folder.rsplit("/runs/", 1)[1]
+        write_record(path, record)
+        changed.append(f"{path}: wandb.dir {folder} -> {record['wandb']['dir']}")
+    return changed

@@ -78,10 +78,12 @@ class Cost(TypedDict, total=False):
 
 
 class Commit(TypedDict, total=False):
-    sha: str | None
+    """The code that made a record (``util.machine.commit``). A copied tree that named its commit
+    also has the key "from" (``util.machine.COMMIT_ENV``; a keyword, so not declared here)."""
+
+    sha: str | None  # None: not run from a git checkout
     dirty: bool
-    # set when a copied tree named its commit (util.machine.COMMIT_ENV)
-    # "from": COMMIT_ENV -- a keyword, so not declared here
+    version: str  # the package's (reproduce.__version__); older records lack it
 
 
 class TrainedBy(TypedDict):
@@ -133,6 +135,7 @@ class Record(_Required, total=False):
     trained_by: TrainedBy  # set when the training is another run's (runs.sharing)
     evaluated_on: dict[str, Any]
     tuning: dict[str, Any]  # how --tune chose the settings
+    set: dict[str, Any]  # --set on the command line, over the spec and scale
 
 
 REQUIRED = tuple(sorted(Record.__required_keys__))

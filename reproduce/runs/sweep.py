@@ -85,6 +85,7 @@ class PlannedRun:
     # The model whose timed step decides `precision: auto` on a CPU: the spec's base at this scale,
     # so every variant of a table trains in one precision (None: the run's own config).
     precision_from: Config | None = None
+    sets: dict[str, Any] = field(default_factory=dict)  # --set on the command line (with_sets)
 
     @property
     def run_id(self) -> str:
@@ -467,3 +468,30 @@ def with_data(run: PlannedRun, data_dir: str | None = None,
         return run
     tag = "-".join(t for t in (run.tag, "ptb" if data_dir else "") if t)
     return replace(run, config=run.config.overrides(**overrides), tag=tag)
+
+
+def with_sets(runs: list[PlannedRun], spec: Spec, sets: dict[str, Any]) -> list[PlannedRun]:
+    """``runs`` with the command line's ``--set`` values (``config.parse_sets``) on top of the
+    spec and scale. A key one of the runs' rows varies is refused: it is what the row compares."""
+    if not sets:
+        return runs
+    for run in runs:
+        varied = sorted(set(sets) & set(spec.variants[run.variant].overrides))
+        if varied:
+            row = spec.row_of(run.variant)
+            own = ", ".join(f"{k}={spec.variants[run.variant].overrides[k]}" for k in varied)
+            raise ConfigError(f"--set {', '.join(varied)}: row {row} varies it ({run.variant} "
+                              f"sets {own}); leave it to the row, or choose other rows")
+    return [replace(run, config=run.config.overrides(**sets), sets=dict(sets)) for run in runs]
+
+
+def sets_line(runs: list[PlannedRun], sets: dict[str, Any]) -> str:
+    """The plan's line for ``--set``, from the runs before it applies: each key's value in the
+    spec and scale (several: they differ between runs) and the value set."""
+    from reproduce.config import FIELDS
+
+    def was(key: str) -> str:
+        values = sorted({repr(getattr(getattr(r.config, FIELDS[key][0]), key)) for r in runs})
+        return values[0] if len(values) == 1 else "/".join(values)
+    return "  --set, for every run: " + ", ".join(f"{k} {was(k)} -> {v!r}" for k, v in sets.items()) \
+        + " (recorded as `set`)"

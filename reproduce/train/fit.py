@@ -24,8 +24,9 @@ from reproduce.data import is_treebank, load_pairs, local_files, tokenizer_name,
 from reproduce.data.module import TranslationData
 from reproduce.paper.optim import accumulation
 from reproduce.paper.tokenizer import train_tokenizer
-from reproduce.paths import REPO, cache_dir
+from reproduce.paths import cache_dir
 from reproduce.runs import checkpoints
+from reproduce.runs.records import wandb_folder
 from reproduce.runs.sweep import PlannedRun
 from reproduce.train import devices
 from reproduce.train.devices import ONE_DEVICE, Layout
@@ -271,10 +272,8 @@ def finish_wandb(logger, metrics: dict[str, Any]) -> dict[str, Any]:
     experiment = logger.experiment
     for key, value in metrics.items():
         experiment.summary[f"final/{key}"] = value
-    where = Path(experiment.dir).resolve()
-    # Relative to the project when inside it: the record is read on other machines.
     info = {"id": experiment.id, "mode": "offline" if experiment.offline else "online",
-            "dir": str(where.relative_to(REPO)) if where.is_relative_to(REPO) else str(where),
+            "dir": wandb_folder(Path(experiment.dir)),
             "url": None if experiment.offline else experiment.url}
     experiment.finish()
     return info

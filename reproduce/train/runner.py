@@ -158,6 +158,8 @@ def run_here(run: PlannedRun, split: str, command: str, work: Path,
         fields, trained = training_fields(donor)
         record.update(fields, trained_by=donor.describe(), evaluated_on=hardware())
         record["metrics"].update(trained)
+    if run.sets:  # --set on the command line, over the spec and scale
+        record["set"] = run.sets
     record.update(extra or {})
     path = record_path(run)
     if trainer.is_global_zero:  # one record per run, however many processes trained it

@@ -56,7 +56,7 @@ def _run_of(record: dict[str, Any], config: Config) -> PlannedRun:
     tag = record["run_id"][len(prefix) + 1:] if record["run_id"] != prefix else ""
     return PlannedRun(record["table"], record["row"], record["variant"], record["scale"],
                       record["seed"], config, record.get("paper", {}), tag=tag,
-                      overridden=record.get("scale_overrode", {}))
+                      overridden=record.get("scale_overrode", {}), sets=record.get("set", {}))
 
 
 def _spec_line(record: dict[str, Any]) -> str:

@@ -58,20 +58,32 @@ COMMIT_ENV = "REPRODUCE_COMMIT"
 
 
 def commit() -> dict[str, Any]:
+    """The code a record was made with: the package's version and the commit of the checkout it
+    ran from (an installed package: of the current folder, where that is a git checkout; else
+    None), dirty when tracked files other than results/ differ from it."""
+    from reproduce import __version__
+
+    where = paths.REPO or Path.cwd()
+
     def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=paths.REPO, capture_output=True, text=True,
-                              check=False).stdout.strip()
+        try:
+            return subprocess.run(["git", *args], cwd=where, capture_output=True, text=True,
+                                  check=False).stdout.strip()
+        except OSError:  # no git on this machine
+            return ""
     if os.environ.get(COMMIT_ENV):
         # a copy of the tree carried to an offline machine names its commit: it may have no .git,
         # or one whose HEAD lags behind the tree it holds
         named, _, dirty = os.environ[COMMIT_ENV].partition(" ")
-        return {"sha": named, "dirty": dirty == "dirty", "from": COMMIT_ENV}
+        return {"sha": named, "dirty": dirty == "dirty", "from": COMMIT_ENV,
+                "version": __version__}
     sha = git("rev-parse", "HEAD")
     # results/ is what runs write (records, rendered tables): a sweep's own output there is no
     # change to the code that made a record, so it does not make the tree dirty.
     return {"sha": sha or None,
-            "dirty": bool(git("status", "--porcelain", "--untracked-files=no", "--", ".",
-                              ":(exclude)results"))}
+            "dirty": bool(sha) and bool(git("status", "--porcelain", "--untracked-files=no", "--",
+                                            ".", ":(exclude)results")),
+            "version": __version__}
 
 
 def hardware() -> dict[str, Any]:
