@@ -93,3 +93,25 @@ def test_own_results_and_set_values_stay_apart_from_the_projects(tmp_path):
                 "--set", "train.warmup_steps=5", "decode.beam=2")
     assert "All 1 run(s) already had a record in" in again.stdout
     assert "python -m reproduce verify" in again.stdout
+
+
+@pytest.mark.parametrize("spec, table, variants", [
+    ("local_corpus", "local-tiny", ["N2", "N8", "base"]),
+    ("attention_dropout", "attention-dropout", ["P1", "P3", "base"]),
+])
+def test_the_example_specs_run_at_smoke_scale(tmp_path, spec, table, variants):
+    # run from the repository root, as docs/specs.md says (local_corpus's data_dir is relative)
+    out = subprocess.run([sys.executable, "-m", "reproduce", "table3", "--spec",
+                          f"sweeps/examples/{spec}.yaml", "--scale", "smoke", "--results",
+                          str(tmp_path / "mine"), "--workers", "1"], cwd=paths.REPO,
+                         env=_own_env(tmp_path), capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    mine = tmp_path / "mine"
+    assert sorted(p.stem for p in (mine / table).glob("*.json")) == [
+        f"{table}-{v}-smoke-seed0" for v in variants]
+    page = (mine / f"{table}.md").read_text()
+    assert f"`results/{table}/`" in page and (mine / f"{table}-smoke.png").is_file()
+    if spec == "local_corpus":
+        record = json.loads((mine / table / f"{table}-base-smoke-seed0.json").read_text())
+        assert record["data"]["corpus"] == "local-en-de"
+        assert set(record["data"]["files"]) == {"train", "dev", "test"}

@@ -205,14 +205,15 @@ def test_time_left_estimates_fp32_steps_where_the_finished_runs_trained_in_fp32(
 
 
 def test_a_copied_tree_names_its_commit_by_the_environment(tmp_path, monkeypatch):
-    from reproduce import paths
+    from reproduce import __version__, paths
     from reproduce.util import machine
 
     monkeypatch.setattr(paths, "REPO", tmp_path)  # no .git here
     monkeypatch.delenv(machine.COMMIT_ENV, raising=False)
     assert machine.commit()["sha"] is None
     monkeypatch.setenv(machine.COMMIT_ENV, "abc123 dirty")
-    assert machine.commit() == {"sha": "abc123", "dirty": True, "from": machine.COMMIT_ENV}
+    assert machine.commit() == {"sha": "abc123", "dirty": True, "from": machine.COMMIT_ENV,
+                                "version": __version__}
     monkeypatch.setenv(machine.COMMIT_ENV, "abc123")
     assert machine.commit()["dirty"] is False
     monkeypatch.undo()  # this project's .git, and the environment still names another commit

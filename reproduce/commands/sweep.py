@@ -256,7 +256,8 @@ def _train_and_render(args: argparse.Namespace, argv: list[str], spec, runs: lis
 
     quiet_libraries()
     command = recorded_command(argv)
-    recorded = runs and all(plan_state(run) == "done" for run in runs)
+    planned = list(runs)  # workers take runs over; the closing lines speak of all of them
+    recorded = bool(runs) and all(plan_state(run) == "done" for run in runs)
     try:
         n = args.workers
         if n == "auto":
@@ -284,8 +285,8 @@ def _train_and_render(args: argparse.Namespace, argv: list[str], spec, runs: lis
     finally:
         if not workers.is_worker():  # workers leave the table to the process that started them
             render(spec, out, log=log)
-    if recorded:
-        _nothing_trained(spec, runs, argv)
+    if recorded and not workers.is_worker():
+        _nothing_trained(spec, planned, argv)
 
 
 def _submit(args: argparse.Namespace, argv: list[str], spec, runs: list, scale: str) -> None:

@@ -30,7 +30,7 @@ def render_table2(spec: Spec, records: list[dict[str, Any]]) -> str:
     In the main table our BLEU is the paper's convention (tokenized, compound-split) and our cost
     the paper's method; sacreBLEU and the counted FLOPs sit in the details table, labelled."""
     lines = [f"# Table 2: {spec.caption}", "",
-             "Rendered by `python -m reproduce table2` from the run records in `results/table2/`; "
+             f"Rendered by `python -m reproduce table2` from the run records in `results/{spec.table}/`; "
              "never edited by hand. Rows without *ours* are the paper's published figures as "
              "it cites them.", "",
              "| Model | BLEU EN-DE | BLEU EN-FR | Training cost EN-DE (FLOPs) | "

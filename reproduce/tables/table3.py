@@ -57,7 +57,7 @@ def render_table3(spec: Spec, records: list[dict[str, Any]]) -> str:
     """The paper's Table 3 with our PPL, BLEU and params beside its own, one table per scale."""
     lines = [f"# Table 3: {spec.caption}", "",
              "Rendered by `python -m reproduce table3` from the run records in "
-             "`results/table3/`; never edited by hand. *paper* columns are the paper's published "
+             f"`results/{spec.table}/`; never edited by hand. *paper* columns are the paper's published "
              "figures (EN-DE newstest2013 dev); *ours* come from our runs. Empty cells: no record.",
              ""]
     by_scale: dict[str, list[dict[str, Any]]] = defaultdict(list)

@@ -27,7 +27,7 @@ def render_table4(spec: Spec, records: list[dict[str, Any]]) -> str:
     """The paper's Table 4 (every cited parser, its training data and F1) with our rows under the
     paper's Transformer rows, then the details of our runs, by scale and treebank."""
     lines = [f"# Table 4: {spec.caption}", "",
-             "Rendered by `python -m reproduce table4` from the run records in `results/table4/`; "
+             f"Rendered by `python -m reproduce table4` from the run records in `results/{spec.table}/`; "
              "never edited by hand. Rows without *ours* are the published figures as the paper "
              "cites them (WSJ section 23).", "",
              "| Parser | Training | WSJ 23 F1 |", "|---|---|---|"]
