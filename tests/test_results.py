@@ -344,3 +344,27 @@ def test_the_corpus_line_says_how_many_training_pairs_were_used_and_how_taken():
         "Training pairs used: 2000, 14522, 29043 (every 2nd pair; the first 2000 of the training "
         "split).")
     assert "Training pairs" not in corpus_note([record("A3")])  # older records: not said
+
+
+def test_the_front_page_quotes_the_committed_records():
+    # README's results are rendered from results/ (tables.summary), never typed: a record that
+    # changes without a re-render fails here
+    import re
+
+    from reproduce import paths
+    from reproduce.tables.summary import END, START, summary
+
+    readme = (paths.REPO / "README.md").read_text()
+    block = re.search(re.escape(START) + "\n(.*)\n" + re.escape(END), readme, flags=re.S)
+    assert block and block.group(1) == summary(paths.REPO / "results")
+    assert "| A | A1: h 1, d_k 512, d_v 512 |" in block.group(1)
+    assert len(readme.splitlines()) <= 130  # a front page; details live in docs/
+
+
+def test_verify_says_when_a_record_keeps_no_hypotheses():
+    from reproduce.train.verify import _without_outputs
+
+    kept = {"bleu": {"dev": {"outputs": {"hypotheses": "x"}}, "test": {"outputs": {"h": "y"}}}}
+    assert _without_outputs(kept) == ""
+    assert _without_outputs({"evalb": {}}) == ""  # parsing: no BLEU to recompute
+    assert "keeps no hypotheses" in _without_outputs({"bleu": {"dev": {}, "test": {}}})

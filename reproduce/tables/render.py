@@ -6,12 +6,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from reproduce import paths
 from reproduce.paths import results_dir, runs_dir
 from reproduce.runs.records import load_records
 from reproduce.runs.sweep import Spec
 from reproduce.tables import RENDERERS
 from reproduce.tables.dashboard import log_table
 from reproduce.tables.figures import plot_table
+from reproduce.tables.summary import update_readme
 from reproduce.util.tracking import wandb_mode
 
 
@@ -32,4 +34,9 @@ def render(spec: Spec, out: Path, log: bool) -> list[str]:
         if figures and log and wandb_mode() != "disabled":
             where = log_table(spec, records, out, figures, runs_dir() / spec.table / "tables")
             print(f"logged the table to W&B ({where['mode']}, {where['dir']})")
+    if paths.REPO is not None and results_dir() == paths.REPO / "results" \
+            and spec.table in ("table2", "table3") and spec.path.parent == paths.SWEEPS:
+        # the front page quotes the project's own results of the shipped Tables 2 and 3
+        if update_readme(paths.REPO / "README.md", results_dir()):
+            print(f"updated the results in {paths.REPO / 'README.md'}")
     return damaged

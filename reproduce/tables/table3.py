@@ -71,7 +71,7 @@ def render_table3(spec: Spec, records: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _configuration(spec: Spec, variant: str) -> str:
+def configuration(spec: Spec, variant: str) -> str:
     """The paper's settings of a variant as one cell (at the paper's sizes): all of base's, only
     what a variant changes otherwise (the paper's layout: unlisted values equal base)."""
     headers = [h for h, _, _ in SHAPE_COLUMNS]
@@ -108,7 +108,7 @@ def _scale_table(spec: Spec, scale: str, records: list[dict[str, Any]]) -> list[
                 tally[v.metric][v.verdict] += name != "base"
             delta = ["" if name == "base" else f"{v.paper_cell or '–'} / {v.ours_cell or '–'}"
                      for v in verdicts]
-            cells = [label, _configuration(spec, name), fmt(paper.get("ppl"), 2),
+            cells = [label, configuration(spec, name), fmt(paper.get("ppl"), 2),
                      mean_std(metric[0], 2), delta[0], fmt(paper.get("bleu")),
                      mean_std(metric[1], 1), delta[1],
                      "" if name == "base" else "; ".join(v.verdict for v in verdicts)]

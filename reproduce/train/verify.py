@@ -151,6 +151,8 @@ def verify(path: Path, steps: int | None = None, scratch: Path | None = None) ->
           f"{f'the first {steps} steps' if steps else 'all of it'}, precision "
           f"{record['precision']}, {torch.get_num_threads()} thread(s)")
     print(_spec_line(record))
+    if kept := _without_outputs(record):
+        print(kept)
     try:
         with _scratch(folder):
             if steps is None:
@@ -184,6 +186,17 @@ def verify(path: Path, steps: int | None = None, scratch: Path | None = None) ->
                                           + "; ".join(reasons) if reasons else
                                           "Nothing recorded about code or machine differs."))
     return 1
+
+
+def _without_outputs(record: dict[str, Any]) -> str:
+    """The line for a translation record made before every hypothesis was kept beside records:
+    its BLEU cannot be recomputed from files, and this re-run writes them."""
+    bleu = record.get("bleu") or {}
+    if not bleu or all(split.get("outputs") for split in bleu.values()):
+        return ""
+    return ("this record keeps no hypotheses (made before outputs were kept beside records): "
+            "its BLEU cannot be recomputed from files; a full re-run writes them in the scratch "
+            "folder's results/")
 
 
 def _cadence(points: list[list[float]]) -> int | None:

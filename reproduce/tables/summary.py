@@ -1,0 +1,59 @@
+"""The front page's results: a compact Table 3 (each variant's change from base, the paper's
+beside ours, and the verdict) and Table 2's BLEU, rendered from the records at the `cpu` scale
+into README.md between two markers, so the page never quotes a number no record holds."""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from pathlib import Path
+
+from reproduce.runs.records import load_records
+from reproduce.runs.sweep import load_spec
+from reproduce.tables.table3 import compare_to_base, configuration
+
+START, END = "<!-- results: start -->", "<!-- results: end -->"
+SCALE = "cpu"
+
+
+def summary(results: Path) -> str:
+    """The block: Table 3's changes, then Table 2's BLEU, at ``SCALE``, from ``results``."""
+    spec = load_spec("table3")
+    runs: dict[str, list] = defaultdict(list)
+    for r in load_records("table3", results, move=False):
+        if r["scale"] == SCALE:
+            runs[r["variant"]].append(r)
+    lines = [f"Table 3 at `{SCALE}` (rendered from `results/table3/` by `python -m reproduce "
+             "table3 --render`; dev set, change from base, ours with the 95% interval of the "
+             "difference):", "",
+             "| row | variant (paper's sizes) | ΔPPL paper | ΔPPL ours | ΔBLEU paper | "
+             "ΔBLEU ours | verdict PPL; BLEU | seeds |",
+             "|---|---|---|---|---|---|---|---|"]
+    for row, names in spec.rows_at(SCALE).items():
+        for name in (n for n in names if runs.get(n)):
+            ppl, bleu = (compare_to_base(spec, runs, name, key, paper_key)
+                         for key, paper_key in (("dev_ppl", "ppl"), ("dev_bleu", "bleu")))
+            lines.append(f"| {row} | {name}: {configuration(spec, name)} | {ppl.paper_cell or '–'} "
+                         f"| {ppl.ours_cell} | {bleu.paper_cell or '–'} | {bleu.ours_cell} | "
+                         f"{ppl.verdict}; {bleu.verdict} | {len(runs[name])} |")
+    table2 = load_spec("table2")
+    bleu = {r["variant"]: r["metrics"].get("test_bleu_tokenized")
+            for r in load_records("table2", results, move=False) if r["scale"] == SCALE}
+    cells = [f"{name} {table2.variants[name].paper.get('bleu')} / "
+             + (f"{bleu[name]:.2f}" if bleu.get(name) is not None else "not yet")
+             for name in table2.variants]
+    lines += ["", f"Table 2 at `{SCALE}`, test BLEU paper / ours (the paper's tokenized "
+              "convention; `results/table2.md`): " + "; ".join(cells) + "."]
+    return "\n".join(lines)
+
+
+def update_readme(readme: Path, results: Path) -> bool:
+    """Rewrite the block between the markers of ``readme`` from ``results``; whether it changed."""
+    text = readme.read_text()
+    pattern = re.compile(re.escape(START) + ".*?" + re.escape(END), flags=re.S)
+    if not pattern.search(text):
+        return False
+    new = pattern.sub(lambda _: f"{START}\n{summary(results)}\n{END}", text)
+    if new != text:
+        readme.write_text(new)
+    return new != text
