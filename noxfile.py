@@ -3,7 +3,8 @@
 import nox
 
 nox.options.sessions = ["lint", "tests"]
-# CPU build of torch; with no pin pip pulls a multi-GB CUDA build (see README).
+# The CPU build of torch on the project's machines (a local wheel folder serves it); elsewhere
+# install torch from PyTorch's CPU index first (README), or pip pulls a multi-GB CUDA build.
 TORCH = "torch==2.13.0"
 
 
