@@ -51,3 +51,25 @@ def test_local_executor_runs_the_job_and_a_second_submission_skips_it(tmp_path, 
     assert record["command"] == "python -m reproduce test"
     (again,) = launch.submit(executor, str(spec.path), runs, spec.split, "python -m reproduce test")
     assert again.result() == "table3-A3-smoke-seed0: finished earlier"
+
+
+def test_set_values_travel_with_each_array_task():
+    import contextlib
+
+    from reproduce.runs.sweep import with_sets
+
+    spec = load_spec("table3")
+    runs = with_sets(spec.plan(["A3"], "smoke", [0]), spec, {"warmup_steps": 5})
+    submitted = []
+
+    class Executor:
+        def batch(self):
+            return contextlib.nullcontext()
+
+        def submit(self, fn, *args):
+            submitted.append((fn, args))
+            return args
+
+    launch.submit(Executor(), str(spec.path), runs, spec.split, "python -m reproduce test")
+    [(fn, args)] = submitted
+    assert fn is launch.run_one and args[-1] == {"warmup_steps": 5}

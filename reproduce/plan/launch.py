@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from reproduce.runs.records import finished
-from reproduce.runs.sweep import PlannedRun, load_spec
+from reproduce.runs.sweep import PlannedRun, load_spec, with_sets
 from reproduce.train.devices import Layout
 from reproduce.train.runner import execute
 from reproduce.util.logs import quiet_libraries
@@ -47,12 +47,13 @@ def resources(scale: str, gpus: int | None = None, train_steps: int | None = Non
 
 
 def run_one(spec_path: str, variant: str, scale: str, seed: int, split: str, command: str,
-            devices: int = 1) -> str:
+            devices: int = 1, sets: dict[str, Any] | None = None) -> str:
     """The body of one array task (one of ``devices`` tasks, one per device, on a multi-device run):
-    plan the run afresh from the spec and execute it."""
+    plan the run afresh from the spec (with the command's ``--set`` values) and execute it."""
 
     quiet_libraries()
-    run = load_spec(spec_path).plan([variant], scale, [seed])[-1]
+    spec = load_spec(spec_path)
+    run = with_sets(spec.plan([variant], scale, [seed])[-1:], spec, sets or {})[0]
     if finished(run) is not None:
         return f"{run.run_id}: finished earlier"
     layout = Layout("gpu" if torch.cuda.is_available() else "cpu", devices)
@@ -123,7 +124,8 @@ def submit(executor, spec_path: str, runs: list[PlannedRun], split: str, command
            gpus: int | None = None) -> list:
     """One job per run (an array on SLURM); returns the submitit jobs."""
     args = [(spec_path, r.variant, r.scale, r.seed, split, command,
-             resources(r.scale, gpus, r.config.train.train_steps)["tasks_per_node"]) for r in runs]
+             resources(r.scale, gpus, r.config.train.train_steps)["tasks_per_node"], r.sets)
+            for r in runs]
     with executor.batch():
         jobs = [executor.submit(run_one, *a) for a in args]
     return jobs
