@@ -12,6 +12,7 @@ field names are unique across sections so a flat key always names one field.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
@@ -252,6 +253,9 @@ def apply_overrides(config: Config, overrides: dict[str, Any]) -> Config:
     )
 
 
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+")
+
+
 def parse_sets(items: list[str], flag: str = "--set") -> dict[str, Any]:
     """``--set`` on the command line: ``["train.warmup_steps=8000", "beam=8"]`` ->
     ``{"warmup_steps": 8000, "beam": 8}``. Keys are a config field, with or without its section;
@@ -265,6 +269,8 @@ def parse_sets(items: list[str], flag: str = "--set") -> dict[str, Any]:
             raise ConfigError(f"{flag} {item!r}: expected SECTION.FIELD=VALUE, e.g. "
                               "train.warmup_steps=8000 (or FIELD=VALUE)")
         value = yaml.safe_load(text)
+        if isinstance(value, str) and _NUMBER.fullmatch(value):  # YAML 1.1 reads 1e12 as text
+            value = float(value)
         apply_overrides(BASE_FOR_CHECKS, {key: value})  # unknown key or wrong type: one line
         out[key.split(".", 1)[-1]] = value
     return out

@@ -25,3 +25,14 @@ class DamagedRecords(Exception):
 
 class RankFailure(RuntimeError):
     """A multi-device run stopped because one of its ranks failed or was killed."""
+
+
+class Diverged(RuntimeError):
+    """A run's training loss turned non-finite: it stops there, with nothing evaluated or
+    recorded (``train.divergence``)."""
+
+    def __init__(self, run_id: str, step: int, last_finite: float | None):
+        self.run_id, self.step, self.last_finite = run_id, step, last_finite
+        last = f"{last_finite:.4g}" if last_finite is not None else "none"
+        super().__init__(f"{run_id}: diverged: the training loss is not finite by step {step} "
+                         f"(last finite loss {last})")

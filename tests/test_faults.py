@@ -308,3 +308,27 @@ def test_verify_reruns_a_record_in_scratch_and_finds_the_same_numbers(tmp_path, 
     assert out.returncode == 1
     assert "NOT the recorded numbers" in out.stdout
     assert re.search(r"1 differ \(first: train_loss at step 2: [\d.]+ recorded", out.stdout)
+
+
+def test_a_diverged_run_stops_is_not_recorded_and_is_not_trained_again_blindly(tmp_path):
+    # an absurd learning rate (over the scale's): the loss is not finite within a few steps
+    spec = _spec(tmp_path / "mine.yaml")
+    env = _env(tmp_path)
+    args = ("table3", "--spec", str(spec), "--scale", "smoke", "--workers", "1", "--set",
+            "train.lr_scale=1e12")
+    first = cli(env, *args, check=False)
+    assert first.returncode == 1, first.stdout + first.stderr
+    assert f"{RUN}: diverged at step " in first.stdout
+    assert "last finite loss" in first.stdout
+    work = tmp_path / "runs" / "mine" / RUN
+    marker = json.loads((work / "diverged.json").read_text())
+    assert marker["step"] < 10 and marker["config"]["train"]["lr_scale"] == 1.0e12
+    assert not (tmp_path / "results" / "mine" / f"{RUN}.json").exists()
+    assert not list(work.rglob("*.ckpt"))  # no checkpoint of a diverged model
+    again = cli(env, *args, check=False)
+    assert again.returncode == 1 and "with this config: not trained again" in again.stdout
+    assert "Change a nuisance setting" in again.stdout
+    # another learning rate is another config: it trains, and the old marker is kept aside
+    cli(env, *args[:-1], "train.lr_scale=0.1")
+    assert _record(tmp_path)["metrics"]["train_steps"] == 30
+    assert not (work / "diverged.json").exists() and list(work.glob("diverged-*.json"))

@@ -82,8 +82,7 @@ class Table(Command):
         if set_line:
             print(set_line)
         todo = self.announce(spec, runs, args, tuning)
-        _train_and_render(args, argv, spec, todo, scale, tuning, self.report)
-        return 0
+        return 1 if _train_and_render(args, argv, spec, todo, scale, tuning, self.report) else 0
 
     def planned(self, spec, scale: str, args: argparse.Namespace) -> list:
         return spec.plan(spec.select(args.row, args.variant, scale), scale, args.seeds)
@@ -224,10 +223,10 @@ def _overridden_line(spec, scale: str) -> None:
 
 
 def _train_and_render(args: argparse.Namespace, argv: list[str], spec, runs: list, scale: str,
-                      tuning, report) -> None:
+                      tuning, report) -> bool:
     """Train ``runs`` (tuned first with ``tuning``), here or in ``--workers`` processes, then render
     the table from the records; ``--render`` only renders, ``--dry-run`` only estimates and
-    ``--launcher slurm`` submits instead."""
+    ``--launcher slurm`` submits instead. Whether a run failed (diverged)."""
     from reproduce.errors import DamagedRecords
     from reproduce.paths import results_dir
     from reproduce.tables.render import render
@@ -240,14 +239,14 @@ def _train_and_render(args: argparse.Namespace, argv: list[str], spec, runs: lis
         if render(spec, out, log=log):
             raise DamagedRecords(f"{spec.table}: damaged record(s) set aside (above); the table "
                                  "shows the rest; the sweep command redoes their runs")
-        return
+        return False
     if args.launcher == "slurm":
         _submit(args, argv, spec, runs, scale)
-        return
+        return False
     if args.dry_run:
         from reproduce.plan.dry_run import print_plan
         print_plan(spec, runs, layout, args.on, args.devices, args.workers)
-        return
+        return False
     from reproduce.plan import workers
     from reproduce.runs.records import plan_state, recorded_command
     from reproduce.train import runner
@@ -257,6 +256,7 @@ def _train_and_render(args: argparse.Namespace, argv: list[str], spec, runs: lis
     quiet_libraries()
     command = recorded_command(argv)
     planned = list(runs)  # workers take runs over; the closing lines speak of all of them
+    failed = False
     recorded = bool(runs) and all(plan_state(run) == "done" for run in runs)
     try:
         n = args.workers
@@ -280,6 +280,7 @@ def _train_and_render(args: argparse.Namespace, argv: list[str], spec, runs: lis
             record = runner.execute(run, spec.split, command, extra, layout)
             if isinstance(record, str):  # not run now, and why
                 print(f"{run.run_id}: {record}")
+                failed |= isinstance(record, runner.Failed)
                 continue
             print(f"{run.run_id}: {report(record['metrics'])}")
     finally:
@@ -287,6 +288,7 @@ def _train_and_render(args: argparse.Namespace, argv: list[str], spec, runs: lis
             render(spec, out, log=log)
     if recorded and not workers.is_worker():
         _nothing_trained(spec, planned, argv)
+    return failed
 
 
 def _submit(args: argparse.Namespace, argv: list[str], spec, runs: list, scale: str) -> None:

@@ -30,6 +30,7 @@ from reproduce.runs.precisions import most_common, trained_in
 from reproduce.runs.records import device_hours, every_table_records, load_records, same_config
 from reproduce.runs.sharing import reuse_lines
 from reproduce.runs.sweep import load_spec, shipped_specs
+from reproduce.train.divergence import diverged_with
 from reproduce.util import machine
 
 
@@ -55,13 +56,15 @@ def table_status(table: str, results: Path, runs: Path,
             continue
         planned = spec.plan(spec.variants_at(scale), scale, sorted(seen[scale]))
         state: dict[str, list[str]] = {"done": [], "stale": [], "running": [], "stopped": [],
-                                       "missing": []}
+                                       "missing": [], "diverged": []}
         for run in planned:
             run_id = run.run_id
             if run_id in records and same_config(records[run_id].get("config"), run.config):
                 state["done"].append(run_id)
             elif run_id in records:  # made under settings since changed: to be redone
                 state["stale"].append(run_id)
+            elif run_id in folders and diverged_with(folders[run_id], run.config):
+                state["diverged"].append(run_id)  # not trained again with this config
             elif run_id in folders and holder(folders[run_id]) is not None:
                 state["running"].append(run_id)
             elif run_id in folders:
@@ -139,6 +142,8 @@ def report(results: Path, runs: Path, verbose: bool = False,
         for row in rows:
             counts = ", ".join(f"{len(row[k])} {k}" for k in ("done", "stale", "running", "stopped",
                                                               "missing"))
+            if row["diverged"]:
+                counts += f", {len(row['diverged'])} diverged"
             lines.append(f"{row['table']} at `{row['scale']}` (seeds {row['seeds']}): {counts}; "
                          f"spent {row['train_hours']:.2f} h training ({row['device_hours']:.2f} "
                          f"device-hours, {row['paper_method_flops']:.2g} FLOPs by the paper's "
@@ -151,6 +156,9 @@ def report(results: Path, runs: Path, verbose: bool = False,
                              f"({left['source']})")
             for run_id, why in row["blocked"].items():
                 lines.append(f"  waits    {run_id}: {why}")
+            for run_id in row["diverged"]:
+                lines.append(f"  diverged {run_id}: not trained again with this config "
+                             "(docs/records.md, diverged runs)")
             for key in ("stale", "running", "stopped") + (("missing",) if verbose else ()):
                 for run_id in row[key]:
                     if run_id in row["blocked"]:

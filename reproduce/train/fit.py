@@ -30,6 +30,7 @@ from reproduce.runs.records import wandb_folder
 from reproduce.runs.sweep import PlannedRun
 from reproduce.train import devices
 from reproduce.train.devices import ONE_DEVICE, Layout
+from reproduce.train.divergence import StopOnDivergence
 from reproduce.train.lit import TranslationModule
 from reproduce.util import machine
 from reproduce.util.files import write_atomic
@@ -84,6 +85,7 @@ def fit(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=(),
     c = run.config
     module = TranslationModule(c.to_dict())
     clock = TrainClock(every=0 if sys.stderr.isatty() else 50, curve_every=curve_every)
+    diverged = StopOnDivergence(run.run_id)
     if os.environ.get(machine.SHARE_ENV):  # a --workers worker on a CPU
         callbacks = [*callbacks, ShareCores()]
     every = ({"train_time_interval": timedelta(minutes=c.train.ckpt_every_minutes)}
@@ -96,7 +98,7 @@ def fit(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=(),
     trainer = pl.Trainer(
         max_steps=c.train.train_steps, max_epochs=-1, precision=precision,
         accelerator=layout.accelerator, devices=layout.devices, strategy=_strategy(layout),
-        logger=logger, callbacks=[ckpt, clock, *callbacks],
+        logger=logger, callbacks=[diverged, ckpt, clock, *callbacks],
         plugins=[AtomicCheckpointIO()],
         num_sanity_val_steps=0, log_every_n_steps=10, enable_model_summary=False,
         enable_progress_bar=sys.stderr.isatty(),
@@ -122,6 +124,7 @@ def fit(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=(),
     if trainer.interrupted or trainer.global_step < c.train.train_steps:
         raise RuntimeError(f"{run.run_id}: training stopped at step {trainer.global_step} of "
                            f"{c.train.train_steps}; run the command again to resume")
+    diverged.check(trainer)  # the last steps since the last read
     if resume_from is None:  # the final weights, so a crash below resumes at evaluation
         trainer.save_checkpoint(work / "checkpoints" / checkpoints.LAST)
     return trainer, module, clock, resumed, accumulate
@@ -159,6 +162,12 @@ class StepCheckpoint(pl.callbacks.ModelCheckpoint):
             self._after_validation = (outputs, batch, batch_idx)
             return
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    def _save_checkpoint(self, trainer, filepath: str) -> None:
+        for callback in trainer.callbacks:  # never a checkpoint of a diverged model
+            if isinstance(callback, StopOnDivergence):
+                callback.check(trainer)
+        super()._save_checkpoint(trainer, filepath)
 
     def on_validation_end(self, trainer, pl_module) -> None:
         super().on_validation_end(trainer, pl_module)

@@ -17,6 +17,7 @@ import pytorch_lightning as pl
 import torch
 
 from reproduce.config import Config
+from reproduce.errors import Diverged
 from reproduce.paper.flops import analytic_flops, gpu_tflops, paper_cost
 from reproduce.paper.model import count_parameters
 from reproduce.paths import runs_dir
@@ -27,7 +28,7 @@ from reproduce.runs.records import finished, load_record, record_path, retire_st
 from reproduce.runs.schema import SCHEMA_VERSION, Record
 from reproduce.runs.sharing import Donor, reuse, training_fields
 from reproduce.runs.sweep import PlannedRun
-from reproduce.train import devices
+from reproduce.train import devices, divergence
 from reproduce.train.devices import ONE_DEVICE, Layout
 from reproduce.train.evaluate import task_scores
 from reproduce.train.fit import build_data, finish_wandb, fit, local_data, wandb_logger
@@ -35,6 +36,11 @@ from reproduce.train.precision import choose_precision
 from reproduce.util.machine import commit, gpu_share, hardware, measured_tflops, share_cores
 
 log = logging.getLogger("reproduce")
+
+
+class Failed(str):
+    """Why a run was not recorded, where that is a failure the command's exit status reports
+    (a diverged run), not a skip (another worker has it, it waits for a twin)."""
 
 
 def execute(run: PlannedRun, split: str, command: str, extra: dict[str, Any] | None = None,
@@ -60,6 +66,8 @@ def execute(run: PlannedRun, split: str, command: str, extra: dict[str, Any] | N
             log.info("%s: finished by another worker (%s), skipped", run.run_id, path)
             return record
         retire_stale(run, work)
+        if why := divergence.refusal(work, run.config):
+            return Failed(why)
         reused = reuse(run) if steps_left(run) else None  # none once its own is done
         if isinstance(reused, Donor):  # its weights are trained: evaluate them here, on one device
             log.info("%s: the same training as %s (its checkpoints in %s); evaluating those",
@@ -74,7 +82,14 @@ def execute(run: PlannedRun, split: str, command: str, extra: dict[str, Any] | N
         if layout.devices > 1 and not devices.external_ranks():
             devices.train_on_ranks(run, split, command, work, extra, layout, precision)
             return load_record(path) or "its ranks ended without writing a record"
-        record = run_here(run, split, command, work, extra, layout, precision)
+        try:
+            record = run_here(run, split, command, work, extra, layout, precision)
+        except Diverged as e:  # nothing evaluated, nothing recorded; the marker stops a rerun
+            marker = divergence.write_marker(work, e, run.config.to_dict())
+            log.warning("%s; not evaluated, not recorded (%s)", e, marker)
+            return Failed(f"diverged at step {e.step}: not evaluated, not recorded; the same "
+                          "command will not train it again with this config (" + str(marker)
+                          + ")")
         return record if record is not None else "this rank's part is done; rank 0 records it"
 
 

@@ -24,7 +24,7 @@ import pytorch_lightning as pl
 
 from reproduce import paths
 from reproduce.config import FIELDS
-from reproduce.errors import ConfigError
+from reproduce.errors import ConfigError, Diverged
 from reproduce.paths import runs_dir
 from reproduce.runs.sweep import Knob, PlannedRun, Tuning
 from reproduce.train import evaluate, precision
@@ -103,6 +103,10 @@ def train_and_score(run: PlannedRun, callbacks=()) -> dict[str, Any]:
         except optuna.TrialPruned:
             shutil.rmtree(work / "checkpoints", ignore_errors=True)  # never resumed nor reused
             raise
+        except Diverged as e:  # a diverged trial is pruned; the study goes on
+            shutil.rmtree(work / "checkpoints", ignore_errors=True)
+            log.warning("%s; trial pruned", e)
+            raise optuna.TrialPruned(str(e)) from None
         trainer.limit_val_batches = 1.0
         dev = trainer.validate(module, datamodule=data, verbose=False)[0]
         _, headline = evaluate.task_scores(module.model, tokenizer, data, c, splits=("dev",))
