@@ -66,6 +66,12 @@ def test_a_storage_password_is_never_written(tmp_path, monkeypatch, capsys):
     assert mask("x postgresql://me:s3cr:et@db.example:5432/optuna y") == \
         "x postgresql://me:***@db.example:5432/optuna y"
     assert mask("sqlite:////runs/optuna.db") == "sqlite:////runs/optuna.db"
+    # a password in the query, a form libpq and the drivers accept, is a password too
+    assert mask("postgresql://db.example/optuna?password=hunter2&sslmode=require") == \
+        "postgresql://db.example/optuna?password=***&sslmode=require"
+    assert mask("sqlite:///x.db?Token=abc#frag and ?sslpassword=p") == \
+        "sqlite:///x.db?Token=***#frag and ?sslpassword=***"
+    assert mask("https://example.org/?page=2&q=password") == "https://example.org/?page=2&q=password"
     secret_url = "postgresql://me:hunter2@db.example/optuna"
     out = subprocess.run([sys.executable, "-m", "reproduce", "table3", "--variant", "A3", "--scale",
                           "smoke", "--tune", "--trials", "1", "--storage",
