@@ -11,7 +11,7 @@ import re
 _PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^\s:/@]*:)[^\s@/]*(?P<at>@)")
 # a query parameter that holds a credential, in a URL's query (after "?" or "&")
 _QUERY_SECRET = re.compile(
-    r"(?P<head>[?&](?:password|passwd|pwd|sslpassword|secret|token|access_token|api_key|apikey)=)"
+    r"(?P<head>[?&](?:password|passwd|pwd|sslpassword|secret|token|access_token|api_key|apikey|key)=)"
     r"[^&#\s]*", flags=re.IGNORECASE)
 
 
