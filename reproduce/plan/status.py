@@ -26,11 +26,11 @@ from reproduce.plan import estimates
 from reproduce.plan.workers import auto_count
 from reproduce.runs.checkpoints import steps_left
 from reproduce.runs.claims import holder
+from reproduce.runs.diverged import diverged_with
 from reproduce.runs.precisions import most_common, trained_in
 from reproduce.runs.records import device_hours, every_table_records, load_records, same_config
 from reproduce.runs.sharing import reuse_lines
 from reproduce.runs.sweep import load_spec, shipped_specs
-from reproduce.train.divergence import diverged_with
 from reproduce.util import machine
 
 

@@ -22,6 +22,7 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 from reproduce.config import Config
 from reproduce.data import is_treebank, load_pairs, local_files, tokenizer_name, tree_symbols
 from reproduce.data.module import TranslationData
+from reproduce.errors import Diverged
 from reproduce.paper.optim import accumulation
 from reproduce.paper.tokenizer import train_tokenizer
 from reproduce.paths import cache_dir
@@ -30,7 +31,6 @@ from reproduce.runs.records import wandb_folder
 from reproduce.runs.sweep import PlannedRun
 from reproduce.train import devices
 from reproduce.train.devices import ONE_DEVICE, Layout
-from reproduce.train.divergence import StopOnDivergence
 from reproduce.train.lit import TranslationModule
 from reproduce.util import machine
 from reproduce.util.files import write_atomic
@@ -174,6 +174,38 @@ class StepCheckpoint(pl.callbacks.ModelCheckpoint):
         if self._after_validation is not None and trainer.state.fn == "fit":
             args, self._after_validation = self._after_validation, None
             super().on_train_batch_end(trainer, pl_module, *args)
+
+
+class StopOnDivergence(pl.Callback):
+    """Raise ``Diverged`` within ``every`` optimizer steps of a non-finite training loss, and
+    before any checkpoint save (``StepCheckpoint``), so no checkpoint holds a diverged model.
+    The flags stay on the device and are read every ``every`` steps, not every step: on a GPU a
+    read is a host synchronization (``runs.diverged`` keeps the marker that follows)."""
+
+    def __init__(self, run_id: str, every: int = 10) -> None:
+        self.run_id, self.every = run_id, every
+        self._bad: torch.Tensor | None = None  # any non-finite loss since the last read
+        self._last: torch.Tensor | None = None  # the last finite loss
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        if loss is None:
+            return
+        loss = loss.detach().float()
+        finite = torch.isfinite(loss)
+        if self._bad is None:
+            self._bad, self._last = ~finite, torch.where(finite, loss, torch.full_like(loss, -1))
+        else:
+            self._bad = self._bad | ~finite
+            self._last = torch.where(finite, loss, self._last)
+        if trainer.global_step % self.every == 0:
+            self.check(trainer)
+
+    def check(self, trainer) -> None:
+        """Read the flags (a host synchronization); raise ``Diverged`` if a loss was not finite."""
+        if self._bad is not None and bool(self._bad):
+            last = float(self._last)
+            raise Diverged(self.run_id, trainer.global_step, last if last >= 0 else None)
 
 
 class ShareCores(pl.Callback):

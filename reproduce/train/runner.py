@@ -21,6 +21,7 @@ from reproduce.errors import Diverged
 from reproduce.paper.flops import analytic_flops, gpu_tflops, paper_cost
 from reproduce.paper.model import count_parameters
 from reproduce.paths import runs_dir
+from reproduce.runs import diverged
 from reproduce.runs.averaging import average_checkpoints
 from reproduce.runs.checkpoints import last_checkpoints, steps_left
 from reproduce.runs.claims import claim, rank, worker_id
@@ -28,7 +29,7 @@ from reproduce.runs.records import finished, load_record, record_path, retire_st
 from reproduce.runs.schema import SCHEMA_VERSION, Record
 from reproduce.runs.sharing import Donor, reuse, training_fields
 from reproduce.runs.sweep import PlannedRun
-from reproduce.train import devices, divergence
+from reproduce.train import devices
 from reproduce.train.devices import ONE_DEVICE, Layout
 from reproduce.train.evaluate import task_scores
 from reproduce.train.fit import build_data, finish_wandb, fit, local_data, wandb_logger
@@ -66,7 +67,7 @@ def execute(run: PlannedRun, split: str, command: str, extra: dict[str, Any] | N
             log.info("%s: finished by another worker (%s), skipped", run.run_id, path)
             return record
         retire_stale(run, work)
-        if why := divergence.refusal(work, run.config):
+        if why := diverged.refusal(work, run.config):
             return Failed(why)
         reused = reuse(run) if steps_left(run) else None  # none once its own is done
         if isinstance(reused, Donor):  # its weights are trained: evaluate them here, on one device
@@ -85,7 +86,7 @@ def execute(run: PlannedRun, split: str, command: str, extra: dict[str, Any] | N
         try:
             record = run_here(run, split, command, work, extra, layout, precision)
         except Diverged as e:  # nothing evaluated, nothing recorded; the marker stops a rerun
-            marker = divergence.write_marker(work, e, run.config.to_dict())
+            marker = diverged.write_marker(work, e, run.config.to_dict())
             log.warning("%s; not evaluated, not recorded (%s)", e, marker)
             return Failed(f"diverged at step {e.step}: not evaluated, not recorded; the same "
                           "command will not train it again with this config (" + str(marker)
