@@ -488,8 +488,6 @@ def with_sets(runs: list[PlannedRun], spec: Spec, sets: dict[str, Any]) -> list[
 def sets_line(runs: list[PlannedRun], sets: dict[str, Any]) -> str:
     """The plan's line for ``--set``, from the runs before it applies: each key's value in the
     spec and scale (several: they differ between runs) and the value set."""
-    from reproduce.config import FIELDS
-
     def was(key: str) -> str:
         values = sorted({repr(getattr(getattr(r.config, FIELDS[key][0]), key)) for r in runs})
         return values[0] if len(values) == 1 else "/".join(values)
