@@ -12,6 +12,7 @@ from reproduce.commands.attention import Attention
 from reproduce.commands.base import Command
 from reproduce.commands.bench import Bench
 from reproduce.commands.bible_db import BibleDb
+from reproduce.commands.cache import Cache
 from reproduce.commands.migrate import Migrate
 from reproduce.commands.publish import Publish
 from reproduce.commands.status import Status
@@ -25,7 +26,7 @@ COMMANDS: list[Command] = [
     Table("table2", "Table 2: BLEU and training cost, base and big, EN-DE and EN-FR"),
     Table3("table3", "Table 3: variations on the architecture"),
     Table4("table4", "Table 4: English constituency parsing, WSJ section 23 F1"),
-    Bench(), Status(), Publish(), Verify(), Attention(), BibleDb(), Migrate(),
+    Bench(), Status(), Cache(), Publish(), Verify(), Attention(), BibleDb(), Migrate(),
 ]
 
 

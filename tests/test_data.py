@@ -437,9 +437,9 @@ def test_reference_perplexities_are_the_hand_counted_ngram_models():
     from reproduce.data.batching import Packed
 
     def packed(sentences):
-        lengths = torch.tensor([len(s) for s in sentences])
-        return Packed(torch.tensor([t for s in sentences for t in s], dtype=torch.int32),
-                       torch.cumsum(lengths, 0) - lengths, lengths)
+        lengths = np.array([len(s) for s in sentences], dtype=np.int64)
+        return Packed(np.array([t for s in sentences for t in s], dtype=np.int32),
+                      np.cumsum(lengths) - lengths, lengths)
 
     # Train targets 5 6 | 5 7 with BOS 2, EOS 3: events (2,5) (5,6) (6,3) (2,5) (5,7) (7,3).
     ref = ngram_perplexities(packed([[5, 6], [5, 7]]), packed([[5, 6]]), vocab_size=8, bos=2, eos=3)

@@ -115,3 +115,8 @@ def test_the_example_specs_run_at_smoke_scale(tmp_path, spec, table, variants):
         record = json.loads((mine / table / f"{table}-base-smoke-seed0.json").read_text())
         assert record["data"]["corpus"] == "local-en-de"
         assert set(record["data"]["files"]) == {"train", "dev", "test"}
+        # The three variants read one encoded corpus, built once, named in every record.
+        records = [json.loads(p.read_text()) for p in (mine / table).glob("*.json")]
+        assert {r["data"]["encoded"] for r in records} == {record["data"]["encoded"]}
+        built = [p.name for p in (tmp_path / "cache" / "encoded").iterdir() if p.is_dir()]
+        assert built == [record["data"]["encoded"]]

@@ -11,7 +11,8 @@ from nltk.tree import Tree
 
 from reproduce.__main__ import main
 from reproduce.config import PARSING
-from reproduce.data import load_pairs, missing_input, tokenizer_name, tree_symbols
+from reproduce.data import load_pairs, missing_input, tree_symbols
+from reproduce.data.source import CorpusSource
 from reproduce.errors import DataError, SpecError
 from reproduce.paper.evalb import bracket_f1
 from reproduce.paper.parsing import delinearize, linearize, tag_pos, words
@@ -145,7 +146,7 @@ def test_tree_tokens_are_whole_pieces(wsj, tmp_path):
     symbols = tree_symbols(pairs)
     assert "\u2581NN" in symbols and "\u2581(NP" in symbols and "\u2581)PRT" in symbols
     assert "\u2581XX" in tree_symbols(load_pairs("wsj-parse", "train", str(wsj), linearization="xx"))
-    tokenizer = train_tokenizer(tokenizer_name("wsj-parse", str(wsj)), 300,
+    tokenizer = train_tokenizer("wsj-parse-test", 300,
                                 (s for p in pairs for s in p), tmp_path / "cache",
                                 symbols=symbols, hard_vocab_limit=False)
     assert tokenizer.vocab_size < 300  # a soft limit: the tiny treebank cannot fill it
@@ -161,16 +162,15 @@ def test_word_targets_reuse_the_source_pieces(wsj, tmp_path):
     pairs = load_pairs("wsj-parse", "train", str(wsj), linearization="words")
     symbols = tree_symbols(pairs, "words")
     assert "\u2581(NP" in symbols and not {"\u2581sold", "\u2581It"} & set(symbols)
-    assert tokenizer_name("wsj-parse", linearization="words") == "wsj-parse-words"
     tokenizer = train_tokenizer("wsj-parse-words", 300, (s for p in pairs for s in p),
                                 tmp_path / "cache", symbols=symbols, hard_vocab_limit=False)
     for sentence, target in pairs:
         src, tgt = tokenizer.encode([sentence, target])
         assert [i for i in tgt if tokenizer.piece(i) not in symbols] == src
-    assert tokenizer_name("wsj-parse") == "wsj-parse" != tokenizer_name("wsj-parse", str(wsj))
-    assert tokenizer_name("wsj-parse", None, None, "tags") == "wsj-parse-tags"
-    assert tokenizer_name("wsj-parse", None, None, "xx") == "wsj-parse"  # as before tags existed
-    assert tokenizer_name("bible-en-de", None, None, "tags") == "bible-en-de"
+    # Each linearization and each treebank is its own content, so its own vocabulary.
+    names = {CorpusSource("wsj-parse", str(wsj), linearization=lin).tokenizer_name()
+             for lin in ("words", "tags", "xx")}
+    assert len(names) == 3
 
 
 def test_missing_treebank_is_one_clear_line(tmp_path, monkeypatch):

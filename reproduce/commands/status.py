@@ -17,11 +17,14 @@ class Status(Command):
         add_results_option(parser)
 
     def run(self, args: argparse.Namespace, argv: list[str]) -> int:
-        from reproduce.paths import results_dir, runs_dir
+        from reproduce.commands.cache import cache_summary
+        from reproduce.paths import cache_dir, results_dir, runs_dir
         from reproduce.plan.status import report
+        from reproduce.util.cache_store import cache_entries
 
         damaged: list[str] = []
         print(report(results_dir(), runs_dir(), verbose=args.all, damaged=damaged))
+        print(cache_summary(cache_entries(cache_dir()), cache_dir()))
         for line in damaged:
             print(f"warning: {line}", file=sys.stderr)
         return 1 if damaged else 0

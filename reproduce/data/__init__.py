@@ -36,7 +36,6 @@ from reproduce.data.corpora import (
     is_treebank,
     missing_input,
     pairs_sha256,
-    tokenizer_name,
 )
 from reproduce.data.hub import local_files
 from reproduce.data.loading import load_pairs
@@ -46,4 +45,4 @@ from reproduce.data.treebank import tree_symbols, treebank_trees
 __all__ = ["BIBLE_DEV_BOOKS", "BIBLE_TEST_BOOKS", "BIBLE_TRAIN_BOOKS", "CORPORA", "PAD_BATCH", "SPLITS",
            "BibleVerse", "batch_by_tokens", "bible_db_path", "clean_bible_text",
            "is_treebank", "load_bible_verses", "load_pairs", "local_files", "missing_input",
-           "ngram_perplexities", "pairs_sha256", "tokenizer_name", "tree_symbols", "treebank_trees"]
+           "ngram_perplexities", "pairs_sha256", "tree_symbols", "treebank_trees"]

@@ -4,6 +4,7 @@ tokens, packed into tensors, streamed so that a run resumes mid-epoch on the bat
 from __future__ import annotations
 
 import itertools
+import multiprocessing
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -11,13 +12,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 if TYPE_CHECKING:
     from reproduce.paper.tokenizer import Tokenizer
 
-# The batch streams below run in the main process (num_workers=0), so their __len__ is exact;
-# Lightning's warning about IterableDatasets with a length and worker duplicates does not apply.
+# The batch streams below deal their batches to DataLoader workers themselves, so their __len__ is
+# exact; Lightning's warning about IterableDatasets with a length and worker duplicates does not
+# apply.
 warnings.filterwarnings(
     "ignore", message="Your `IterableDataset` has `__len__`", category=UserWarning
 )
@@ -89,48 +91,55 @@ def _batch_bounds(sorted_cost: np.ndarray, batch_tokens: int) -> list[int]:
 
 @dataclass(frozen=True)
 class Packed:
-    """Many token sequences in one flat tensor, so a batch is gathered without Python loops."""
+    """Many token sequences in one flat array, so a batch is gathered without Python loops.
 
-    tokens: torch.Tensor  # (total,) int32 piece ids, sequences back to back
-    starts: torch.Tensor  # (n,) int64 offset of each sequence in tokens
-    lengths: torch.Tensor  # (n,) int64 number of pieces, without BOS/EOS
+    The arrays are numpy's so that they may be memory maps of the encoded-corpus cache
+    (``reproduce.data.cache``): every run and every rank then reads the same pages."""
+
+    tokens: np.ndarray  # (total,) int32 piece ids, sequences back to back
+    starts: np.ndarray  # (n,) int64 offset of each sequence in tokens
+    lengths: np.ndarray  # (n,) int64 number of pieces, without BOS/EOS
 
     @classmethod
-    def encode(cls, tokenizer: Tokenizer, texts: Sequence[str], chunk: int = 65536) -> Packed:
-        """Encode ``texts`` in chunks, so peak memory holds one chunk's Python lists."""
+    def encode(cls, tokenizer: Tokenizer, texts: Sequence[str], chunk: int = 65536,
+               progress: Callable[[int], None] | None = None) -> Packed:
+        """Encode ``texts`` in chunks, so peak memory holds one chunk's Python lists;
+        ``progress`` is called with the number of texts encoded so far after each chunk."""
         flat, lengths = [], []
         for begin in range(0, len(texts), chunk):
             ids = tokenizer.encode(list(texts[begin : begin + chunk]))
             lengths.append(np.fromiter(map(len, ids), dtype=np.int64, count=len(ids)))
             flat.append(np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32))
+            if progress is not None:
+                progress(begin + len(ids))
         lens = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
         starts = np.cumsum(lens) - lens
         tokens = np.concatenate(flat) if flat else np.zeros(0, dtype=np.int32)
-        return cls(torch.from_numpy(tokens), torch.from_numpy(starts), torch.from_numpy(lens))
+        return cls(tokens, starts, lens)
 
     def __len__(self) -> int:
         return len(self.lengths)
 
-    def subset(self, index: torch.Tensor) -> Packed:
+    def subset(self, index: np.ndarray) -> Packed:
         """The sequences at ``index`` (the flat token store is shared, not copied)."""
         return Packed(self.tokens, self.starts[index], self.lengths[index])
 
-    def rows(self, index: torch.Tensor, width: int, offset: int) -> torch.Tensor:
+    def rows(self, index: np.ndarray, width: int, offset: int) -> torch.Tensor:
         """(len(index), width) ids: each sequence starts at column ``offset``, the rest is pad 0."""
         lengths = self.lengths[index]
-        columns = torch.arange(width - offset)
+        columns = np.arange(width - offset)
         inside = columns < lengths[:, None]
         positions = (self.starts[index][:, None] + columns)[inside]
-        out = torch.zeros(len(index), width, dtype=torch.long)
-        out[:, offset:][inside] = self.tokens[positions].long()
-        return out
+        out = np.zeros((len(index), width), dtype=np.int64)
+        out[:, offset:][inside] = self.tokens[positions]
+        return torch.from_numpy(out)
 
 
-def source_tensor(src: Packed, index: torch.Tensor, eos: int) -> torch.Tensor:
+def source_tensor(src: Packed, index: np.ndarray, eos: int) -> torch.Tensor:
     """Padded source sequences: pieces + EOS."""
     lengths = src.lengths[index]
     out = src.rows(index, int(lengths.max()) + 1, offset=0)
-    out[torch.arange(len(index)), lengths] = eos
+    out[torch.arange(len(index)), torch.from_numpy(lengths)] = eos
     return out
 
 
@@ -142,12 +151,15 @@ class Encoded:
     tgt: Packed
 
     @classmethod
-    def encode(cls, tokenizer: Tokenizer, pairs: Sequence[tuple[str, str]]) -> Encoded:
-        """Encode both sides of ``pairs``."""
-        return cls(
-            Packed.encode(tokenizer, [s for s, _ in pairs]),
-            Packed.encode(tokenizer, [t for _, t in pairs]),
-        )
+    def encode(cls, tokenizer: Tokenizer, pairs: Sequence[tuple[str, str]],
+               progress: Callable[[int], None] | None = None) -> Encoded:
+        """Encode both sides of ``pairs`` (``progress``: as ``Packed.encode``'s, over both)."""
+        source = Packed.encode(tokenizer, [s for s, _ in pairs],
+                               progress=progress)
+        target = Packed.encode(tokenizer, [t for _, t in pairs],
+                               progress=None if progress is None else
+                               (lambda done: progress(len(pairs) + done)))
+        return cls(source, target)
 
     def __len__(self) -> int:
         return len(self.src)
@@ -155,22 +167,22 @@ class Encoded:
     @property
     def lengths(self) -> np.ndarray:
         """(N, 2) sequence lengths as the model sees them: source + EOS, target + BOS/EOS."""
-        return torch.stack([self.src.lengths, self.tgt.lengths], dim=1).numpy() + 1
+        return np.stack([self.src.lengths, self.tgt.lengths], axis=1) + 1
 
-    def subset(self, index: torch.Tensor) -> Encoded:
+    def subset(self, index: np.ndarray) -> Encoded:
         """The pairs at ``index``."""
         return Encoded(self.src.subset(index), self.tgt.subset(index))
 
-    def batch(self, indices: list[int], bos: int, eos: int) -> dict[str, torch.Tensor]:
+    def batch(self, indices: Sequence[int], bos: int, eos: int) -> dict[str, torch.Tensor]:
         """Padded ``src`` (pieces + EOS), ``tgt_in`` (BOS + pieces), ``tgt_out`` (pieces + EOS)."""
-        index = torch.as_tensor(indices, dtype=torch.long)
+        index = np.asarray(indices, dtype=np.int64)
         rows = torch.arange(len(index))
         tgt_lengths = self.tgt.lengths[index]
         width = int(tgt_lengths.max()) + 1
         tgt_in = self.tgt.rows(index, width, offset=1)
         tgt_in[:, 0] = bos
         tgt_out = self.tgt.rows(index, width, offset=0)
-        tgt_out[rows, tgt_lengths] = eos
+        tgt_out[rows, torch.from_numpy(tgt_lengths)] = eos
         return {"src": source_tensor(self.src, index, eos), "tgt_in": tgt_in, "tgt_out": tgt_out}
 
 
@@ -179,7 +191,9 @@ class BatchStream(IterableDataset):
 
     An epoch's batches are a function of the epoch number alone (``plan``), so a run resumed in the
     middle of an epoch replays that epoch's plan and skips the batches it has already trained on:
-    the resumed run sees exactly the batches an uninterrupted one would have seen.
+    the resumed run sees exactly the batches an uninterrupted one would have seen. In DataLoader
+    workers, worker ``w`` of ``k`` collates batches ``w, w + k, ...``; the DataLoader takes them
+    from its workers in turn, so the order is the same with any number of workers.
     """
 
     def __init__(
@@ -195,18 +209,30 @@ class BatchStream(IterableDataset):
         self._count = count
         self._iterations = 0  # stands in for the epoch when no trainer is attached
         self._skip: tuple[int, int] | None = None  # (epoch, batches already trained in it)
+        self._pass: tuple[int, int] | None = None  # the next pass: (epoch, batches it skips)
 
     def resume(self, epoch: int, done: int) -> None:
         """The next pass over ``epoch`` starts after its first ``done`` batches."""
         self._skip = (epoch, done)
 
-    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+    def begin(self) -> None:
+        """Settle the next pass's epoch and skip, in the process that owns the stream (workers
+        get copies of it, so what they change is lost)."""
         epoch = self._epoch_of()
         epoch = self._iterations if epoch is None else epoch
         self._iterations += 1
         skip, self._skip = self._skip, None
-        done = skip[1] if skip is not None and skip[0] == epoch else 0
-        for indices in itertools.islice(self._plan(epoch), done, None):
+        self._pass = (epoch, skip[1] if skip is not None and skip[0] == epoch else 0)
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        if self._pass is None:
+            self.begin()
+        (epoch, done), self._pass = self._pass, None
+        batches = itertools.islice(self._plan(epoch), done, None)
+        worker = get_worker_info()
+        if worker is not None and worker.num_workers > 1:
+            batches = itertools.islice(batches, worker.id, None, worker.num_workers)
+        for indices in batches:
             yield self._collate(indices)
 
     def __len__(self) -> int:
@@ -216,12 +242,20 @@ class BatchStream(IterableDataset):
 class ResumableLoader(DataLoader):
     """A DataLoader Lightning can resume mid-epoch: its checkpointed state is the epoch and how many
     of its batches were trained on (Lightning calls ``state_dict`` when it saves a checkpoint and
-    ``load_state_dict`` before it iterates again on resume)."""
+    ``load_state_dict`` before it iterates again on resume). With ``workers`` > 0, batches are
+    collated in that many worker processes (forked: the encoded corpus's pages are shared), two
+    batches ahead each, and pinned when a GPU takes them."""
 
-    def __init__(self, stream: BatchStream, done: Callable[[], tuple[int, int]]):
-        super().__init__(stream, batch_size=None, num_workers=0,
-                         pin_memory=torch.cuda.is_available())
+    def __init__(self, stream: BatchStream, done: Callable[[], tuple[int, int]], workers: int = 0):
+        fork = "fork" if workers and "fork" in multiprocessing.get_all_start_methods() else None
+        super().__init__(stream, batch_size=None, num_workers=workers,
+                         pin_memory=torch.cuda.is_available(), multiprocessing_context=fork,
+                         prefetch_factor=2 if workers else None)
         self._done = done
+
+    def __iter__(self):  # noqa: ANN204 - DataLoader's own iterator type
+        self.dataset.begin()  # before the workers copy the stream
+        return super().__iter__()
 
     def state_dict(self) -> dict[str, int]:
         epoch, batches = self._done()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -65,19 +64,6 @@ def missing_input(corpus: str, extra_trees: str | None) -> str | None:
                 "trees, e.g. the high-confidence and BerkeleyParser corpora of Vinyals & Kaiser "
                 "et al. 2014)")
     return None
-
-
-def tokenizer_name(corpus: str, data_dir: str | None = None, extra_trees: str | None = None,
-                   linearization: str = "") -> str:
-    """The tokenizer cache key of a corpus: local data gets its own model, named by its path, and
-    a treebank's trees with POS tags or words (``linearization="tags"``, ``"words"``) their own."""
-    name = corpus
-    if data_dir or extra_trees:
-        where = "|".join(os.path.realpath(p) if p else "" for p in (data_dir, extra_trees))
-        name = f"{corpus}-{hashlib.sha1(where.encode()).hexdigest()[:10]}"
-    if linearization in ("tags", "words") and is_treebank(corpus):
-        name += f"-{linearization}"
-    return name
 
 
 def first_pairs(pairs: list[tuple[str, str]], limit: int | None) -> list[tuple[str, str]]:

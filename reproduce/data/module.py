@@ -4,8 +4,10 @@ batches dealt to the ranks of a run."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytorch_lightning as pl
@@ -21,12 +23,10 @@ from reproduce.data.batching import (
     batch_by_tokens,
     source_tensor,
 )
-from reproduce.data.bible import BIBLE_BOOKS, bible_dataset
-from reproduce.data.corpora import SPLITS, corpus_spec, first_pairs, pairs_sha256
-from reproduce.data.hub import translation_dataset
-from reproduce.data.loading import load_pairs
+from reproduce.data.cache import encoded_corpus
+from reproduce.data.corpora import corpus_spec
 from reproduce.data.ngram import ngram_perplexities
-from reproduce.data.treebank import treebank_trees
+from reproduce.data.source import CorpusSource
 from reproduce.errors import DataError
 from reproduce.paper.optim import accumulation
 
@@ -35,10 +35,15 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+LOADER_WORKERS_ENV = "REPRODUCE_LOADER_WORKERS"
+
 
 class TranslationData(pl.LightningDataModule):
     """Token-bucketed batches of one corpus, encoded with a shared tokenizer.
 
+    ``setup`` maps the corpus encoded once under ``cache_dir`` (``reproduce.data.cache``; every
+    rank of a run maps the same pages), or encodes it in memory when ``cache_dir`` is None.
+    ``source`` is the corpus as already read by the caller (to train the tokenizer), if it was.
     Batches are dicts of LongTensors padded with 0: ``src`` (B, S) = pieces + EOS, ``tgt_in``
     (B, T) = BOS + pieces and ``tgt_out`` (B, T) = pieces + EOS. Training pairs whose source or
     target sequence is longer than ``max_tokens_per_sentence`` are dropped (``self.dropped``);
@@ -59,6 +64,8 @@ class TranslationData(pl.LightningDataModule):
         linearization: str = "xx",
         device_batch_tokens: int = 0,
         train_every: int = 1,
+        cache_dir: str | Path | None = None,
+        source: CorpusSource | None = None,
     ):
         super().__init__()
         corpus_spec(corpus)
@@ -91,42 +98,29 @@ class TranslationData(pl.LightningDataModule):
         self.linearization = linearization
         self.device_batch_tokens = device_batch_tokens
         self.seed = seed
+        self.cache_dir = cache_dir
+        self.source = source or CorpusSource(corpus, data_dir, extra_trees, linearization)
+        self.cache_folder: Path | None = None  # where the encoded corpus is mapped from
         self.dropped = 0
         self.sha256: dict[str, str] = {}  # per split, of the pairs used (``pairs_sha256``)
         self.dev_pairs: list[tuple[str, str]] = []
         self.test_pairs: list[tuple[str, str]] = []
         self._train: Encoded | None = None
         self._dev: Encoded | None = None
+        self._remember: Callable[[str, Callable[[], Any]], Any] = lambda _, compute: compute()
         self._batch_counts: dict[tuple[int, bool, int, int], int] = {}
 
-    def prepare_data(self) -> None:
-        """Download or build the dataset caches (Lightning runs this on one process per node)."""
-        spec = corpus_spec(self.corpus)
-        for split in SPLITS:
-            if spec.treebank:  # extra trees are read once, in setup
-                treebank_trees(split, self.data_dir)
-            elif spec.bible is not None and self.data_dir is None:
-                bible_dataset(spec.bible, BIBLE_BOOKS[split])
-            else:
-                translation_dataset(self.corpus, split, self.data_dir)
-
     def setup(self, stage: str | None = None) -> None:
-        """Load and encode the splits; later calls (one per Lightning stage) do nothing."""
+        """Map (or encode) the splits; later calls (one per Lightning stage) do nothing."""
         if self._train is not None:
             return
-        pairs = {split: load_pairs(self.corpus, split, self.data_dir, self.extra_trees,
-                                   self.linearization) for split in SPLITS}
-        train = first_pairs(pairs["train"][::self.train_every], self.max_train_pairs)
-        if len(train) < len(pairs["train"]):
-            logger.info("%s train: training on %d of the %d pairs (train_every=%d,"
-                        " max_train_pairs=%s)", self.corpus, len(train), len(pairs["train"]),
-                        self.train_every, self.max_train_pairs)
-        self.dev_pairs = first_pairs(pairs["dev"], self.max_eval_pairs)
-        self.test_pairs = first_pairs(pairs["test"], self.max_eval_pairs)
-        self.sha256 = {split: pairs_sha256(p) for split, p in
-                       (("train", train), ("dev", self.dev_pairs), ("test", self.test_pairs))}
-        encoded = Encoded.encode(self.tokenizer, train)
-        fits = torch.from_numpy((encoded.lengths <= self.max_tokens_per_sentence).all(axis=1))
+        corpus = encoded_corpus(self.source, self.tokenizer, self.train_every,
+                                self.max_train_pairs, self.max_eval_pairs, self.cache_dir)
+        self.cache_folder = corpus.folder
+        self.dev_pairs, self.test_pairs, self.sha256 = (corpus.dev_pairs, corpus.test_pairs,
+                                                        corpus.sha256)
+        encoded = corpus.train
+        fits = (encoded.lengths <= self.max_tokens_per_sentence).all(axis=1)
         self.dropped = len(encoded) - int(fits.sum())
         if self.dropped == len(encoded):
             raise DataError(
@@ -138,14 +132,18 @@ class TranslationData(pl.LightningDataModule):
                 "%s train: dropped %d of %d pairs longer than %d tokens",
                 self.corpus, self.dropped, len(encoded), self.max_tokens_per_sentence,
             )
-        self._train = encoded.subset(fits.nonzero().squeeze(1))
-        self._dev = Encoded.encode(self.tokenizer, self.dev_pairs)
+        self._train = encoded.subset(np.flatnonzero(fits)) if self.dropped else encoded
+        self._dev = corpus.dev
+        self._remember = corpus.remember
 
     def reference_perplexities(self) -> dict[str, float]:
-        """Dev PPL of unigram and bigram count models of the training targets (same pieces)."""
-        return ngram_perplexities(self._ready(self._train).tgt, self._ready(self._dev).tgt,
-                                  self.tokenizer.vocab_size, self.tokenizer.bos_id,
-                                  self.tokenizer.eos_id)
+        """Dev PPL of unigram and bigram count models of the training targets (same pieces),
+        computed once per encoded corpus and length limit."""
+        return self._remember(
+            f"reference_ppl-{self.max_tokens_per_sentence}",
+            lambda: ngram_perplexities(self._ready(self._train).tgt, self._ready(self._dev).tgt,
+                                       self.tokenizer.vocab_size, self.tokenizer.bos_id,
+                                       self.tokenizer.eos_id))
 
     @property
     def num_train_pairs(self) -> int:
@@ -173,16 +171,16 @@ class TranslationData(pl.LightningDataModule):
         train = self._ready(self._train)
         pick = np.sort(np.random.default_rng(0).choice(len(train), size=self.train_sample_pairs,
                                                        replace=False))
-        return self._loader(train.subset(torch.from_numpy(pick)), shuffle=False)
+        return self._loader(train.subset(pick), shuffle=False)
 
     def source_batches(
         self, sources: list[str], batch_tokens: int
     ) -> Iterator[tuple[list[int], torch.LongTensor]]:
         """(indices into ``sources``, padded source tensor) batches, grouped by length to decode."""
         packed = Packed.encode(self.tokenizer, sources)
-        lengths = torch.stack([packed.lengths + 1, torch.zeros_like(packed.lengths)], dim=1)
-        for indices in batch_by_tokens(lengths.numpy(), batch_tokens, shuffle=False, seed=0):
-            index = torch.as_tensor(indices, dtype=torch.long)
+        lengths = np.stack([packed.lengths + 1, np.zeros_like(packed.lengths)], axis=1)
+        for indices in batch_by_tokens(lengths, batch_tokens, shuffle=False, seed=0):
+            index = np.asarray(indices, dtype=np.int64)
             yield indices, source_tensor(packed, index, self.tokenizer.eos_id)
 
     def _loader(self, data: Encoded, shuffle: bool) -> DataLoader:
@@ -194,11 +192,23 @@ class TranslationData(pl.LightningDataModule):
             epoch_of=lambda: None if self.trainer is None else self.trainer.current_epoch,
             count=lambda: self._count(data, shuffle),
         )
-        # Batches are built in the main process: collation is a few tensor ops per batch.
-        if not shuffle:  # evaluation passes always run whole
+        if not shuffle:  # evaluation passes run whole, in this process: a few batches
             return DataLoader(stream, batch_size=None, num_workers=0,
                               pin_memory=torch.cuda.is_available())
-        return ResumableLoader(stream, done=self._trained_in_epoch)
+        return ResumableLoader(stream, done=self._trained_in_epoch, workers=self.loader_workers)
+
+    @property
+    def loader_workers(self) -> int:
+        """DataLoader processes that collate training batches: ``$REPRODUCE_LOADER_WORKERS``,
+        else 2 beside a GPU (so it never waits on a batch) and none on a CPU, where collation is a
+        few tensor ops per batch and a worker would take a core from the training step."""
+        value = os.environ.get(LOADER_WORKERS_ENV, "")
+        if value:
+            if not value.isdigit():
+                raise DataError(f"{LOADER_WORKERS_ENV}={value!r}: a number of worker processes"
+                                " (0: collate in the training process)")
+            return int(value)
+        return 2 if torch.cuda.is_available() else 0
 
     def _trained_in_epoch(self) -> tuple[int, int]:
         """(current epoch, training batches of it already trained on), from the trainer's counters.

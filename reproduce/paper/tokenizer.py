@@ -1,6 +1,6 @@
 """A shared source-target BPE vocabulary (section 5.1), trained with sentencepiece and cached.
 
-One model is trained per (corpus, vocabulary size) and kept under ``<cache>/spm/``; later runs load
+One model is trained per (corpus content, vocabulary size) and kept under ``<cache>/spm/``; later runs load
 the file instead of retraining, so every experiment on a corpus sees the same segmentation.
 """
 
@@ -118,10 +118,12 @@ def train_tokenizer(
     symbols: Sequence[str] = (),
     hard_vocab_limit: bool = True,
 ) -> Tokenizer:
-    """A shared source+target BPE model for ``corpus``, trained once and then loaded from cache.
+    """A shared source+target BPE model named ``corpus``, trained once and then loaded from cache.
 
-    ``texts`` should hold both sides of the training split. The cache key is only (corpus,
-    vocab_size): a second call returns the cached model whatever ``texts`` it is given.
+    ``texts`` should hold both sides of the training split. The cache key is only (``corpus``,
+    vocab_size): a second call returns the cached model whatever ``texts`` it is given, so
+    ``corpus`` must name the text's content (``reproduce.data.tokenizer`` passes the corpus's
+    fingerprint).
     ``symbols`` are pieces kept whole wherever they occur (the parser's ``▁(NP``, ``▁XX``). With
     ``hard_vocab_limit=False`` a text too small for ``vocab_size`` gets a smaller vocabulary
     instead of an error (``Tokenizer.vocab_size`` is the real size).

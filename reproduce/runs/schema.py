@@ -51,6 +51,9 @@ class DataSummary(TypedDict, total=False):
     reference_ppl: dict[str, Any]  # n-gram models of the same dev pieces
     data_dir: str
     files: dict[str, Any]  # per split: path, size, SHA-256 (a user's own files)
+    fingerprint: str  # of the corpus's content: names its BPE model and encoded cache
+    encoded: str  # the encoded corpus's cache folder (reproduce.data.cache)
+    loader_workers: int  # DataLoader processes that collated the training batches
 
 
 class Batch(TypedDict, total=False):

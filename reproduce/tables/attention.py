@@ -20,12 +20,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from reproduce.data import tokenizer_name
+from reproduce.data.source import CorpusSource
+from reproduce.data.tokenizer import tokenizer_path
 from reproduce.errors import DataError
 from reproduce.paper.decoding import beam_search
 from reproduce.paper.model import MultiHeadAttention, Transformer
-from reproduce.paper.tokenizer import load_tokenizer, model_path
-from reproduce.paths import cache_dir
+from reproduce.paper.tokenizer import load_tokenizer
 from reproduce.tables.figures import pyplot
 from reproduce.train.lit import TranslationModule
 
@@ -83,10 +83,9 @@ def draw(run_id: str, sentence: str | None, layer: int | None, results: Path, ru
         raise DataError(f"{ckpt}: no checkpoint for run {run_id!r} (runs are under {runs})")
     module = TranslationModule.load_from_checkpoint(ckpt, map_location="cpu")
     c = module.config
-    tokenizer = load_tokenizer(model_path(tokenizer_name(c.data.corpus, c.data.data_dir or None,
-                                                         c.data.extra_trees or None,
-                                                         c.data.linearization),
-                                          c.model.vocab_size, cache_dir()))
+    source = CorpusSource(c.data.corpus, c.data.data_dir or None, c.data.extra_trees or None,
+                          c.data.linearization)
+    tokenizer = load_tokenizer(tokenizer_path(source, c.model.vocab_size))
     model = module.model.eval()
     ids = tokenizer.encode([sentence or DEFAULT_SENTENCE])[0] + [tokenizer.eos_id]
     src = torch.tensor([ids])

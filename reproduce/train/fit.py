@@ -20,11 +20,12 @@ from pytorch_lightning.strategies import DDPStrategy
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from reproduce.config import Config
-from reproduce.data import is_treebank, load_pairs, local_files, tokenizer_name, tree_symbols
+from reproduce.data import is_treebank, local_files
 from reproduce.data.module import TranslationData
+from reproduce.data.source import CorpusSource
+from reproduce.data.tokenizer import corpus_tokenizer
 from reproduce.errors import Diverged
 from reproduce.paper.optim import accumulation
-from reproduce.paper.tokenizer import train_tokenizer
 from reproduce.paths import cache_dir
 from reproduce.runs import checkpoints
 from reproduce.runs.records import wandb_folder
@@ -49,22 +50,17 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 
 def build_data(c: Config):
-    """The run's tokenizer (trained once per corpus and size, cached) and its data module."""
+    """The run's tokenizer (trained once per corpus content and size, cached) and its data module
+    (which maps the corpus encoded once with that tokenizer: ``reproduce.data.cache``)."""
     d = c.data
-    train_pairs = load_pairs(d.corpus, "train", d.data_dir or None, d.extra_trees or None,
-                             d.linearization)
-    # Treebank corpora: tree tokens stay whole pieces; a small sample may not fill vocab_size.
-    trees = is_treebank(d.corpus)
-    symbols = tree_symbols(train_pairs, d.linearization) if trees else ()
-    tokenizer = train_tokenizer(tokenizer_name(d.corpus, d.data_dir, d.extra_trees, d.linearization),
-                                c.model.vocab_size, (s for pair in train_pairs for s in pair),
-                                cache_dir(), symbols=symbols, hard_vocab_limit=not trees)
+    source = CorpusSource(d.corpus, d.data_dir or None, d.extra_trees or None, d.linearization)
+    tokenizer = corpus_tokenizer(source, c.model.vocab_size)
     data = TranslationData(d.corpus, tokenizer, c.train.batch_tokens,
                            c.train.max_tokens_per_sentence, d.max_train_pairs or None,
                            d.max_eval_pairs or None, d.data_dir or None, c.train.seed,
                            extra_trees=d.extra_trees or None, linearization=d.linearization,
                            device_batch_tokens=c.train.device_batch_tokens,
-                           train_every=d.train_every)
+                           train_every=d.train_every, cache_dir=cache_dir(), source=source)
     return tokenizer, data
 
 

@@ -1,10 +1,14 @@
-"""Durable file writes (a reader sees the old file or the whole new one, never a part), and files
-set aside instead of deleted."""
+"""Durable file writes (a reader sees the old file or the whole new one, never a part), files set
+aside instead of deleted, and a lock for one builder among many processes."""
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -46,3 +50,25 @@ def move_aside(path: Path, to: Path) -> Path:
     moved.parent.mkdir(parents=True, exist_ok=True)
     os.replace(path, moved)
     return moved
+
+
+@contextmanager
+def exclusive(path: Path, waiting: Callable[[], None] | None = None) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created as needed) while the block runs, waiting
+    for whoever holds it; ``waiting`` is called once if there is a wait. The kernel releases the
+    lock when its process dies, however it dies, and NFS and Lustre (``-o flock``) carry it across
+    nodes, so one process of many, on one machine or several, builds what they all need."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EACCES, errno.EAGAIN):
+                raise
+            if waiting is not None:
+                waiting()
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor drops the lock

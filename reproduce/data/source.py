@@ -1,0 +1,77 @@
+"""One corpus as a run reads it: its sentence pairs, read at most once per process, and a
+fingerprint of its content that names the caches built from it (the BPE model, the encoded
+corpus), so that new text in the same files is never read through an old cache."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from reproduce.data.corpora import SPLITS, corpus_spec, pairs_sha256
+from reproduce.data.hub import local_files, translation_dataset
+from reproduce.data.loading import load_pairs
+
+logger = logging.getLogger(__name__)
+
+# Bumped when what a cache built from a corpus holds changes meaning (the reading or cleaning of
+# pairs, the encoded layout): every fingerprint changes with it and old caches are not read.
+FORMAT = 1
+
+
+@dataclass
+class CorpusSource:
+    """A corpus (``corpus``, and its local files, extra trees and tree linearization)."""
+
+    corpus: str
+    data_dir: str | None = None
+    extra_trees: str | None = None
+    linearization: str = "xx"
+    _pairs: dict[str, list[tuple[str, str]]] = field(default_factory=dict, repr=False)
+
+    def pairs(self, split: str) -> list[tuple[str, str]]:
+        """The (source, target) pairs of ``split``, read once (``load_pairs``) and kept."""
+        if split not in self._pairs:
+            started = time.perf_counter()
+            self._pairs[split] = load_pairs(self.corpus, split, self.data_dir, self.extra_trees,
+                                            self.linearization)
+            seconds = time.perf_counter() - started
+            if seconds > 2:
+                logger.info("%s %s: read %d pairs in %.0f s (%.0f pairs/s)", self.corpus, split,
+                            len(self._pairs[split]), seconds, len(self._pairs[split]) / seconds)
+        return self._pairs[split]
+
+    @property
+    def is_treebank(self) -> bool:
+        return corpus_spec(self.corpus).treebank
+
+    @property
+    def large(self) -> bool:
+        """Whether the corpus is fingerprinted by its files rather than by its pairs: local files
+        and the Hub, which may hold millions of pairs (WMT14), are named without reading them."""
+        spec = corpus_spec(self.corpus)
+        return not spec.treebank and (self.data_dir is not None or spec.bible is None)
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """SHA-256 naming the corpus's content. Local files: their bytes. The Hub: the fingerprints
+        ``datasets`` gives its Arrow files. The Bible and treebanks (a few seconds to read): the
+        pairs of every split themselves, so their reading code is covered too."""
+        parts: dict[str, object] = {"format": FORMAT, "corpus": self.corpus}
+        if self.large and self.data_dir is not None:
+            parts["files"] = {split: f["sha256"]
+                              for split, f in local_files(self.corpus, self.data_dir).items()}
+        elif self.large:
+            parts["hub"] = {split: translation_dataset(self.corpus, split, None)[0]._fingerprint
+                            for split in SPLITS}
+        else:
+            parts["pairs"] = {split: pairs_sha256(self.pairs(split)) for split in SPLITS}
+        return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+    def tokenizer_name(self) -> str:
+        """The BPE model's cache name: the corpus and its fingerprint (a treebank's linearization
+        is in its pairs, so in the fingerprint)."""
+        return f"{self.corpus}-{self.fingerprint[:16]}"

@@ -1,0 +1,55 @@
+"""A corpus's shared BPE vocabulary (section 5.1): the sentencepiece model of ``paper.tokenizer``,
+named by the corpus's content (``CorpusSource.fingerprint``), so that a corpus whose files change
+gets a new vocabulary and an unchanged one is never trained twice."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from reproduce.data.source import CorpusSource
+from reproduce.data.treebank import tree_symbols
+from reproduce.paper.tokenizer import Tokenizer, load_tokenizer, model_path, train_tokenizer
+from reproduce.paths import cache_dir
+from reproduce.util.files import exclusive
+
+logger = logging.getLogger(__name__)
+
+
+def tokenizer_path(source: CorpusSource, vocab_size: int, cache: str | Path | None = None) -> Path:
+    """Where the BPE model of ``source`` with ``vocab_size`` pieces is (or will be) cached."""
+    return model_path(source.tokenizer_name(), vocab_size, cache or cache_dir())
+
+
+def corpus_tokenizer(source: CorpusSource, vocab_size: int,
+                     cache: str | Path | None = None) -> Tokenizer:
+    """The BPE model of ``source``'s training pairs (both sides), trained once and then loaded.
+
+    Treebank corpora keep their tree tokens as whole pieces, and a small treebank may not fill
+    ``vocab_size`` (the model's real size is ``Tokenizer.vocab_size``)."""
+    path = tokenizer_path(source, vocab_size, cache)
+    if path.is_file():
+        return load_tokenizer(path)
+    waiting = lambda: logger.info("%s: waiting for another process to train %s", source.corpus,  # noqa: E731
+                                  path)
+    with exclusive(path.with_suffix(".lock"), waiting=waiting):  # one trainer among the ranks
+        if path.is_file():
+            return load_tokenizer(path)
+        return _train(source, vocab_size, path, cache)
+
+
+def _train(source: CorpusSource, vocab_size: int, path: Path, cache: str | Path | None
+           ) -> Tokenizer:
+    trees = source.is_treebank
+    pairs = source.pairs("train")
+    symbols = tree_symbols(pairs, source.linearization) if trees else ()
+    started = time.perf_counter()
+    tokenizer = train_tokenizer(source.tokenizer_name(), vocab_size,
+                                (s for pair in pairs for s in pair), cache or cache_dir(),
+                                symbols=symbols, hard_vocab_limit=not trees)
+    seconds = time.perf_counter() - started
+    if seconds > 2:
+        logger.info("%s: trained a %d-piece BPE vocabulary on %d sentences in %.0f s (%s)",
+                    source.corpus, tokenizer.vocab_size, 2 * len(pairs), seconds, path)
+    return tokenizer

@@ -1,0 +1,232 @@
+"""Encode once, map everywhere (reproduce.data.cache): the encoded corpus is built once per content
+and vocabulary, mapped by later runs, tables and ranks; new content gets a new vocabulary and a
+new cache; a killed or damaged build is rebuilt, never read; batches are the same from workers."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from reproduce.data import cache as encoded_cache
+from reproduce.data import load_bible_verses
+from reproduce.data.cache import encoded_corpus, read_cache
+from reproduce.data.module import LOADER_WORKERS_ENV, TranslationData
+from reproduce.data.source import CorpusSource
+from reproduce.data.tokenizer import corpus_tokenizer
+from reproduce.errors import DataError
+
+FORK = multiprocessing.get_context("fork")
+
+
+def _write_corpus(folder: Path, pairs: dict[str, list[tuple[str, str]]]) -> str:
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, name in (("train", "train"), ("dev", "validation"), ("test", "test")):
+        rows = [json.dumps({"translation": {"en": s, "de": t}}) for s, t in pairs[split]]
+        (folder / f"{name}.jsonl").write_text("\n".join(rows) + "\n")
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def verses() -> dict[str, list[tuple[str, str]]]:
+    return {split: [(v.source, v.target) for v in load_bible_verses("bible-en-de", split)[:n]]
+            for split, n in (("train", 400), ("dev", 30), ("test", 30))}
+
+
+@pytest.fixture()
+def corpus(tmp_path, verses) -> str:
+    return _write_corpus(tmp_path / "corpus", verses)
+
+
+def _source(data_dir: str) -> CorpusSource:
+    return CorpusSource("local-en-de", data_dir)
+
+
+def _count_encodes(monkeypatch) -> list[int]:
+    calls: list[int] = []
+    encode = encoded_cache._encode
+
+    def counted(*args, **kwargs):
+        calls.append(os.getpid())
+        return encode(*args, **kwargs)
+
+    monkeypatch.setattr(encoded_cache, "_encode", counted)
+    return calls
+
+
+def test_a_corpus_is_encoded_once_and_mapped_by_every_later_run_and_table(tmp_path, corpus,
+                                                                        monkeypatch):
+    cache = tmp_path / "cache"
+    tokenizer = corpus_tokenizer(_source(corpus), 300, cache)
+    calls = _count_encodes(monkeypatch)
+    first = encoded_corpus(_source(corpus), tokenizer, cache_dir=cache)
+    assert len(calls) == 1 and first.folder is not None and first.folder.parent == cache / "encoded"
+    assert isinstance(first.train.src.tokens, np.memmap)  # mapped, not a private copy
+    # A later run (a new reading of the same files): nothing encoded, the same arrays.
+    again = encoded_corpus(_source(corpus), corpus_tokenizer(_source(corpus), 300, cache),
+                           cache_dir=cache)
+    assert len(calls) == 1 and again.folder == first.folder
+    assert np.array_equal(again.train.tgt.tokens, first.train.tgt.tokens)
+    assert again.dev_pairs == first.dev_pairs and again.sha256 == first.sha256
+    # Another table's data module (its own batch and length limit) maps the same folder.
+    dm = TranslationData("local-en-de", tokenizer, batch_tokens=700, max_tokens_per_sentence=40,
+                         data_dir=corpus, cache_dir=cache)
+    dm.setup()
+    assert len(calls) == 1 and dm.cache_folder == first.folder
+    assert dm.num_train_pairs + dm.dropped == 400
+    # A whole-corpus statistic is computed once and kept beside the arrays.
+    ppl = dm.reference_perplexities()
+    assert json.loads((first.folder / "reference_ppl-40.json").read_text()) == ppl
+    # Another selection of the same corpus is another cache.
+    fewer = encoded_corpus(_source(corpus), tokenizer, max_train_pairs=100, cache_dir=cache)
+    assert len(calls) == 2 and fewer.folder != first.folder and len(fewer.train) == 100
+
+
+def _build_in_child(data_dir: str, cache: str, calls: str) -> None:
+    encode = encoded_cache._encode
+
+    def slow(*args, **kwargs):
+        with open(calls, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        time.sleep(1.0)  # long enough for the other rank to find the lock held
+        return encode(*args, **kwargs)
+
+    encoded_cache._encode = slow
+    source = _source(data_dir)
+    corpus = encoded_corpus(source, corpus_tokenizer(source, 300, cache), cache_dir=cache)
+    assert corpus.folder is not None and len(corpus.train) == 400
+
+
+def test_ranks_starting_together_build_once_and_map_the_same_folder(tmp_path, corpus):
+    cache = tmp_path / "cache"
+    corpus_tokenizer(_source(corpus), 300, cache)  # as the first rank to get there would
+    calls = tmp_path / "calls"
+    ranks = [FORK.Process(target=_build_in_child, args=(corpus, str(cache), str(calls)))
+             for _ in range(2)]
+    for rank in ranks:
+        rank.start()
+    for rank in ranks:
+        rank.join(60)
+    assert [rank.exitcode for rank in ranks] == [0, 0]
+    assert len(calls.read_text().split()) == 1  # one rank encoded; the other waited and mapped
+    assert len([p for p in (cache / "encoded").iterdir() if p.is_dir()]) == 1
+
+
+def test_new_content_in_the_same_files_gets_a_new_vocabulary_and_cache(tmp_path, verses):
+    cache = tmp_path / "cache"
+    data_dir = _write_corpus(tmp_path / "corpus", verses)
+    tokenizer = corpus_tokenizer(_source(data_dir), 300, cache)
+    before = encoded_corpus(_source(data_dir), tokenizer, cache_dir=cache)
+    # The same path, other text: the train split reversed word by word.
+    flipped = {**verses, "train": [(" ".join(s.split()[::-1]), " ".join(t.split()[::-1]))
+                                   for s, t in verses["train"][:300]]}
+    _write_corpus(tmp_path / "corpus", flipped)
+    source = _source(data_dir)
+    other = corpus_tokenizer(source, 300, cache)
+    assert other.sha256 != tokenizer.sha256  # retrained on the new text, not the old model
+    after = encoded_corpus(source, other, cache_dir=cache)
+    assert after.folder != before.folder and len(after.train) == 300
+    assert after.sha256["train"] != before.sha256["train"]
+
+
+def _killed_mid_write(data_dir: str, cache: str) -> None:
+    save = np.save
+
+    def save_then_hang(file, array):
+        save(file, array)
+        os.kill(os.getpid(), signal.SIGKILL)  # killed after its first array, as kill -9 would
+
+    np.save = save_then_hang
+    source = _source(data_dir)
+    encoded_corpus(source, corpus_tokenizer(source, 300, cache), cache_dir=cache)
+
+
+def test_a_killed_or_damaged_build_is_rebuilt_never_read(tmp_path, corpus, monkeypatch):
+    cache = tmp_path / "cache"
+    tokenizer = corpus_tokenizer(_source(corpus), 300, cache)
+    child = FORK.Process(target=_killed_mid_write, args=(corpus, str(cache)))
+    child.start()
+    child.join(60)
+    assert child.exitcode == -signal.SIGKILL
+    left = [p.name for p in (cache / "encoded").iterdir() if p.is_dir()]
+    assert len(left) == 1 and ".tmp-" in left[0]  # half written, never under the real name
+    calls = _count_encodes(monkeypatch)
+    corpus_ = encoded_corpus(_source(corpus), tokenizer, cache_dir=cache)
+    assert len(calls) == 1 and len(corpus_.train) == 400
+    assert [p.name for p in (cache / "encoded").iterdir() if p.is_dir()] == [corpus_.folder.name]
+    # A complete folder whose array lost its tail (a disk error, a partial copy): rebuilt.
+    tokens = corpus_.folder / "train.tgt.tokens.npy"
+    expected = np.array(corpus_.train.tgt.tokens)
+    with open(tokens, "r+b") as f:
+        f.truncate(tokens.stat().st_size - 8)
+    assert read_cache(corpus_.folder) is None and not corpus_.folder.exists()
+    rebuilt = encoded_corpus(_source(corpus), tokenizer, cache_dir=cache)
+    assert len(calls) == 2 and np.array_equal(rebuilt.train.tgt.tokens, expected)
+
+
+def test_the_hub_path_goes_through_the_same_cache(tmp_path, verses, monkeypatch):
+    """A saved Arrow dataset stands in for wmt/wmt14 on the Hub (no network here)."""
+    import datasets
+
+    from reproduce.data import hub
+
+    saved = tmp_path / "wmt14"
+    datasets.DatasetDict({
+        name: datasets.Dataset.from_dict({"translation": [{"en": s, "de": t}
+                                                          for s, t in verses[split]]})
+        for split, name in (("train", "train"), ("dev", "validation"), ("test", "test"))
+    }).save_to_disk(str(saved))
+    asked = []
+
+    def from_disk(name, config=None, split=None, **_):
+        asked.append((name, config, split))
+        return datasets.load_from_disk(str(saved))[split]
+
+    monkeypatch.setattr(hub, "load_dataset", from_disk)
+    cache = tmp_path / "cache"
+    source = CorpusSource("wmt14-en-de")
+    tokenizer = corpus_tokenizer(source, 300, cache)
+    assert ("wmt/wmt14", "de-en", "train") in asked
+    calls = _count_encodes(monkeypatch)
+    first = encoded_corpus(source, tokenizer, cache_dir=cache)
+    second = CorpusSource("wmt14-en-de")
+    assert second.fingerprint == source.fingerprint  # datasets' own fingerprints, no reading
+    again = encoded_corpus(second, corpus_tokenizer(second, 300, cache), cache_dir=cache)
+    assert len(calls) == 1 and again.folder == first.folder and len(again.train) == 400
+
+
+def test_batches_from_loader_workers_are_the_batches_of_the_training_process(tmp_path, corpus,
+                                                                            monkeypatch):
+    cache = tmp_path / "cache"
+    tokenizer = corpus_tokenizer(_source(corpus), 300, cache)
+
+    def batches(workers: int, resume: tuple[int, int] | None = None) -> list[torch.Tensor]:
+        monkeypatch.setenv(LOADER_WORKERS_ENV, str(workers))
+        dm = TranslationData("local-en-de", tokenizer, batch_tokens=600, data_dir=corpus,
+                             cache_dir=cache)
+        dm.setup()
+        loader = dm.train_dataloader()
+        assert loader.num_workers == workers
+        if resume is not None:
+            loader.dataset.resume(*resume)
+        first, second = list(loader), list(loader)  # two epochs, each its own shuffle
+        return [b["src"] for b in first + second]
+
+    plain = batches(0)
+    assert len(plain) > 6
+    workers = batches(3)
+    assert len(workers) == len(plain)
+    assert all(torch.equal(a, b) for a, b in zip(plain, workers, strict=True))
+    skipped = batches(2, resume=(0, 5))  # a run resumed after 5 batches of epoch 0
+    assert all(torch.equal(a, b) for a, b in zip(plain[5:], skipped, strict=True))
+    monkeypatch.setenv(LOADER_WORKERS_ENV, "many")
+    dm = TranslationData("local-en-de", tokenizer, batch_tokens=600, data_dir=corpus)
+    with pytest.raises(DataError, match="REPRODUCE_LOADER_WORKERS='many'"):
+        _ = dm.loader_workers
