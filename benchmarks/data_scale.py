@@ -76,10 +76,12 @@ def memory(cache: Path) -> dict[str, float]:
             head = line.split()
             if not head:
                 continue
-            if "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
+            if not head[0].endswith(":"):  # a mapping's header: address range ... path
                 mapped = head[5] if len(head) > 5 else ""
                 continue
-            key, kb = head[0], float(head[1]) / 1024 if len(head) > 1 else 0.0
+            if len(head) < 2 or not head[1].isdigit():
+                continue  # VmFlags and the like
+            key, kb = head[0], float(head[1]) / 1024
             if key == "Anonymous:":
                 out["anonymous_mb"] += kb
             elif mapped and mapped.startswith(str(cache)) and key in ("Rss:", "Pss:"):
@@ -189,10 +191,12 @@ def report(results: list[dict], command: str) -> str:
     lines += ["", "## Later runs: the cache built", "",
               "Per rank: seconds from the process's start to its first batch; anonymous memory "
               "and the cache files' Rss / Pss at the first batch and after its share of one "
-              "epoch's batches; batches of 25,000 tokens per second over that pass.", "",
+              "epoch's batches; batches per second over that pass (a rank's batches hold 25,000 "
+              "tokens / ranks, padding included; their mean padded source tokens beside).", "",
               "| pairs | ranks | rank | to first batch | anonymous (first / epoch) "
-              "| cache Rss / Pss (first) | cache Rss / Pss (epoch) | batches | batches/s |",
-              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "| cache Rss / Pss (first) | cache Rss / Pss (epoch) | batches | tokens/batch "
+              "| batches/s |",
+              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         for world, ranks in sorted(r["later"].items()):
             for k in ranks:
@@ -202,7 +206,8 @@ def report(results: list[dict], command: str) -> str:
                     f"| {a['anonymous_mb']:,.0f} / {b['anonymous_mb']:,.0f} MB "
                     f"| {a['cache_rss_mb']:,.0f} / {a['cache_pss_mb']:,.0f} MB "
                     f"| {b['cache_rss_mb']:,.0f} / {b['cache_pss_mb']:,.0f} MB "
-                    f"| {k['batches']:,} | {k['batches_per_s']} |")
+                    f"| {k['batches']:,} | {k['padded_src_tokens_per_batch']:,} "
+                    f"| {k['batches_per_s']:,.0f} |")
     return "\n".join(lines) + "\n"
 
 

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.helpers import cli, cli_env
 
@@ -237,6 +238,15 @@ def test_empty_data_files_and_a_local_corpus_without_files_are_one_line(tmp_path
     out = cli(env, "table3", "--spec", str(spec), "--scale", "smoke", check=False)
     assert out.returncode == 2
     assert "error: corpus 'local-en-xx' reads local files: set data_dir" in out.stderr
+    # The table cannot be written either (its path is a folder): the data's error is still the one
+    # reported, with its exit status; the render's failure is one warning line before it.
+    (tmp_path / "results" / "mine.md").unlink(missing_ok=True)
+    (tmp_path / "results" / "mine.md").mkdir(parents=True)
+    out = cli(env, "table3", "--spec", str(spec), "--scale", "smoke", check=False)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert lines[-1].startswith("error: corpus 'local-en-xx' reads local files: set data_dir")
+    assert lines[-2].startswith("warning: mine: the table was not rendered either (")
     assert not (tmp_path / "results" / "mine").exists()
 
 
@@ -332,3 +342,31 @@ def test_a_diverged_run_stops_is_not_recorded_and_is_not_trained_again_blindly(t
     cli(env, *args[:-1], "train.lr_scale=0.1")
     assert _record(tmp_path)["metrics"]["train_steps"] == 30
     assert not (work / "diverged.json").exists() and list(work.glob("diverged-*.json"))
+
+
+def test_sigterm_saves_the_step_it_stopped_at_and_the_run_resumes_from_it_exactly(tmp_path, clean):
+    """A preemption or time limit (SIGTERM) loses no more than the step in flight: a checkpoint is
+    saved at the step it stopped at, the next start resumes there, and averaging never counts it,
+    so the record equals an uninterrupted run's."""
+    args = ["table3", "--spec", str(_spec(tmp_path / "mine.yaml")), "--scale", "smoke"]
+    work = tmp_path / "runs" / "mine" / RUN
+    proc = subprocess.Popen([sys.executable, "-m", "reproduce", *args], env=_env(tmp_path),
+                            text=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 300
+    while _newest_step(work) < 13:  # past a few regular checkpoints, mid-run
+        assert proc.poll() is None and time.time() < deadline
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and "Traceback" not in err
+    line = err.strip().splitlines()[-1]
+    match = re.search(r"stopped by SIGTERM at step (\d+) of 30; saved at that step \((.+)\)", line)
+    assert match, line
+    step, saved = int(match[1]), Path(match[2])
+    assert saved == work / "checkpoints" / "preempted.ckpt"
+    assert torch.load(saved, map_location="cpu", weights_only=False)["global_step"] == step
+    assert not (tmp_path / "results" / "mine" / f"{RUN}.json").exists()
+    cli(_env(tmp_path), *args)
+    resumed = _record(tmp_path)
+    assert resumed["resumed_from"]["step"] == step  # the step it stopped at, not a checkpoint before
+    assert _comparable(resumed) == _comparable(_record(clean))

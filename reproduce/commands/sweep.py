@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from reproduce.commands.base import Command, add_results_option, positive_or_auto
 from reproduce.config import ACCELERATORS
@@ -283,12 +284,27 @@ def _train_and_render(args: argparse.Namespace, argv: list[str], spec, runs: lis
                 failed |= isinstance(record, runner.Failed)
                 continue
             print(f"{run.run_id}: {report(record['metrics'])}")
-    finally:
-        if not workers.is_worker():  # workers leave the table to the process that started them
-            render(spec, out, log=log)
+    except BaseException:
+        if not workers.is_worker():
+            _render_after_failure(spec, out, log)
+        raise  # the run's failure is what the command reports and exits with
+    if not workers.is_worker():  # workers leave the table to the process that started them
+        render(spec, out, log=log)
     if recorded and not workers.is_worker():
         _nothing_trained(spec, planned, argv)
     return failed
+
+
+def _render_after_failure(spec, out, log: bool) -> None:
+    """Render what the records hold after a run failed; a failure here is one warning line, never
+    the error the command reports (that is the run's)."""
+    from reproduce.tables.render import render
+
+    try:
+        render(spec, out, log=log)
+    except Exception as exc:  # noqa: BLE001 - reported, and the run's error re-raised by the caller
+        print(f"warning: {spec.table}: the table was not rendered either ({type(exc).__name__}:"
+              f" {exc})", file=sys.stderr)
 
 
 def _submit(args: argparse.Namespace, argv: list[str], spec, runs: list, scale: str) -> None:

@@ -21,6 +21,8 @@ from reproduce.util.files import DAMAGED, move_aside
 log = logging.getLogger("reproduce")
 
 LAST = "last.ckpt"
+# Saved at the step a SIGTERM stopped the run (train.fit.SaveOnStop): resumed from, never averaged.
+PREEMPTED = "preempted.ckpt"
 # ModelCheckpoint(filename="step{step}") writes step1200.ckpt, and step1200-v1.ckpt when that name
 # is taken (a resumed run saving the same step again).
 STEP_NAME = re.compile(r"step(\d+)(?:-v(\d+))?\.ckpt")
@@ -47,7 +49,8 @@ def _step(path: Path) -> int:
 
 def newest_readable(directory: Path) -> Path | None:
     """The checkpoint to resume from in ``directory``: the most recently written whole one of
-    ``last.ckpt`` and ``step<N>.ckpt`` (``last.ckpt`` on a tie); None when there is none.
+    ``last.ckpt``, ``preempted.ckpt`` and ``step<N>.ckpt`` (``last.ckpt`` on a tie); None when
+    there is none.
     Lightning writes ``step<N>.ckpt`` first and ``last.ckpt`` after it, so a process killed in
     between leaves ``last.ckpt`` a save behind. Damaged files met on the way are moved to
     ``<directory>/damaged/`` (never deleted) with one warning line each."""
@@ -57,8 +60,8 @@ def newest_readable(directory: Path) -> Path | None:
         except FileNotFoundError:  # moved or removed meanwhile
             return -1, False, -1
 
-    candidates = sorted([directory / LAST, *directory.glob("step*.ckpt")], key=written,
-                        reverse=True)
+    candidates = sorted([directory / LAST, directory / PREEMPTED, *directory.glob("step*.ckpt")],
+                        key=written, reverse=True)
     for path in candidates:
         if not path.is_file():
             continue

@@ -82,6 +82,7 @@ def fit(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=(),
     module = TranslationModule(c.to_dict())
     clock = TrainClock(every=0 if sys.stderr.isatty() else 50, curve_every=curve_every)
     diverged = StopOnDivergence(run.run_id)
+    stop = SaveOnStop(work / "checkpoints", diverged)
     if os.environ.get(machine.SHARE_ENV):  # a --workers worker on a CPU
         callbacks = [*callbacks, ShareCores()]
     every = ({"train_time_interval": timedelta(minutes=c.train.ckpt_every_minutes)}
@@ -94,7 +95,7 @@ def fit(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=(),
     trainer = pl.Trainer(
         max_steps=c.train.train_steps, max_epochs=-1, precision=precision,
         accelerator=layout.accelerator, devices=layout.devices, strategy=_strategy(layout),
-        logger=logger, callbacks=[diverged, ckpt, clock, *callbacks],
+        logger=logger, callbacks=[diverged, ckpt, clock, stop, *callbacks],
         plugins=[AtomicCheckpointIO()],
         num_sanity_val_steps=0, log_every_n_steps=10, enable_model_summary=False,
         enable_progress_bar=sys.stderr.isatty(),
@@ -114,9 +115,10 @@ def fit(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=(),
     try:
         trainer.fit(module, datamodule=data, ckpt_path=last)
     except SIGTERMException:  # Lightning's: a SystemExit with status 0, as if the run had ended
+        where = (f"saved at that step ({stop.saved}); run the command again to resume from it"
+                 if stop.saved else "run the command again to resume it from its last checkpoint")
         raise SystemExit(f"{run.run_id}: stopped by SIGTERM at step {trainer.global_step} of "
-                         f"{c.train.train_steps}; run the command again to resume it from its "
-                         "last checkpoint") from None
+                         f"{c.train.train_steps}; {where}") from None
     if trainer.interrupted or trainer.global_step < c.train.train_steps:
         raise RuntimeError(f"{run.run_id}: training stopped at step {trainer.global_step} of "
                            f"{c.train.train_steps}; run the command again to resume")
@@ -170,6 +172,26 @@ class StepCheckpoint(pl.callbacks.ModelCheckpoint):
         if self._after_validation is not None and trainer.state.fn == "fit":
             args, self._after_validation = self._after_validation, None
             super().on_train_batch_end(trainer, pl_module, *args)
+
+
+class SaveOnStop(pl.Callback):
+    """On SIGTERM (a preemption, a time limit, ``kill``), save a checkpoint at the current step
+    before the run exits: Lightning raises ``SIGTERMException`` after the step in flight, on every
+    rank together, and calls ``on_exception`` before it tears the run down. The file
+    (``checkpoints.PREEMPTED``) is what the next start resumes from; averaging never counts it, so
+    the record is the one an uninterrupted run would write."""
+
+    def __init__(self, folder: Path, diverged: StopOnDivergence) -> None:
+        self.folder, self.diverged = folder, diverged
+        self.saved: Path | None = None
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        if not isinstance(exception, SIGTERMException):
+            return
+        self.diverged.check(trainer)  # never save a diverged model
+        path = self.folder / checkpoints.PREEMPTED
+        trainer.save_checkpoint(path)
+        self.saved = path
 
 
 class StopOnDivergence(pl.Callback):
