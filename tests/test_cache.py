@@ -230,3 +230,21 @@ def test_batches_from_loader_workers_are_the_batches_of_the_training_process(tmp
     dm = TranslationData("local-en-de", tokenizer, batch_tokens=600, data_dir=corpus)
     with pytest.raises(DataError, match="REPRODUCE_LOADER_WORKERS='many'"):
         _ = dm.loader_workers
+
+
+def test_the_cache_is_listed_and_pruned_but_never_under_a_build(tmp_path, corpus):
+    from reproduce.util.cache_store import cache_entries, prune
+    from reproduce.util.files import exclusive
+
+    cache = tmp_path / "cache"
+    tokenizer = corpus_tokenizer(_source(corpus), 300, cache)
+    kept = encoded_corpus(_source(corpus), tokenizer, cache_dir=cache)
+    other = encoded_corpus(_source(corpus), tokenizer, max_train_pairs=50, cache_dir=cache)
+    entries = cache_entries(cache)
+    assert {e.folder for e in entries} == {kept.folder, other.folder}
+    assert {e.train_pairs for e in entries} == {400, 50} and all(e.bytes > 0 for e in entries)
+    assert prune(cache, unused_days=1) == []  # both mapped just now
+    with exclusive(cache / "encoded" / f"{kept.folder.name}.lock"):  # a build in progress
+        removed = prune(cache)
+    assert [e.folder for e in removed] == [other.folder] and not other.folder.exists()
+    assert kept.folder.exists()

@@ -11,7 +11,6 @@ byte-range locks, which work across nodes (as on Lustre mounted with ``-o flock`
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import json
 import os
@@ -21,6 +20,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from reproduce.util.files import try_lock
 
 CLAIM_FILE = "claim"
 
@@ -52,13 +53,9 @@ def claim(work: Path) -> Iterator[bool]:
     work.mkdir(parents=True, exist_ok=True)
     fd = os.open(work / CLAIM_FILE, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno in (errno.EACCES, errno.EAGAIN):
-                yield False
-                return
-            raise
+        if not try_lock(fd):
+            yield False
+            return
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps({"worker": worker_id(), "since": time.time()}).encode(), 0)
         os.fsync(fd)
@@ -74,11 +71,7 @@ def holder(work: Path) -> dict[str, Any] | None:
         return None
     fd = os.open(path, os.O_RDWR)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno not in (errno.EACCES, errno.EAGAIN):
-                raise
+        if not try_lock(fd):
             try:
                 return json.loads(os.pread(fd, 4096, 0) or b"{}")
             except json.JSONDecodeError:

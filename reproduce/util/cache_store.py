@@ -3,13 +3,14 @@ them with their size and last use, and pruning them. Torch-free, for ``status`` 
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from reproduce.util.files import try_lock
 
 SUBDIR = "encoded"  # under the cache root
 META = "meta.json"  # written last: a folder without it was never finished
@@ -62,11 +63,8 @@ def prune(cache_dir: str | Path, unused_days: float = 0.0) -> list[CacheEntry]:
         lock = entry.folder.parent / f"{entry.folder.name}.lock"
         fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            continue  # being built or checked right now
-        try:
+            if not try_lock(fd):
+                continue  # being built or checked right now
             shutil.rmtree(entry.folder)
             removed.append(entry)
         finally:

@@ -61,14 +61,22 @@ def exclusive(path: Path, waiting: Callable[[], None] | None = None) -> Iterator
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno not in (errno.EACCES, errno.EAGAIN):
-                raise
+        if not try_lock(fd):
             if waiting is not None:
                 waiting()
             fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
         os.close(fd)  # closing the descriptor drops the lock
+
+
+def try_lock(fd: int) -> bool:
+    """Take an exclusive ``flock`` on the open file ``fd`` without waiting: False when another
+    open file holds it; any other failure raises."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno not in (errno.EACCES, errno.EAGAIN):
+            raise
+        return False
+    return True
