@@ -95,8 +95,7 @@ def encoded_corpus(source: CorpusSource, tokenizer: Tokenizer, train_every: int 
         return _encode(source, tokenizer, train_every, max_train_pairs, max_eval_pairs)
     key = cache_key(source, tokenizer, train_every, max_train_pairs, max_eval_pairs)
     folder = Path(cache_dir) / SUBDIR / key
-    waiting = lambda: logger.info("%s: waiting for another process to build %s", source.corpus,  # noqa: E731
-                                  folder)
+    waiting = f"{source.corpus}: waiting for another process to build {folder}"
     with exclusive(folder.parent / f"{key}.lock", waiting=waiting):
         corpus = read_cache(folder)
         if corpus is None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytorch_lightning as pl
@@ -23,7 +23,7 @@ from reproduce.data.batching import (
     batch_by_tokens,
     source_tensor,
 )
-from reproduce.data.cache import encoded_corpus
+from reproduce.data.cache import EncodedCorpus, encoded_corpus
 from reproduce.data.corpora import corpus_spec
 from reproduce.data.ngram import ngram_perplexities
 from reproduce.data.source import CorpusSource
@@ -100,14 +100,13 @@ class TranslationData(pl.LightningDataModule):
         self.seed = seed
         self.cache_dir = cache_dir
         self.source = source or CorpusSource(corpus, data_dir, extra_trees, linearization)
-        self.cache_folder: Path | None = None  # where the encoded corpus is mapped from
         self.dropped = 0
         self.sha256: dict[str, str] = {}  # per split, of the pairs used (``pairs_sha256``)
         self.dev_pairs: list[tuple[str, str]] = []
         self.test_pairs: list[tuple[str, str]] = []
         self._train: Encoded | None = None
         self._dev: Encoded | None = None
-        self._remember: Callable[[str, Callable[[], Any]], Any] = lambda _, compute: compute()
+        self._corpus: EncodedCorpus | None = None
         self._batch_counts: dict[tuple[int, bool, int, int], int] = {}
 
     def setup(self, stage: str | None = None) -> None:
@@ -116,7 +115,7 @@ class TranslationData(pl.LightningDataModule):
             return
         corpus = encoded_corpus(self.source, self.tokenizer, self.train_every,
                                 self.max_train_pairs, self.max_eval_pairs, self.cache_dir)
-        self.cache_folder = corpus.folder
+        self._corpus = corpus
         self.dev_pairs, self.test_pairs, self.sha256 = (corpus.dev_pairs, corpus.test_pairs,
                                                         corpus.sha256)
         encoded = corpus.train
@@ -134,16 +133,22 @@ class TranslationData(pl.LightningDataModule):
             )
         self._train = encoded.subset(np.flatnonzero(fits)) if self.dropped else encoded
         self._dev = corpus.dev
-        self._remember = corpus.remember
 
     def reference_perplexities(self) -> dict[str, float]:
         """Dev PPL of unigram and bigram count models of the training targets (same pieces),
         computed once per encoded corpus and length limit."""
-        return self._remember(
+        if self._corpus is None:
+            raise RuntimeError("TranslationData.setup() must run before reference_perplexities")
+        return self._corpus.remember(
             f"reference_ppl-{self.max_tokens_per_sentence}",
             lambda: ngram_perplexities(self._ready(self._train).tgt, self._ready(self._dev).tgt,
                                        self.tokenizer.vocab_size, self.tokenizer.bos_id,
                                        self.tokenizer.eos_id))
+
+    @property
+    def cache_folder(self) -> Path | None:
+        """Where the encoded corpus is mapped from (None: encoded in memory, or not set up)."""
+        return None if self._corpus is None else self._corpus.folder
 
     @property
     def num_train_pairs(self) -> int:

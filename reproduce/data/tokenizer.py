@@ -31,8 +31,7 @@ def corpus_tokenizer(source: CorpusSource, vocab_size: int,
     path = tokenizer_path(source, vocab_size, cache)
     if path.is_file():
         return load_tokenizer(path)
-    waiting = lambda: logger.info("%s: waiting for another process to train %s", source.corpus,  # noqa: E731
-                                  path)
+    waiting = f"{source.corpus}: waiting for another process to train {path}"
     with exclusive(path.with_suffix(".lock"), waiting=waiting):  # one trainer among the ranks
         if path.is_file():
             return load_tokenizer(path)

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import logging
 import os
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 DAMAGED = "damaged"  # the folder beside damaged records and checkpoints that holds them
 
@@ -53,17 +56,17 @@ def move_aside(path: Path, to: Path) -> Path:
 
 
 @contextmanager
-def exclusive(path: Path, waiting: Callable[[], None] | None = None) -> Iterator[None]:
+def exclusive(path: Path, waiting: str = "") -> Iterator[None]:
     """Hold an exclusive ``flock`` on ``path`` (created as needed) while the block runs, waiting
-    for whoever holds it; ``waiting`` is called once if there is a wait. The kernel releases the
+    for whoever holds it; ``waiting`` is logged (one line) if there is a wait. The kernel releases the
     lock when its process dies, however it dies, and NFS and Lustre (``-o flock``) carry it across
     nodes, so one process of many, on one machine or several, builds what they all need."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         if not try_lock(fd):
-            if waiting is not None:
-                waiting()
+            if waiting:
+                log.info("%s", waiting)
             fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
