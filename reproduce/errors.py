@@ -36,3 +36,12 @@ class Diverged(RuntimeError):
         last = f"{last_finite:.4g}" if last_finite is not None else "none"
         super().__init__(f"{run_id}: diverged: the training loss is not finite by step {step} "
                          f"(last finite loss {last})")
+
+
+class Stopped(SystemExit):
+    """A run stopped by a signal (SIGTERM, SLURM's USR2) at the end of a step, saved there: exit 1
+    with the message; ``signal`` says which (``plan.launch`` requeues on USR2)."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.signal = signum

@@ -27,11 +27,13 @@ def test_slurm_dry_run_prints_the_plan_and_the_sbatch_header(capsys, tmp_path, m
 def test_big_gets_three_times_the_time_and_gpus_can_be_changed():
     spec = load_spec("table3")
     base, big = spec.plan(["base", "big"], "paper", [0])
-    assert launch.slurm_parameters("paper", [big], None, None)["time"] == \
-        3 * launch.slurm_parameters("paper", [base], None, None)["time"]
-    one = launch.slurm_parameters("paper", [base], 1, None)
-    assert (one["gpus_per_node"], one["ntasks_per_node"]) == (1, 1)
-    cpu = launch.slurm_parameters("cpu", spec.plan(["base"], "cpu", [0]), None, None)
+    assert launch.slurm_parameters("paper", [big])["time"] == \
+        3 * launch.slurm_parameters("paper", [base])["time"]
+    one = launch.slurm_parameters("paper", [base], launch.Cluster(gpus_per_node=1))
+    assert (one["gpus_per_node"], one["ntasks_per_node"], one["nodes"]) == (1, 1, 1)
+    two = launch.slurm_parameters("paper", [base], launch.Cluster(nodes=2, gpus_per_node=4))
+    assert (two["gpus_per_node"], two["ntasks_per_node"], two["nodes"]) == (4, 4, 2)
+    cpu = launch.slurm_parameters("cpu", spec.plan(["base"], "cpu", [0]))
     assert "gpus_per_node" not in cpu and cpu["cpus_per_task"] == 2
 
 
@@ -43,7 +45,7 @@ def test_local_executor_runs_the_job_and_a_second_submission_skips_it(tmp_path, 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     spec = load_spec("table3")
     runs = spec.plan(["A3"], "smoke", [0])
-    executor = launch.executor_for(tmp_path / "jobs", "smoke", runs, None, None, cluster="local")
+    executor = launch.executor_for(tmp_path / "jobs", "smoke", runs, where="local")
     (job,) = launch.submit(executor, str(spec.path), runs, spec.split, "python -m reproduce test")
     assert job.result(), job.stderr()
     assert job.result().startswith("table3-A3-smoke-seed0: recorded, dev PPL")
@@ -72,4 +74,5 @@ def test_set_values_travel_with_each_array_task():
 
     launch.submit(Executor(), str(spec.path), runs, spec.split, "python -m reproduce test")
     [(fn, args)] = submitted
-    assert fn is launch.run_one and args[-1] == {"warmup_steps": 5}
+    assert fn is launch.run_one and args[-2:] == ({"warmup_steps": 5}, 1)
+

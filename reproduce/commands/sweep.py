@@ -35,8 +35,11 @@ class Table(Command):
         t.add_argument("--launcher", choices=["local", "slurm"], default="local",
                        help="local: train on this machine (default; --workers says how many "
                        "processes); slurm: submit one job-array task per run with submitit")
-        t.add_argument("--gpus", type=int, help="with --launcher slurm: GPUs per run (default: "
-                       "by scale, 8 at `paper`)")
+        t.add_argument("--gpus-per-node", "--gpus", dest="gpus", type=int, help="with "
+                       "--launcher slurm: GPUs (one task each) per node of a run (default: by "
+                       "scale, 8 at `paper`)")
+        t.add_argument("--nodes", type=int, default=1, help="with --launcher slurm: nodes one "
+                       "run trains on (default 1); every node's tasks join one DDP run")
         t.add_argument("--partition", help="with --launcher slurm: the SLURM partition")
         t.add_argument("--workers", type=positive_or_auto, default="auto", help="local: train "
                        "with N processes that split the cores (or one GPU each), runs balanced "
@@ -309,28 +312,33 @@ def _render_after_failure(spec, out, log: bool) -> None:
 
 def _submit(args: argparse.Namespace, argv: list[str], spec, runs: list, scale: str) -> None:
     """--launcher slurm: one array task per run without a record (reproduce/plan/launch.py)."""
+    from reproduce.errors import ConfigError
     from reproduce.paths import runs_dir
     from reproduce.plan import launch
     from reproduce.runs.records import finished, recorded_command
 
+    if args.nodes < 1 or (args.gpus is not None and args.gpus < 0):
+        raise ConfigError(f"--nodes {args.nodes} --gpus-per-node {args.gpus}: nodes must be 1 or "
+                          "more and GPUs per node 0 or more")
+    cluster = launch.Cluster(args.nodes, args.gpus, args.partition)
     todo = [run for run in runs if finished(run) is None]
     print(f"submission plan: {len(todo)} of {len(runs)} run(s) have no record; one SLURM array "
           "task each:")
-    for line in launch.plan_lines(todo, args.gpus, args.partition):
+    for line in launch.plan_lines(todo, cluster):
         print("  " + line)
     if not todo:
         return
     folder = runs_dir() / spec.table / "slurm"
     if args.dry_run:
-        script = launch.sbatch_script(folder, scale, todo, args.gpus, args.partition)
+        script = launch.sbatch_script(folder, scale, todo, cluster)
         print("sbatch header (submitit writes the rest):")
         for line in script.splitlines():
             if line.startswith("#SBATCH"):
                 print("  " + line)
         return
-    executor = launch.executor_for(folder, scale, todo, args.gpus, args.partition)
+    executor = launch.executor_for(folder, scale, todo, cluster)
     jobs = launch.submit(executor, str(spec.path), todo, spec.split, recorded_command(argv),
-                         args.gpus)
+                         cluster)
     for run, job in zip(todo, jobs, strict=True):
         print(f"  {run.run_id}: job {job.job_id}")
 

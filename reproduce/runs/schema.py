@@ -59,7 +59,8 @@ class DataSummary(TypedDict, total=False):
 class Batch(TypedDict, total=False):
     accelerator: str
     strategy: str
-    devices: int
+    devices: int  # per node
+    nodes: int
     world_size: int
     accumulate: int
     device_batch_tokens: int

@@ -137,7 +137,13 @@ def layouts(records: list[dict[str, Any]]) -> str:
             continue  # a record without its batch layout says nothing here
         n = b.get("world_size", b.get("devices", 1))
         one, many = DEVICE_NAMES[b.get("accelerator", "cpu")]
-        counts[f"{n} {many + ' (DDP)' if n > 1 else one} x {b['accumulate']} accumulated x "
+        nodes = b.get("nodes", 1)
+        if nodes > 1:
+            per = n // nodes
+            where = f"{nodes} nodes x {per} {many if per > 1 else one} (DDP)"
+        else:
+            where = f"{n} {many + ' (DDP)' if n > 1 else one}"
+        counts[f"{where} x {b['accumulate']} accumulated x "
                f"{b['device_batch_tokens']} tokens = {b['effective_tokens_per_step']} tokens per "
                "step"] += 1
     return "; ".join(f"{k} ({v} run{'s' if v > 1 else ''})" for k, v in sorted(counts.items()))

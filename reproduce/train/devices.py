@@ -24,6 +24,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -33,10 +35,12 @@ from typing import Any
 import torch
 
 from reproduce.config import ACCELERATORS, Config
-from reproduce.errors import ConfigError, RankFailure
+from reproduce.errors import ConfigError, RankFailure, Stopped
+from reproduce.runs.checkpoints import PREEMPTED
 from reproduce.runs.claims import rank
 from reproduce.runs.sweep import PlannedRun
 from reproduce.util import machine
+from reproduce.util.files import write_atomic
 from reproduce.util.machine import SHARE_ENV
 
 PAYLOAD = "ranks.json"  # in the run's folder: what its ranks train
@@ -50,19 +54,26 @@ DEVICE_NAMES = {"cpu": ("CPU process", "CPU processes"), "gpu": ("GPU", "GPUs")}
 
 @dataclass(frozen=True)
 class Layout:
-    """Devices one run trains on: ``accelerator`` cpu or gpu, ``devices`` processes (DDP if > 1)."""
+    """Devices one run trains on: ``accelerator`` cpu or gpu, ``devices`` processes on each of
+    ``nodes`` nodes (DDP if more than one in all; several nodes: tasks a cluster started)."""
 
     accelerator: str = "cpu"
     devices: int = 1
+    nodes: int = 1
+
+    @property
+    def world(self) -> int:
+        return self.devices * self.nodes
 
     @property
     def strategy(self) -> str:
-        return "ddp" if self.devices > 1 else "single-device"
+        return "ddp" if self.world > 1 else "single-device"
 
     def describe(self) -> str:
         one, many = DEVICE_NAMES[self.accelerator]
-        return (f"{self.devices} {many if self.devices > 1 else one}"
-                + (f" (DDP, {self.backend})" if self.devices > 1 else ""))
+        where = f"{self.nodes} nodes x " if self.nodes > 1 else ""
+        return (f"{where}{self.devices} {many if self.devices > 1 else one}"
+                + (f" (DDP, {self.backend})" if self.world > 1 else ""))
 
     @property
     def backend(self) -> str:
@@ -74,8 +85,53 @@ ONE_DEVICE = Layout()
 
 def external_ranks() -> bool:
     """Whether this process is one of several a cluster started for one run (SLURM: one task per
-    device): then every rank trains in place, and no process group is started here."""
+    device, on one node or several): then every rank trains in place, no process group is started
+    here, and the ranks other than 0 follow rank 0's decision (``Decision``)."""
     return int(os.environ.get("SLURM_NTASKS", "1") or 1) > 1
+
+
+def cluster_plugins() -> list:
+    """Lightning's cluster environment for a SLURM task, with Lightning's own requeue (on USR1)
+    off: ``plan.launch`` owns preemption (submitit's signal, a checkpoint at the step, requeue)."""
+    from lightning_fabric.plugins.environments import SLURMEnvironment
+
+    return [SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else []
+
+
+class Decision:
+    """What rank 0 of a cluster's tasks decided for a run (train it, in which precision, or not),
+    in a file of the run's folder that the other ranks wait for: they cannot decide alone, as a
+    precision timed on each node, or a claim, could differ from rank 0's. Keyed by the job and its
+    restart count, so a requeued job never reads its previous start's file."""
+
+    def __init__(self, work: Path) -> None:
+        job = os.environ.get("SLURM_JOB_ID", "0")
+        restart = os.environ.get("SLURM_RESTART_COUNT", "0") or "0"
+        self.path = work / f"decision-{job}.{restart}.json"
+        self.written = False
+
+    def publish(self, precision: tuple[str, dict] | None) -> None:
+        """Rank 0: train with ``precision``, or (None) nothing to train now."""
+        write_atomic(self.path, json.dumps({"precision": precision}).encode())
+        self.written = True
+
+    def close(self) -> None:
+        """Rank 0, whatever happened: the ranks never wait on a decision that was not made."""
+        if not self.written:
+            self.publish(None)
+
+    def wait(self) -> tuple[str, dict] | None:
+        """Another rank: rank 0's precision, or None (nothing to train); waits up to the DDP
+        timeout (``REPRODUCE_DDP_TIMEOUT``)."""
+        deadline = time.time() + timeout_seconds()
+        while not self.path.exists():
+            if time.time() > deadline:
+                raise RankFailure(f"rank {rank()}: rank 0 made no decision about this run in "
+                                  f"{timeout_seconds():.0f} s ({self.path} never appeared; "
+                                  f"{TIMEOUT_ENV} sets the wait)")
+            time.sleep(0.5)
+        found = json.loads(self.path.read_text())["precision"]
+        return tuple(found) if found is not None else None
 
 
 def resolve(accelerator: str | None, devices: int | str | None, scale_devices: int | str = 1
@@ -128,13 +184,28 @@ def train_on_ranks(run: PlannedRun, split: str, command: str, work: Path,
         env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
     proc = subprocess.Popen([sys.executable, "-m", "reproduce", "_rank-run", str(payload)],
                             env=env, start_new_session=True)
+    stopped: list[int] = []
+
+    def forward(signum, frame) -> None:  # every rank saves the step it is at and exits
+        stopped.append(signum)
+        _signal_group(proc.pid, signum)
+
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, forward) if main else None
     try:
         code = proc.wait()
-    except BaseException:  # Ctrl-C or SIGTERM here: stop every rank, then go on stopping
+    except BaseException:  # Ctrl-C here: stop every rank, then go on stopping
         _stop_group(proc, signal.SIGINT)
         raise
     finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
         _kill_group(proc.pid)  # ranks still alive after rank 0 ended (it died, or they linger)
+    if code != 0 and stopped:
+        saved = work / "checkpoints" / PREEMPTED
+        where = (f"its ranks saved the step they were at ({saved}): run the command again to "
+                 "resume from it" if saved.exists() else "run the command again to resume it")
+        raise Stopped(f"{run.run_id}: stopped by SIGTERM; {where}", signal.SIGTERM)
     if code != 0:
         how = f"signal {-code}" if code < 0 else f"status {code}"
         raise RankFailure(f"{run.run_id}: rank 0 of {layout.devices} exited with {how}; every "
@@ -151,8 +222,12 @@ def _stop_group(proc: subprocess.Popen, sig: int, grace: float = 30.0) -> None:
 
 
 def _kill_group(pgid: int) -> None:
+    _signal_group(pgid, signal.SIGKILL)
+
+
+def _signal_group(pgid: int, signum: int) -> None:
     try:
-        os.killpg(pgid, signal.SIGKILL)
+        os.killpg(pgid, signum)
     except (ProcessLookupError, PermissionError):
         pass
 
@@ -160,9 +235,38 @@ def _kill_group(pgid: int) -> None:
 # --- a rank's side -------------------------------------------------------------------------------
 
 
+def die_with_parent() -> None:
+    """Be killed (SIGKILL) when the process that started this one dies, however it dies (kill -9,
+    the OOM killer): rank 0 with the sweep's process, the other ranks with rank 0 (Lightning's
+    launcher starts them), so no rank trains on unsupervised, holding devices. Linux's
+    ``PR_SET_PDEATHSIG``; elsewhere a thread that watches the parent."""
+    parent = os.getppid()
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl")
+    except (OSError, AttributeError):
+        import threading
+
+        def watch() -> None:
+            while os.getppid() == parent:
+                time.sleep(1)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        threading.Thread(target=watch, daemon=True, name="die-with-parent").start()
+    if parent == 1 or os.getppid() != parent:  # it died before the line above took effect
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
 def rank_main(path: str, run_here: Callable[..., Any]) -> int:
     """``python -m reproduce _rank-run FILE``: this process's part of the run in FILE, trained by
     ``run_here`` (``runner.run_here``)."""
+    die_with_parent()
     data = json.loads(Path(path).read_text())
     spec = data["run"]
     run = PlannedRun(**{**spec, "config": Config.from_dict(spec["config"])})

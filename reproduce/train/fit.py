@@ -6,7 +6,9 @@ from __future__ import annotations
 import io
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 from dataclasses import asdict
 from datetime import timedelta
@@ -24,7 +26,7 @@ from reproduce.data import is_treebank, local_files
 from reproduce.data.module import TranslationData
 from reproduce.data.source import CorpusSource
 from reproduce.data.tokenizer import corpus_tokenizer
-from reproduce.errors import Diverged
+from reproduce.errors import Diverged, Stopped
 from reproduce.paper.optim import accumulation
 from reproduce.paths import cache_dir
 from reproduce.runs import checkpoints
@@ -82,7 +84,7 @@ def fit(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=(),
     module = TranslationModule(c.to_dict())
     clock = TrainClock(every=0 if sys.stderr.isatty() else 50, curve_every=curve_every)
     diverged = StopOnDivergence(run.run_id)
-    stop = SaveOnStop(work / "checkpoints", diverged)
+    stop = SaveOnStop(work / "checkpoints", diverged, c.train.val_every_steps)
     if os.environ.get(machine.SHARE_ENV):  # a --workers worker on a CPU
         callbacks = [*callbacks, ShareCores()]
     every = ({"train_time_interval": timedelta(minutes=c.train.ckpt_every_minutes)}
@@ -94,9 +96,9 @@ def fit(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=(),
         save_last=True, save_top_k=c.train.average_last, monitor="step", mode="max", **every)
     trainer = pl.Trainer(
         max_steps=c.train.train_steps, max_epochs=-1, precision=precision,
-        accelerator=layout.accelerator, devices=layout.devices, strategy=_strategy(layout),
-        logger=logger, callbacks=[diverged, ckpt, clock, stop, *callbacks],
-        plugins=[AtomicCheckpointIO()],
+        accelerator=layout.accelerator, devices=layout.devices, num_nodes=layout.nodes,
+        strategy=_strategy(layout), logger=logger, callbacks=[diverged, ckpt, clock, stop, *callbacks],
+        plugins=[AtomicCheckpointIO(), *devices.cluster_plugins()],
         num_sanity_val_steps=0, log_every_n_steps=10, enable_model_summary=False,
         enable_progress_bar=sys.stderr.isatty(),
         **({"val_check_interval": c.train.val_every_steps, "check_val_every_n_epoch": None}
@@ -117,8 +119,9 @@ def fit(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=(),
     except SIGTERMException:  # Lightning's: a SystemExit with status 0, as if the run had ended
         where = (f"saved at that step ({stop.saved}); run the command again to resume from it"
                  if stop.saved else "run the command again to resume it from its last checkpoint")
-        raise SystemExit(f"{run.run_id}: stopped by SIGTERM at step {trainer.global_step} of "
-                         f"{c.train.train_steps}; {where}") from None
+        name = signal.Signals(stop.signal or signal.SIGTERM).name
+        raise Stopped(f"{run.run_id}: stopped by {name} at step {trainer.global_step} of "
+                      f"{c.train.train_steps}; {where}", stop.signal or signal.SIGTERM) from None
     if trainer.interrupted or trainer.global_step < c.train.train_steps:
         raise RuntimeError(f"{run.run_id}: training stopped at step {trainer.global_step} of "
                            f"{c.train.train_steps}; run the command again to resume")
@@ -129,7 +132,7 @@ def fit(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=(),
 
 
 def _strategy(layout: Layout):
-    if layout.devices == 1:
+    if layout.world == 1:
         return "auto"
 
     return DDPStrategy(process_group_backend=layout.backend,
@@ -175,15 +178,64 @@ class StepCheckpoint(pl.callbacks.ModelCheckpoint):
 
 
 class SaveOnStop(pl.Callback):
-    """On SIGTERM (a preemption, a time limit, ``kill``), save a checkpoint at the current step
-    before the run exits: Lightning raises ``SIGTERMException`` after the step in flight, on every
-    rank together, and calls ``on_exception`` before it tears the run down. The file
-    (``checkpoints.PREEMPTED``) is what the next start resumes from; averaging never counts it, so
-    the record is the one an uninterrupted run would write."""
+    """On a stop signal (SIGTERM: a preemption, ``kill``, ``scancel``; USR2: SLURM's warning
+    before the time limit, which ``plan.launch`` also requeues on), end the run at the end of the
+    step in flight, saving a checkpoint there (``checkpoints.PREEMPTED``): the next start resumes
+    from it, and averaging never counts it, so the record is the one an uninterrupted run writes.
 
-    def __init__(self, folder: Path, diverged: StopOnDivergence) -> None:
-        self.folder, self.diverged = folder, diverged
+    While fitting, these handlers replace Lightning's (restored with the others when fit ends),
+    which stop a dev evaluation mid-way (its point of the learning curve lost on resume) and run a
+    collective inside the signal handler on each rank, so ranks signalled a step apart stop at
+    different places and wait on each other forever. Here a handler only notes the signal; the
+    ranks decide together at the end of each optimizer step, after its dev evaluation if it has
+    one (one all-reduce of a flag, on several devices only), then Lightning's own flag makes every
+    rank leave at that step's end, and ``on_exception`` saves."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
+
+    def __init__(self, folder: Path, diverged: StopOnDivergence, val_every_steps: int = 0) -> None:
+        self.folder, self.diverged, self.val_every_steps = folder, diverged, val_every_steps
         self.saved: Path | None = None
+        self.signal: int | None = None  # the stop signal that came, if any
+        self._step_before: int | None = None
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # Python takes signals in the main thread only; Lightning's stay in place
+        if trainer.received_sigterm:  # came before training started, through Lightning's handler
+            self.signal = signal.SIGTERM
+            trainer._signal_connector.received_sigterm = False
+        for signum in self.SIGNALS:
+            signal.signal(signum, self._note)
+
+    def _note(self, signum, frame) -> None:
+        self.signal = signum
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._step_before = trainer.global_step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step
+        if step == self._step_before:
+            return  # inside an accumulated step
+        if self.val_every_steps and step % self.val_every_steps == 0:
+            return  # decided after this step's dev evaluation
+        self._decide(trainer, pl_module)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if trainer.state.fn == "fit" and not trainer.sanity_checking:
+            self._decide(trainer, pl_module)
+
+    def _decide(self, trainer, pl_module) -> None:
+        stop = self.signal is not None
+        if trainer.world_size > 1:  # every rank stops at the same step, or none does
+            flag = torch.tensor([float(stop)], device=pl_module.device)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            stop = bool(flag.item())
+            if stop and self.signal is None:
+                self.signal = signal.SIGTERM  # another rank's
+        if stop:  # Lightning's flag: every rank raises SIGTERMException at this step's end
+            trainer._signal_connector.received_sigterm = True  # no public setter
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         if not isinstance(exception, SIGTERMException):

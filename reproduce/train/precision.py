@@ -141,7 +141,7 @@ def choose_precision(run: PlannedRun, layout: Layout = ONE_DEVICE) -> tuple[str,
         reference = run.precision_from.overrides(precision=c.train.precision)
         model = f"{run.table}'s base at `{run.scale}` (one precision for all its variants)"
     micro = accumulation(reference.train.batch_tokens, reference.train.device_batch_tokens,
-                         layout.devices)[1]
+                         layout.world)[1]
     threads = torch.get_num_threads()
     if layout.accelerator == "cpu" and layout.devices > 1:
         torch.set_num_threads(max(1, threads // layout.devices))  # as each rank will have

@@ -53,12 +53,28 @@ def execute(run: PlannedRun, split: str, command: str, extra: dict[str, Any] | N
     (``devices``).
 
     ``extra`` entries are added to the record (e.g. ``tuning``: how the settings were chosen)."""
+    work = runs_dir() / run.table / run.run_id
+    if devices.external_ranks() and rank() != 0:  # one of a cluster's tasks: as rank 0 decides
+        precision = devices.Decision(work).wait()
+        if precision is None:
+            return "rank 0 trains nothing now"
+        run_here(run, split, command, work, extra, layout, precision)
+        return "this rank's part is done; rank 0 records it"
+    decision = devices.Decision(work) if devices.external_ranks() else None
+    try:
+        return _execute(run, split, command, work, extra, layout, decision)
+    finally:
+        if decision is not None:
+            decision.close()
+
+
+def _execute(run: PlannedRun, split: str, command: str, work: Path, extra: dict[str, Any] | None,
+             layout: Layout, decision: devices.Decision | None) -> Record | str:
     path = record_path(run)
     record = finished(run)
     if record is not None:
         log.info("%s: finished earlier (%s), skipped", run.run_id, path)
         return record
-    work = runs_dir() / run.table / run.run_id
     with claim(work) as mine:
         if not mine:
             return "another worker is training it, skipped"
@@ -80,9 +96,11 @@ def execute(run: PlannedRun, split: str, command: str, extra: dict[str, Any] | N
             return (f"the same training as {reused.run_id}, which a worker is training now: left "
                     "to evaluate that once it has finished (run this command again then)")
         precision = choose_precision(run, layout)
-        if layout.devices > 1 and not devices.external_ranks():
+        if layout.devices > 1 and decision is None:
             devices.train_on_ranks(run, split, command, work, extra, layout, precision)
             return load_record(path) or "its ranks ended without writing a record"
+        if decision is not None:
+            decision.publish(precision)
         try:
             record = run_here(run, split, command, work, extra, layout, precision)
         except Diverged as e:  # nothing evaluated, nothing recorded; the marker stops a rerun
@@ -159,7 +177,7 @@ def run_here(run: PlannedRun, split: str, command: str, work: Path,
                  **({"encoded": data.cache_folder.name} if data.cache_folder else {}),
                  "loader_workers": data.loader_workers},
         "batch": {"accelerator": layout.accelerator, "strategy": layout.strategy,
-                  "devices": layout.devices, "world_size": trainer.world_size,
+                  "devices": layout.devices, "nodes": layout.nodes, "world_size": trainer.world_size,
                   "accumulate": accumulate,
                   "device_batch_tokens": micro,
                   "effective_tokens_per_step": micro * trainer.world_size * accumulate,
