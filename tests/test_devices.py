@@ -211,10 +211,15 @@ def test_accelerator_gpu_without_a_gpu_is_refused():
 
 
 def test_the_dry_run_shows_devices_accumulation_and_the_effective_batch(tmp_path):
-    out = cli(_env(tmp_path), "table2", "--variant", "base-en-de", "--scale", "smoke",
-              "--devices", "2", "--dry-run")
+    args = ["table2", "--variant", "base-en-de", "--scale", "smoke", "--devices", "2", "--dry-run"]
+    out = cli({**_env(tmp_path), devices.TIMEOUT_ENV: "90"}, *args)
     assert "each run on 2 CPU processes (DDP, gloo)" in out.stdout
     assert "1024 tokens/step (2 device(s) x 1 accumulated x 512)" in out.stdout
+    assert f"collective (or on a rank that never joins) after 90 s ({devices.TIMEOUT_ENV} sets it" \
+        in out.stdout
+    bad = cli({**_env(tmp_path), devices.TIMEOUT_ENV: "soon"}, *args, check=False)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert f"{devices.TIMEOUT_ENV}='soon': allowed values are seconds above 0" in bad.stderr
 
 
 def test_layout_resolution():

@@ -15,7 +15,7 @@ from reproduce.runs.checkpoints import steps_left
 from reproduce.runs.precisions import most_common, trained_in
 from reproduce.runs.records import every_table_records, load_records, plan_state
 from reproduce.runs.sharing import reuse_lines, twins
-from reproduce.train.devices import Layout
+from reproduce.train.devices import TIMEOUT_ENV, Layout, timeout_seconds
 from reproduce.util import machine
 
 
@@ -56,6 +56,10 @@ def print_plan(spec, runs: list, layout: Layout, on: str | None = None,
              "thread(s)" if target.kind == "cpu" else target.label)
     print(f"each run on {layout.describe() if target.kind == 'cpu' else target.label}; plan on "
           f"{where}; counted FLOPs per step, no model built:")
+    if layout.world > 1 or target.devices > 1:
+        print(f"  ranks give up on a collective (or on a rank that never joins) after "
+              f"{timeout_seconds():.0f} s ({TIMEOUT_ENV} sets it; a rank that dies is noticed at "
+              "once)")
     total = 0.0
     for run in runs:
         state = states[run.run_id]

@@ -296,4 +296,12 @@ def rank_main(path: str, run_here: Callable[..., Any]) -> int:
 
 
 def timeout_seconds() -> float:
-    return float(os.environ.get(TIMEOUT_ENV, 600))
+    """Seconds a rank waits in a collective (``REPRODUCE_DDP_TIMEOUT``, default 600)."""
+    value = os.environ.get(TIMEOUT_ENV, "600")
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if seconds <= 0:
+        raise ConfigError(f"{TIMEOUT_ENV}={value!r}: allowed values are seconds above 0")
+    return seconds
