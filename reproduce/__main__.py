@@ -18,8 +18,9 @@ from reproduce.commands.publish import Publish
 from reproduce.commands.status import Status
 from reproduce.commands.sweep import Table, Table3, Table4
 from reproduce.commands.verify import Verify
-from reproduce.errors import ConfigError, DamagedRecords, DataError, RankFailure
+from reproduce.errors import ConfigError, DamagedRecords, DataError, DiskError, OutOfMemory, RankFailure
 from reproduce.paths import use_results
+from reproduce.util.secrets import mask
 
 # The table of commands, in the order --help lists them.
 COMMANDS: list[Command] = [
@@ -50,10 +51,10 @@ def main(argv: list[str] | None = None) -> int:
             use_results(args.results)
         return command.run(args, argv)
     except (ConfigError, DataError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {mask(str(e))}", file=sys.stderr)
         return 2
-    except (RankFailure, DamagedRecords) as e:
-        print(f"error: {e}", file=sys.stderr)
+    except (RankFailure, DamagedRecords, OutOfMemory, DiskError) as e:
+        print(f"error: {mask(str(e))}", file=sys.stderr)
         return 1
 
 

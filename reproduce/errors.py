@@ -45,3 +45,33 @@ class Stopped(SystemExit):
     def __init__(self, message: str, signum: int):
         super().__init__(message)
         self.signal = signum
+
+
+class OutOfMemory(RuntimeError):
+    """A run's training ran out of device memory: one line naming the run and the micro-batch to
+    lower; its checkpoints are kept and the claim released, so the same command resumes."""
+
+    def __init__(self, run_id: str, device: str, micro_batch_tokens: int, detail: str = ""):
+        first = detail.strip().splitlines()[0][:120] if detail.strip() else ""
+        super().__init__(
+            f"{run_id}: out of memory on {device} while training with micro-batches of "
+            f"{micro_batch_tokens} tokens ({first}). Lower train.device_batch_tokens (in the "
+            f"spec or the scale, or --set train.device_batch_tokens={max(1, micro_batch_tokens // 2)}"
+            "): the tokens per step stay the same, by accumulation. Run the command again to "
+            "resume from the last checkpoint")
+
+
+class DiskError(RuntimeError):
+    """A folder a run writes to is full or read-only: one line naming it. Every write is atomic
+    (``util.files.write_atomic``), so nothing half-written is left; the claim is released and the
+    same command resumes from the last checkpoint once there is room."""
+
+    def __init__(self, what: str, error: OSError):
+        import errno
+        import os
+
+        folder = os.path.dirname(error.filename) if error.filename else "its folder"
+        name = errno.errorcode.get(error.errno or 0, "")
+        super().__init__(f"{what}: cannot write to {folder}: {error.strerror} ({name}). Nothing "
+                         "was left half-written; make room (or make it writable) and run the "
+                         "command again: it resumes from the last checkpoint")

@@ -35,3 +35,13 @@ def smoothed_loss(logits: torch.Tensor, target: torch.Tensor, eps_ls: float,
     nll = -logp.gather(-1, target.unsqueeze(-1)).squeeze(-1)[keep].sum()
     uniform = -logp.mean(dim=-1)[keep].sum()
     return (1.0 - eps_ls) * nll + eps_ls * uniform, nll.detach()
+
+
+def inject(env: dict[str, str], folder: Path, code: str) -> dict[str, str]:
+    """``env`` with ``code`` run at the start of every Python process it starts (a
+    ``sitecustomize`` on PYTHONPATH): a fault injected into the real CLI, e.g. a write that fails
+    or a step that runs out of memory."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sitecustomize.py").write_text(code)
+    return {**env, "PYTHONPATH": os.pathsep.join(p for p in (str(folder), env.get("PYTHONPATH"))
+                                                 if p)}

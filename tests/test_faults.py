@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import cli, cli_env
+from reproduce.runs import claims
+from tests.helpers import cli, cli_env, inject
 
 pytestmark = pytest.mark.slow
 
@@ -370,3 +371,94 @@ def test_sigterm_saves_the_step_it_stopped_at_and_the_run_resumes_from_it_exactl
     resumed = _record(tmp_path)
     assert resumed["resumed_from"]["step"] == step  # the step it stopped at, not a checkpoint before
     assert _comparable(resumed) == _comparable(_record(clean))
+
+
+
+# Faults injected into the real CLI (``helpers.inject``), chosen by REPRODUCE_TEST_FAULT: a GPU
+# running out of memory at step 7; a full disk when the step-9 checkpoint is written; a read-only
+# results folder (every durable write and the writable check make their temporary file first).
+FAULTS = '''
+import errno, os, tempfile
+
+fault = os.environ.get("REPRODUCE_TEST_FAULT")
+if fault == "oom":
+    import torch
+    import reproduce.train.lit as lit
+
+    _step = lit.TranslationModule.training_step
+
+    def training_step(self, batch, batch_idx):
+        if self.trainer.global_step == 7:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
+        return _step(self, batch, batch_idx)
+
+    lit.TranslationModule.training_step = training_step
+elif fault in ("enospc", "erofs"):
+    _mkstemp = tempfile.mkstemp
+
+    def mkstemp(suffix=None, prefix=None, dir=None, text=False):
+        target = os.path.join(str(dir), (prefix or "") + "X")
+        full = fault == "enospc" and (prefix or "").startswith(".step9.ckpt")
+        read_only = fault == "erofs" and str(dir).startswith(os.environ["REPRODUCE_RESULTS"])
+        if full or read_only:
+            code = errno.ENOSPC if full else errno.EROFS
+            raise OSError(code, os.strerror(code), target)
+        return _mkstemp(suffix, prefix, dir, text)
+
+    tempfile.mkstemp = mkstemp
+'''
+
+
+def test_out_of_memory_a_full_disk_and_wandb_down_and_the_run_resumes_exactly(tmp_path, clean):
+    """A GPU out of memory (injected on the CPU at step 7): one line naming the run and the
+    micro-batch to lower. Then, resumed, a full disk as the step-9 checkpoint is written: one line
+    naming the folder. Each time exit 1, the claim released, nothing recorded and no checkpoint
+    half-written. The same command then resumes, with W&B online and unreachable, to the
+    uninterrupted run's record."""
+    args = ["table3", "--spec", str(_spec(tmp_path / "mine.yaml")), "--scale", "smoke"]
+    work = tmp_path / "runs" / "mine" / RUN
+    env = inject(_env(tmp_path), tmp_path / "inject", FAULTS)
+
+    out = cli({**env, "REPRODUCE_TEST_FAULT": "oom"}, *args, check=False)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    line = out.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"error: {RUN}: out of memory on the CPU while training with "
+                           "micro-batches of ") and "(CUDA out of memory. Tried to allocate" in line
+    assert "Lower train.device_batch_tokens" in line and "resume from the last checkpoint" in line
+    assert claims.holder(work) is None and _newest_step(work) == 6
+
+    out = cli({**env, "REPRODUCE_TEST_FAULT": "enospc"}, *args, check=False)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    line = out.stderr.strip().splitlines()[-1]
+    assert line == (f"error: {RUN}: cannot write to {work / 'checkpoints'}: No space left on "
+                    "device (ENOSPC). Nothing was left half-written; make room (or make it "
+                    "writable) and run the command again: it resumes from the last checkpoint")
+    assert claims.holder(work) is None and _newest_step(work) == 6
+    assert not list((work / "checkpoints").glob(".*tmp"))
+    assert not (tmp_path / "results" / "mine" / f"{RUN}.json").exists()
+
+    # Resumed online, with W&B's server unreachable: at most WANDB_INIT_TIMEOUT seconds of
+    # waiting, one warning line, everything logged offline; the API key is nowhere.
+    key = "0123456789abcdef0123456789abcdef01234567"
+    out = cli({**_env(tmp_path), "WANDB_MODE": "", "WANDB_API_KEY": key,
+               "WANDB_BASE_URL": "http://127.0.0.1:9", "WANDB_INIT_TIMEOUT": "5"}, *args)
+    assert out.stdout.count("W&B is unreachable") == 1, out.stdout
+    resumed = _record(tmp_path)
+    assert resumed["resumed_from"]["step"] == 6
+    assert _comparable(resumed) == _comparable(_record(clean))
+    assert resumed["wandb"]["mode"] == "offline" and (tmp_path / resumed["wandb"]["dir"]).is_dir()
+    written = [out.stdout, out.stderr] + [p.read_bytes().decode("latin-1")
+                                          for p in (tmp_path / "results").rglob("*") if p.is_file()]
+    written += [p.read_bytes().decode("latin-1") for p in (work / "wandb").rglob("*") if p.is_file()]
+    assert not [text for text in written if key in text]
+
+
+def test_a_read_only_results_folder_is_found_before_training(tmp_path):
+    env = inject(_env(tmp_path), tmp_path / "inject", FAULTS)
+    out = cli({**env, "REPRODUCE_TEST_FAULT": "erofs"}, "table3", "--spec",
+              str(_spec(tmp_path / "mine.yaml")), "--scale", "smoke", check=False)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.strip().splitlines()[-1] == (
+        f"error: the results folder {tmp_path / 'results'} is not writable: Read-only file system "
+        "(nothing was trained; --results DIR writes them elsewhere)")
+    assert not (tmp_path / "runs" / "mine").exists()

@@ -72,6 +72,11 @@ def test_a_storage_password_is_never_written(tmp_path, monkeypatch, capsys):
     assert mask("sqlite:///x.db?Token=abc#frag and ?sslpassword=p") == \
         "sqlite:///x.db?Token=***#frag and ?sslpassword=***"
     assert mask("https://example.org/?page=2&q=password") == "https://example.org/?page=2&q=password"
+    # a credential of the environment, wherever its value shows up
+    monkeypatch.setenv("WANDB_API_KEY", "0123456789abcdef0123")
+    monkeypatch.setenv("MY_DB_PASSWORD", "hunter22")
+    assert mask("--storage postgresql://db/x?sslmode=hunter22 key 0123456789abcdef0123") == \
+        "--storage postgresql://db/x?sslmode=*** key ***"
     assert mask("https://example.org/v1?key=abc&monkey=1") == "https://example.org/v1?key=***&monkey=1"
     secret_url = "postgresql://me:hunter2@db.example/optuna"
     out = subprocess.run([sys.executable, "-m", "reproduce", "table3", "--variant", "A3", "--scale",

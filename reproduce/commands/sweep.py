@@ -258,6 +258,7 @@ def _train_and_render(args: argparse.Namespace, argv: list[str], spec, runs: lis
     from reproduce.util.logs import quiet_libraries
 
     quiet_libraries()
+    _check_writable()
     command = recorded_command(argv)
     planned = list(runs)  # workers take runs over; the closing lines speak of all of them
     failed = False
@@ -296,6 +297,20 @@ def _train_and_render(args: argparse.Namespace, argv: list[str], spec, runs: lis
     if recorded and not workers.is_worker():
         _nothing_trained(spec, planned, argv)
     return failed
+
+
+def _check_writable() -> None:
+    """Refuse to train, in one line, where the records or the checkpoints could not be written:
+    found now, not after the hours of training before the first write."""
+    from reproduce.errors import ConfigError
+    from reproduce.paths import results_dir, runs_dir
+    from reproduce.util.files import writable
+
+    for what, folder, how in (("results", results_dir(), "--results DIR writes them elsewhere"),
+                              ("runs", runs_dir(), "REPRODUCE_RUNS=DIR puts them elsewhere")):
+        if (error := writable(folder)) is not None:
+            raise ConfigError(f"the {what} folder {folder} is not writable: {error.strerror} "
+                              f"(nothing was trained; {how})")
 
 
 def _render_after_failure(spec, out, log: bool) -> None:

@@ -197,16 +197,19 @@ def same_config(stored: dict[str, Any] | None, config: Config, training_only: bo
     what that run did (new fields default to the old behaviour); a field since removed, or any
     stored value that no longer validates, makes the stored config a different one.
     ``training_only``: what a checkpoint of ``config`` may differ in and still be resumed as one:
-    decoding settings (weights do not depend on them) and ``train_steps`` (the learning-rate
+    decoding settings (weights do not depend on them), ``train_steps`` (the learning-rate
     schedule does not depend on it either, so a run given more steps continues exactly where it
-    stopped; the caller checks that the checkpoint is not past the new step count).
+    stopped; the caller checks that the checkpoint is not past the new step count) and
+    ``device_batch_tokens`` (the micro-batch: the tokens per step are the same, accumulated, as
+    when a run resumes on another number of devices).
     """
     rebuilt = stored_config(stored)
     if rebuilt is None:
         return False
-    if training_only:
+    if training_only:  # the micro-batch too: where it trains (lowered after running out of memory)
         rebuilt = replace(rebuilt, decode=config.decode,
-                          train=replace(rebuilt.train, train_steps=config.train.train_steps))
+                          train=replace(rebuilt.train, train_steps=config.train.train_steps,
+                                        device_batch_tokens=config.train.device_batch_tokens))
     return rebuilt == config
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from reproduce.runs.sweep import Spec
 from reproduce.util.files import write_atomic
-from reproduce.util.tracking import wandb_mode
+from reproduce.util.tracking import init_run, wandb_mode
 
 # wandb is imported where it is used: 1.3 s that rendering without logging never needs.
 COLUMNS = ["variant", "scale", "seed", "dev_ppl", "dev_bleu", "test_bleu", "test_bleu_tokenized",
@@ -42,12 +42,12 @@ def log_table(spec: Spec, records: list[dict[str, Any]], markdown: Path, figures
     """Log the rendered table, its rows and figures as one W&B run; returns where it went."""
     import wandb
 
-    online = wandb_mode() == "online"
     directory.mkdir(parents=True, exist_ok=True)
-    run = wandb.init(project=os.environ.get("WANDB_PROJECT", "reproduce"), dir=str(directory),
-                     name=f"{spec.table}-table", group=spec.table, job_type="table",
-                     tags=[spec.table, "table"] + sorted({f"scale:{r['scale']}" for r in records}),
-                     mode="online" if online else "offline", reinit="finish_previous")
+    run = init_run(f"{spec.table}'s table", project=os.environ.get("WANDB_PROJECT", "reproduce"),
+                   dir=str(directory), name=f"{spec.table}-table", group=spec.table,
+                   job_type="table", reinit="finish_previous",
+                   tags=[spec.table, "table"] + sorted({f"scale:{r['scale']}" for r in records}))
+    online = not run.offline
     run.log({f"{spec.table}/runs": wandb.Table(columns=COLUMNS, data=table_rows(spec, records)),
              f"{spec.table}/markdown": wandb.Html(f"<pre>{markdown.read_text()}</pre>"),
              **{f"{spec.table}/{p.stem}": wandb.Image(str(p)) for p in figures}})
@@ -70,7 +70,6 @@ def publish(spec: Spec, records: list[dict[str, Any]], markdown: Path, figures: 
     a record that changed is logged as a new run. Offline unless an API key is set."""
     import wandb
 
-    online = wandb_mode() == "online"
     directory.mkdir(parents=True, exist_ok=True)
     ledger_path = directory / "published.json"
     ledger = json.loads(ledger_path.read_text()) if ledger_path.exists() else {}
@@ -80,10 +79,10 @@ def publish(spec: Spec, records: list[dict[str, Any]], markdown: Path, figures: 
         if ledger.get(r["run_id"], {}).get("id") == wandb_id:
             skipped.append(r["run_id"])
             continue
-        run = wandb.init(
-            project=os.environ.get("WANDB_PROJECT", "reproduce"), dir=str(directory),
+        run = init_run(
+            r["run_id"], project=os.environ.get("WANDB_PROJECT", "reproduce"), dir=str(directory),
             id=wandb_id, name=r["run_id"], group=f"{r['table']}/{r['row']}",
-            job_type=r["variant"], resume="allow", mode="online" if online else "offline",
+            job_type=r["variant"], resume="allow",
             tags=[r["table"], f"row:{r['row']}", f"scale:{r['scale']}", f"seed:{r['seed']}",
                   "published"] + (["reused-training"] if r.get("trained_by") else []),
             config={**{f"{section}.{k}": v for section, values in r["config"].items()
@@ -118,5 +117,5 @@ def publish(spec: Spec, records: list[dict[str, Any]], markdown: Path, figures: 
         table = log_table(spec, records, markdown, figures, directory)
         ledger["__table__"] = {"content": content, "id": table["id"]}
         write_atomic(ledger_path, (json.dumps(ledger, indent=1) + "\n").encode())
-    return {"published": done, "unchanged": skipped, "mode": "online" if online else "offline",
+    return {"published": done, "unchanged": skipped, "mode": wandb_mode(),  # after any fallback
             "table": table}

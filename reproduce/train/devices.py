@@ -35,12 +35,12 @@ from typing import Any
 import torch
 
 from reproduce.config import ACCELERATORS, Config
-from reproduce.errors import ConfigError, RankFailure, Stopped
+from reproduce.errors import ConfigError, DiskError, RankFailure, Stopped
 from reproduce.runs.checkpoints import PREEMPTED
 from reproduce.runs.claims import rank
 from reproduce.runs.sweep import PlannedRun
 from reproduce.util import machine
-from reproduce.util.files import write_atomic
+from reproduce.util.files import DISK_ERRNOS, write_atomic
 from reproduce.util.machine import SHARE_ENV
 
 PAYLOAD = "ranks.json"  # in the run's folder: what its ranks train
@@ -281,6 +281,9 @@ def rank_main(path: str, run_here: Callable[..., Any]) -> int:
     except (KeyboardInterrupt, SystemExit):
         raise
     except Exception as e:  # one line here, the traceback in the run's folder
+        if isinstance(e, OSError) and e.errno in DISK_ERRNOS:
+            print(f"rank {me} of {layout.world}: {DiskError(run.run_id, e)}", file=sys.stderr)
+            return 1
         where = Path(path).parent / f"rank{me}-error.log"
         where.write_text(traceback.format_exc())
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""

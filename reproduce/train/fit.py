@@ -37,7 +37,7 @@ from reproduce.train.devices import ONE_DEVICE, Layout
 from reproduce.train.lit import TranslationModule
 from reproduce.util import machine
 from reproduce.util.files import write_atomic
-from reproduce.util.tracking import wandb_mode
+from reproduce.util.tracking import init_run, wandb_mode
 
 log = logging.getLogger("reproduce")
 
@@ -362,14 +362,14 @@ def wandb_logger(run: PlannedRun, work: Path, precision: str):
         return False  # Lightning's "no logger"; the record says W&B was off
     work.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("WANDB_SILENT", "true")
-    return WandbLogger(
-        project=os.environ.get("WANDB_PROJECT", "reproduce"), name=run.run_id,
+    experiment = init_run(
+        run.run_id, project=os.environ.get("WANDB_PROJECT", "reproduce"), name=run.run_id,
         id=run.run_id.replace(".", "_"), group=f"{run.table}/{run.row}", job_type=run.variant,
         tags=[run.table, f"row:{run.row}", f"scale:{run.scale}", f"seed:{run.seed}"],
-        save_dir=str(work), offline=mode == "offline", resume="allow",
+        dir=str(work), resume="allow",
         config={**_flat(run.config), "table": run.table, "row": run.row,
-                "variant": run.variant, "scale": run.scale, "precision": precision},
-    )
+                "variant": run.variant, "scale": run.scale, "precision": precision})
+    return WandbLogger(experiment=experiment, save_dir=str(work))
 
 
 def _flat(config: Config) -> dict[str, Any]:

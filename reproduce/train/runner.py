@@ -17,7 +17,7 @@ import pytorch_lightning as pl
 import torch
 
 from reproduce.config import Config
-from reproduce.errors import Diverged
+from reproduce.errors import DiskError, Diverged, OutOfMemory
 from reproduce.paper.flops import analytic_flops, gpu_tflops, paper_cost
 from reproduce.paper.model import count_parameters
 from reproduce.paths import runs_dir
@@ -34,6 +34,7 @@ from reproduce.train.devices import ONE_DEVICE, Layout
 from reproduce.train.evaluate import task_scores
 from reproduce.train.fit import build_data, finish_wandb, fit, local_data, wandb_logger
 from reproduce.train.precision import choose_precision
+from reproduce.util.files import DISK_ERRNOS
 from reproduce.util.machine import commit, gpu_share, hardware, measured_tflops, share_cores
 
 log = logging.getLogger("reproduce")
@@ -103,6 +104,10 @@ def _execute(run: PlannedRun, split: str, command: str, work: Path, extra: dict[
             decision.publish(precision)
         try:
             record = run_here(run, split, command, work, extra, layout, precision)
+        except OSError as e:  # full or read-only: one line; the claim is released on the way out
+            if e.errno in DISK_ERRNOS:
+                raise DiskError(run.run_id, e) from None
+            raise
         except Diverged as e:  # nothing evaluated, nothing recorded; the marker stops a rerun
             marker = diverged.write_marker(work, e, run.config.to_dict())
             log.warning("%s; not evaluated, not recorded (%s)", e, marker)
@@ -127,9 +132,13 @@ def run_here(run: PlannedRun, split: str, command: str, work: Path,
     zero = rank() == 0
     logger = wandb_logger(run, work, precision) if zero else False
     try:
-        trainer, module, clock, resumed, accumulate = fit(
-            run, work, data, logger, precision, layout=layout,
-            resume_from=donor.last if donor is not None else None)
+        try:
+            trainer, module, clock, resumed, accumulate = fit(
+                run, work, data, logger, precision, layout=layout,
+                resume_from=donor.last if donor is not None else None)
+        except torch.OutOfMemoryError as e:  # one line: what to lower, and that it resumes
+            raise OutOfMemory(run.run_id, _device_name(layout), data.micro_batch_tokens,
+                              str(e)) from None
         work_done = module.total_work()  # a collective: every rank
         share_cores()  # decoding too uses the cores of workers that have ended
         weights = _final_weights(module, donor.checkpoints if donor is not None
@@ -203,6 +212,12 @@ def run_here(run: PlannedRun, split: str, command: str, work: Path,
         write_record(path, record)
         log.info("%s: recorded %s", run.run_id, path)
     return record
+
+
+def _device_name(layout: Layout) -> str:
+    if layout.accelerator == "gpu" and torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    return "the CPU"
 
 
 def _final_weights(module, directory: Path, k: int) -> list[str]:

@@ -16,6 +16,22 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 DAMAGED = "damaged"  # the folder beside damaged records and checkpoints that holds them
+# A full disk, a quota, a read-only file system: what a run cannot write through.
+DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES})
+
+
+def writable(folder: Path) -> OSError | None:
+    """Whether a file can be made in ``folder`` (made as needed): None, or the error that says why
+    not. Checked before training, so a read-only results folder is found before hours of work,
+    not after."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        handle, probe = tempfile.mkstemp(prefix=".writable-", dir=folder)
+        os.close(handle)
+        os.unlink(probe)
+    except OSError as e:
+        return e
+    return None
 
 
 def write_atomic(path: Path, data: bytes) -> None:

@@ -1,10 +1,18 @@
 """Where Weights & Biases logs go, one rule for training, tuning, tables and ``publish``: online
 with an API key, offline without one (``wandb sync`` uploads later), nowhere with
-``WANDB_MODE=disabled`` (W&B's own switch; ``dryrun`` is its old word for offline)."""
+``WANDB_MODE=disabled`` (W&B's own switch; ``dryrun`` is its old word for offline).
+
+Online, an unreachable server is no outage: a run waits at most ``WANDB_INIT_TIMEOUT`` seconds
+(default 30) for W&B, then logs offline (one warning line) and so does the rest of the command."""
 
 from __future__ import annotations
 
+import logging
 import os
+from typing import Any
+
+log = logging.getLogger("reproduce")
+INIT_TIMEOUT_ENV = "WANDB_INIT_TIMEOUT"
 
 
 def wandb_mode() -> str:
@@ -15,3 +23,31 @@ def wandb_mode() -> str:
     if os.environ.get("WANDB_API_KEY") and mode not in ("offline", "dryrun"):
         return "online"
     return "offline"
+
+
+def init_timeout() -> float:
+    """Seconds an online run waits for W&B's server before going on offline."""
+    try:
+        return max(1.0, float(os.environ.get(INIT_TIMEOUT_ENV, "30")))
+    except ValueError:
+        return 30.0
+
+
+def init_run(what: str, **kwargs: Any):
+    """``wandb.init(**kwargs)`` in ``wandb_mode()``'s mode (never ``disabled``): online within
+    ``init_timeout()`` seconds, else offline, with one warning line, for the rest of this command
+    too (``WANDB_MODE=offline``: no second wait). Returns the run."""
+    import wandb
+
+    if wandb_mode() == "online":
+        try:
+            return wandb.init(mode="online", settings=wandb.Settings(init_timeout=init_timeout()),
+                              **kwargs)
+        except Exception as e:  # noqa: BLE001 - any failure to reach W&B: log offline instead
+            first = (str(e).strip().splitlines() or [""])[0][:160]
+            log.warning("%s: W&B is unreachable (%s: %s); logging offline under %s instead "
+                        "(`wandb sync` uploads it later), and so does the rest of this command",
+                        what, type(e).__name__, first, kwargs.get("dir", "wandb/"))
+            os.environ["WANDB_MODE"] = "offline"
+            wandb.teardown()  # the failed run still holds its id in W&B's service process
+    return wandb.init(mode="offline", **kwargs)
