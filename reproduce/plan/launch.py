@@ -9,8 +9,8 @@ on several GPUs is one SLURM task per GPU, on one node or on ``--nodes N``; Ligh
 SLURM environment and connects them (DDP), and rank 0 decides for all (``devices.Decision``).
 
 Preemption has one owner, here. SLURM sends USR2 ahead of the time limit (submitit's
-``--signal``): every task saves a checkpoint at the step it is at (Lightning's SIGTERM path, the
-``SaveOnStop`` callback), rank 0 requeues the job through ``scontrol requeue`` (submitit's job id)
+``--signal``): every task saves a checkpoint at the step it is at (``fit.SaveOnStop``, the ranks
+agreeing on the step), rank 0 requeues the job through ``scontrol requeue`` (submitit's job id)
 and the tasks exit; the requeued job resumes from that checkpoint. SIGTERM (``scancel``, a node
 going away) saves the same way and exits without requeueing. Lightning's own requeue on USR1 is
 off (``devices.cluster_plugins``).
@@ -37,7 +37,7 @@ from reproduce.util.logs import quiet_libraries
 log = logging.getLogger("reproduce")
 
 # Resources per scale: GPUs and tasks per node, CPUs per task, memory, time limit. The paper's
-# runs take 8 GPUs like the paper's (fewer GPUs accumulate to the same batch; --gpus to change).
+# runs take 8 GPUs like the paper's (fewer GPUs accumulate to the same batch; --gpus-per-node to change).
 RESOURCES = {
     "paper": {"gpus_per_node": 8, "tasks_per_node": 8, "cpus_per_task": 8, "mem_gb": 256,
               "timeout_min": 3 * 24 * 60},
@@ -72,18 +72,6 @@ def resources(scale: str, cluster: Cluster = Cluster(), train_steps: int | None 
     return res
 
 
-class _Preemption:
-    """USR2 in a SLURM task (the time limit is near). While fitting, ``fit.SaveOnStop`` takes it:
-    the run stops at the step's end, saved there, and ``run_one`` requeues. Otherwise (reading
-    data, evaluating) there is nothing a requeued start would not redo: requeue now."""
-
-    def install(self) -> None:
-        signal.signal(signal.SIGUSR2, self._on_usr2)
-
-    def _on_usr2(self, signum, frame) -> None:
-        requeue()
-
-
 def requeue() -> None:
     """Rank 0 asks SLURM to requeue this job (submitit's job id: an array task's own); every rank
     exits. The requeued start resumes from the newest checkpoint."""
@@ -104,7 +92,10 @@ def run_one(spec_path: str, variant: str, scale: str, seed: int, split: str, com
     plan the run afresh from the spec (with the command's ``--set`` values) and execute it."""
 
     quiet_libraries()
-    _Preemption().install()
+    # USR2 (the time limit is near): while fitting, fit.SaveOnStop takes it (the run stops at the
+    # step's end, saved there, and requeues below); before or after, there is nothing a requeued
+    # start would not redo, so requeue at once.
+    signal.signal(signal.SIGUSR2, lambda signum, frame: requeue())
     spec = load_spec(spec_path)
     run = with_sets(spec.plan([variant], scale, [seed])[-1:], spec, sets or {})[0]
     if finished(run) is not None:
