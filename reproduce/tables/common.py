@@ -8,7 +8,7 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
-from reproduce.train.devices import DEVICE_NAMES
+from reproduce.train.devices import Layout
 
 CORPUS_NOTES = {
     "bible-en-de": "Bible EN-DE (World English Bible -> Elberfelder 1905, split by whole books; "
@@ -135,14 +135,8 @@ def layouts(records: list[dict[str, Any]]) -> str:
         b = r.get("batch") or {}
         if not {"accumulate", "device_batch_tokens", "effective_tokens_per_step"} <= set(b):
             continue  # a record without its batch layout says nothing here
-        n = b.get("world_size", b.get("devices", 1))
-        one, many = DEVICE_NAMES[b.get("accelerator", "cpu")]
-        nodes = b.get("nodes", 1)
-        if nodes > 1:
-            per = n // nodes
-            where = f"{nodes} nodes x {per} {many if per > 1 else one} (DDP)"
-        else:
-            where = f"{n} {many + ' (DDP)' if n > 1 else one}"
+        n, nodes = b.get("world_size", b.get("devices", 1)), b.get("nodes", 1)
+        where = Layout(b.get("accelerator", "cpu"), n // nodes, nodes).describe(backend=False)
         counts[f"{where} x {b['accumulate']} accumulated x "
                f"{b['device_batch_tokens']} tokens = {b['effective_tokens_per_step']} tokens per "
                "step"] += 1

@@ -69,11 +69,13 @@ class Layout:
     def strategy(self) -> str:
         return "ddp" if self.world > 1 else "single-device"
 
-    def describe(self) -> str:
+    def describe(self, backend: bool = True) -> str:
+        """``2 nodes x 8 GPUs (DDP, nccl)``; without ``backend``, ``... (DDP)``."""
         one, many = DEVICE_NAMES[self.accelerator]
         where = f"{self.nodes} nodes x " if self.nodes > 1 else ""
+        ddp = f"DDP, {self.backend}" if backend else "DDP"
         return (f"{where}{self.devices} {many if self.devices > 1 else one}"
-                + (f" (DDP, {self.backend})" if self.world > 1 else ""))
+                + (f" ({ddp})" if self.world > 1 else ""))
 
     @property
     def backend(self) -> str:
@@ -235,6 +237,9 @@ def _signal_group(pgid: int, signum: int) -> None:
 # --- a rank's side -------------------------------------------------------------------------------
 
 
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
 def die_with_parent() -> None:
     """Be killed (SIGKILL) when the process that started this one dies, however it dies (kill -9,
     the OOM killer): rank 0 with the sweep's process, the other ranks with rank 0 (Lightning's
@@ -248,8 +253,6 @@ def die_with_parent() -> None:
         if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "prctl")
     except (OSError, AttributeError):
-        import threading
-
         def watch() -> None:
             while os.getppid() == parent:
                 time.sleep(1)
@@ -258,9 +261,6 @@ def die_with_parent() -> None:
         threading.Thread(target=watch, daemon=True, name="die-with-parent").start()
     if parent == 1 or os.getppid() != parent:  # it died before the line above took effect
         os.kill(os.getpid(), signal.SIGKILL)
-
-
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def rank_main(path: str, run_here: Callable[..., Any]) -> int:

@@ -139,6 +139,29 @@ def _strategy(layout: Layout):
                        timeout=timedelta(seconds=devices.timeout_seconds()))
 
 
+class StepEnd:
+    """Where a training batch ended, for the callbacks that act only at the end of an optimizer
+    step, after that step's dev evaluation if one follows it (``StepCheckpoint``, ``SaveOnStop``):
+    ``begin`` at each batch's start, then ``where`` at its end."""
+
+    INSIDE, BEFORE_VALIDATION, END = "inside", "before validation", "end"
+
+    def __init__(self, val_every_steps: int = 0) -> None:
+        self.val_every_steps = val_every_steps
+        self._before: int | None = None
+
+    def begin(self, trainer) -> None:
+        self._before = trainer.global_step
+
+    def where(self, trainer) -> str:
+        step = trainer.global_step
+        if step == self._before:
+            return self.INSIDE  # an accumulated step goes on
+        if self.val_every_steps and step % self.val_every_steps == 0:
+            return self.BEFORE_VALIDATION
+        return self.END
+
+
 class StepCheckpoint(pl.callbacks.ModelCheckpoint):
     """Lightning's ModelCheckpoint, saving only right after an optimizer step, and after the dev
     evaluation that follows that step when there is one.
@@ -149,17 +172,17 @@ class StepCheckpoint(pl.callbacks.ModelCheckpoint):
 
     def __init__(self, val_every_steps: int = 0, **kwargs) -> None:
         super().__init__(**kwargs)
-        self.val_every_steps = val_every_steps
-        self._step_before: int | None = None
+        self.step_end = StepEnd(val_every_steps)
         self._after_validation: tuple | None = None
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        self._step_before = trainer.global_step
+        self.step_end.begin(trainer)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if trainer.global_step == self._step_before:
-            return  # inside an accumulated step
-        if self.val_every_steps and trainer.global_step % self.val_every_steps == 0:
+        where = self.step_end.where(trainer)
+        if where == StepEnd.INSIDE:
+            return
+        if where == StepEnd.BEFORE_VALIDATION:
             self._after_validation = (outputs, batch, batch_idx)
             return
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
@@ -194,10 +217,10 @@ class SaveOnStop(pl.Callback):
     SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
 
     def __init__(self, folder: Path, diverged: StopOnDivergence, val_every_steps: int = 0) -> None:
-        self.folder, self.diverged, self.val_every_steps = folder, diverged, val_every_steps
+        self.folder, self.diverged = folder, diverged
+        self.step_end = StepEnd(val_every_steps)
         self.saved: Path | None = None
         self.signal: int | None = None  # the stop signal that came, if any
-        self._step_before: int | None = None
 
     def on_train_start(self, trainer, pl_module) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -212,15 +235,11 @@ class SaveOnStop(pl.Callback):
         self.signal = signum
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        self._step_before = trainer.global_step
+        self.step_end.begin(trainer)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        step = trainer.global_step
-        if step == self._step_before:
-            return  # inside an accumulated step
-        if self.val_every_steps and step % self.val_every_steps == 0:
-            return  # decided after this step's dev evaluation
-        self._decide(trainer, pl_module)
+        if self.step_end.where(trainer) == StepEnd.END:  # else decided after the dev evaluation
+            self._decide(trainer, pl_module)
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if trainer.state.fn == "fit" and not trainer.sanity_checking:
