@@ -18,7 +18,15 @@ from reproduce.commands.publish import Publish
 from reproduce.commands.status import Status
 from reproduce.commands.sweep import Table, Table3, Table4
 from reproduce.commands.verify import Verify
-from reproduce.errors import ConfigError, DamagedRecords, DataError, DiskError, OutOfMemory, RankFailure
+from reproduce.errors import (
+    ConfigError,
+    DamagedRecords,
+    DataError,
+    DiskError,
+    NoRoom,
+    OutOfMemory,
+    RankFailure,
+)
 from reproduce.paths import use_results
 from reproduce.util.secrets import mask
 
@@ -50,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "results", None):
             use_results(args.results)
         return command.run(args, argv)
-    except (ConfigError, DataError) as e:
+    except (ConfigError, DataError, NoRoom) as e:
         print(f"error: {mask(str(e))}", file=sys.stderr)
         return 2
     except (RankFailure, DamagedRecords, OutOfMemory, DiskError) as e:

@@ -75,3 +75,8 @@ class DiskError(RuntimeError):
         super().__init__(f"{what}: cannot write to {folder}: {error.strerror} ({name}). Nothing "
                          "was left half-written; make room (or make it writable) and run the "
                          "command again: it resumes from the last checkpoint")
+
+
+class NoRoom(RuntimeError):
+    """A run not started because its checkpoints would not fit on the disk (``runs.disk``):
+    one line (exit 2) with what they need, what is free and how to go on."""

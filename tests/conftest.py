@@ -1,7 +1,11 @@
-"""Offline, quiet and contained: W&B offline into a temp dir, no hub access, one torch thread
-per test process and per CLI it starts unless a test asks for more. Test files run side by side
-on one pytest-xdist worker per core (pyproject.toml), so a second thread would fight another
-file's process for a core: two torch threads on a busy core run several times slower than one."""
+"""Offline, quiet and contained: W&B off, no hub access, one torch thread per test process and
+per CLI it starts unless a test asks for more. W&B costs a CLI run ~3 s to start its service, so
+it is off (``WANDB_MODE=disabled``) where a test is about something else; the tests of what goes
+to W&B turn it on, offline into a temp dir (``helpers.WANDB_OFFLINE``): the rows of Table 3, two
+ranks, W&B unreachable, the installed wheel, secrets in a study, publish and the table's log.
+Test files run side by side on one pytest-xdist worker per core (pyproject.toml), so a second
+thread would fight another file's process for a core: two torch threads on a busy core run
+several times slower than one."""
 
 import os
 
@@ -13,7 +17,7 @@ import torch
 def offline_environment(tmp_path_factory):
     root = tmp_path_factory.mktemp("env")
     env = {
-        "WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DIR": str(root / "wandb"),
+        "WANDB_MODE": "disabled", "WANDB_SILENT": "true", "WANDB_DIR": str(root / "wandb"),
         "WANDB_CACHE_DIR": str(root / "wandb-cache"), "WANDB_CONFIG_DIR": str(root / "wandb-config"),
         "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
         "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",

@@ -9,6 +9,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+# W&B on, offline into the session's temp dir (conftest turns it off for the other tests)
+WANDB_OFFLINE = {"WANDB_MODE": "offline"}
+
 
 def cli_env(root: Path, threads: int = 1) -> dict[str, str]:
     """The environment of a CLI call whose results and runs go under ``root``."""

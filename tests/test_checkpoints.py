@@ -31,3 +31,16 @@ def test_a_damaged_newest_checkpoint_gives_way_to_the_next(tmp_path):
     assert checkpoints.newest_readable(tmp_path).name == "step3.ckpt"
     assert [p.name.split(".ckpt")[0] for p in (tmp_path / "damaged").iterdir()] == ["step6"]
     assert checkpoints.newest_readable(tmp_path / "nothing-here") is None
+
+
+def test_a_step_file_of_weights_alone_is_averaged_but_never_resumed_from(tmp_path):
+    # averaging k > 1: step files hold the weights alone, last.ckpt the optimizer state too
+    torch.save({"global_step": 3, "state_dict": {"w": torch.ones(2)}, "optimizer_states": [{}]},
+               tmp_path / "last.ckpt")
+    os.utime(tmp_path / "last.ckpt", ns=(1_000, 1_000))
+    torch.save({"global_step": 6, "state_dict": {"w": torch.zeros(2)}}, tmp_path / "step6.ckpt")
+    os.utime(tmp_path / "step6.ckpt", ns=(2_000, 2_000))
+    assert checkpoints.weights_only(tmp_path / "step6.ckpt")
+    assert not checkpoints.weights_only(tmp_path / "last.ckpt")
+    assert checkpoints.newest_readable(tmp_path).name == "last.ckpt"
+    assert checkpoints.last_checkpoints(tmp_path, 5) == [tmp_path / "step6.ckpt"]

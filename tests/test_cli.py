@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import cli, cli_env
+from tests.helpers import WANDB_OFFLINE, cli, cli_env
 
 pytestmark = pytest.mark.slow
 
@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def row_a(tmp_path_factory):
     root = tmp_path_factory.mktemp("cli")
-    env = {**cli_env(root), "REPRODUCE_CACHE": str(root / "cache")}
+    env = {**cli_env(root), **WANDB_OFFLINE, "REPRODUCE_CACHE": str(root / "cache")}
     out = cli(env, "table3", "--row", "A", "--scale", "smoke")
     return env, root / "results", out
 

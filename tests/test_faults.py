@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from reproduce.runs import claims
-from tests.helpers import cli, cli_env, inject
+from reproduce.runs import checkpoints, claims, disk
+from reproduce.runs.sweep import load_spec
+from tests.helpers import WANDB_OFFLINE, cli, cli_env, inject
 
 pytestmark = pytest.mark.slow
 
@@ -28,9 +29,12 @@ def _env(root: Path) -> dict[str, str]:
 
 
 def _spec(path: Path, base: dict | None = None, variants: dict | None = None) -> Path:
-    """A spec of table `mine`; smoke multiplies train_steps by 0.0003 (100000 -> 30 steps)."""
+    """A spec of table `mine`; smoke multiplies train_steps by 0.0003 (100000 -> 30 steps). By
+    default its runs average their last 3 checkpoints (Table 2's way): the step files hold weights
+    alone and runs resume from last.ckpt."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("table: mine\nbase: " + json.dumps(base or {}) + "\nvariants: "
+    base = {"average_last": 3} if base is None else base
+    path.write_text("table: mine\nbase: " + json.dumps(base) + "\nvariants: "
                     + json.dumps(variants or {"base": {}}) + "\n")
     return path
 
@@ -66,7 +70,8 @@ def clean(tmp_path_factory) -> Path:
     """One uninterrupted run of the default spec: the reference several tests compare with (they
     copy it before changing anything)."""
     root = tmp_path_factory.mktemp("clean")
-    cli(_env(root), "table3", "--spec", str(_spec(root / "mine.yaml")), "--scale", "smoke")
+    cli({**_env(root), **WANDB_OFFLINE}, "table3", "--spec", str(_spec(root / "mine.yaml")),
+        "--scale", "smoke")
     return root
 
 
@@ -85,7 +90,7 @@ def _comparable(record: dict) -> dict:
 
 
 @pytest.mark.parametrize("base", [
-    {},
+    None,  # the default spec: the `clean` run's
     # 2 micro-batches a step, a checkpoint every 0.12 s: saves come due between micro-batches
     {"device_batch_tokens": 512, "ckpt_every_minutes": 0.002},
 ], ids=["every-3-steps", "accumulated-time-based"])
@@ -108,6 +113,16 @@ def test_a_run_killed_at_several_moments_and_resumed_equals_one_never_interrupte
     assert _comparable(resumed) == _comparable(_record(clean))
     # Dev every val_every_steps (10 at smoke) optimizer steps, however many micro-batches each.
     assert [p[0] for p in resumed["curve"]["dev_ppl"]] == [10, 20, 30]
+    if base is None:  # averaging 3: step files of weights alone, a full last.ckpt, sized as planned
+        assert len(resumed["averaged_checkpoints"]) == 3
+        need = disk.need(load_spec(str(spec)).resolve("base", "smoke"))
+        assert need.weights_only
+        steps = list((work / "checkpoints").glob("step*.ckpt"))
+        last = work / "checkpoints" / "last.ckpt"
+        assert steps and all(checkpoints.weights_only(p) for p in steps)
+        assert not checkpoints.weights_only(last)
+        for path, counted in [(last, need.full)] + [(p, need.step) for p in steps]:
+            assert counted - disk.OVERHEAD <= path.stat().st_size <= counted, path
 
 
 def _truncate(path: Path) -> None:
@@ -122,22 +137,21 @@ def test_a_damaged_checkpoint_is_set_aside_and_the_run_resumes_from_a_readable_o
     broken = tmp_path / "broken"
     work = broken / "runs" / "mine" / RUN
     _kill_after(_env(broken), args, work, 16)
-    checkpoints, newest = work / "checkpoints", _newest_step(work)
-    hit = [checkpoints / "last.ckpt"] + (list(checkpoints.glob("step*.ckpt"))
-                                         if damage == "all" else [])
+    folder = work / "checkpoints"
+    hit = [folder / "last.ckpt"] + (list(folder.glob("step*.ckpt")) if damage == "all" else [])
     for path in hit:
         _truncate(path)
     out = cli(_env(broken), *args)
     assert "Traceback" not in out.stderr + out.stdout
     for path in hit:
         assert f"{path}: not a readable checkpoint" in out.stdout
-    assert sorted(p.name.split(".ckpt")[0] for p in (checkpoints / "damaged").iterdir()) == \
+    assert sorted(p.name.split(".ckpt")[0] for p in (folder / "damaged").iterdir()) == \
         sorted(p.stem for p in hit)
     record = _record(broken)
-    assert record["resumed"] == (damage == "last")
-    if damage == "last":
-        assert record["resumed_from"]["step"] == newest  # the step checkpoint beside last.ckpt
-    # From an older checkpoint or from nothing, the run still ends where the clean one did.
+    # The step files hold weights alone (for averaging): with last.ckpt damaged, the run starts
+    # over (with one checkpoint averaged, the step file beside it resumes: test_checkpoints).
+    assert not record["resumed"]
+    # From nothing, the run still ends where the clean one did.
     assert _comparable(record) == _comparable(_record(clean))
 
 
@@ -374,14 +388,23 @@ def test_sigterm_saves_the_step_it_stopped_at_and_the_run_resumes_from_it_exactl
 
 
 
-# Faults injected into the real CLI (``helpers.inject``), chosen by REPRODUCE_TEST_FAULT: a GPU
-# running out of memory at step 7; a full disk when the step-9 checkpoint is written; a read-only
-# results folder (every durable write and the writable check make their temporary file first).
+# Faults injected into the real CLI (``helpers.inject``), chosen by REPRODUCE_TEST_FAULT (several
+# with commas): a GPU running out of memory at step 7; a full disk when the step-9 checkpoint is
+# written; a read-only results folder (every durable write and the writable check make their
+# temporary file first); a disk with 2 MB free.
 FAULTS = '''
-import errno, os, tempfile
+import errno, os, shutil, tempfile
 
-fault = os.environ.get("REPRODUCE_TEST_FAULT")
-if fault == "oom":
+faults = os.environ.get("REPRODUCE_TEST_FAULT", "").split(",")
+fault = faults[0]
+if "small-disk" in faults:
+    _usage = shutil.disk_usage
+
+    def disk_usage(path):
+        return _usage(path)._replace(free=2_000_000)
+
+    shutil.disk_usage = disk_usage
+if "oom" in faults:
     import torch
     import reproduce.train.lit as lit
 
@@ -419,7 +442,9 @@ def test_out_of_memory_a_full_disk_and_wandb_down_and_the_run_resumes_exactly(tm
     work = tmp_path / "runs" / "mine" / RUN
     env = inject(_env(tmp_path), tmp_path / "inject", FAULTS)
 
-    out = cli({**env, "REPRODUCE_TEST_FAULT": "oom"}, *args, check=False)
+    # 2 MB free, less than the checkpoints' need, and --skip-disk-check: started all the same
+    out = cli({**env, "REPRODUCE_TEST_FAULT": "oom,small-disk"}, *args, "--skip-disk-check",
+              check=False)
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
     line = out.stderr.strip().splitlines()[-1]
     assert line.startswith(f"error: {RUN}: out of memory on the CPU while training with "
@@ -462,3 +487,23 @@ def test_a_read_only_results_folder_is_found_before_training(tmp_path):
         f"error: the results folder {tmp_path / 'results'} is not writable: Read-only file system "
         "(nothing was trained; --results DIR writes them elsewhere)")
     assert not (tmp_path / "runs" / "mine").exists()
+
+
+def test_a_run_whose_checkpoints_would_not_fit_is_not_started(tmp_path):
+    env = inject(_env(tmp_path), tmp_path / "inject", FAULTS)
+    spec = _spec(tmp_path / "mine.yaml")
+    out = cli({**env, "REPRODUCE_TEST_FAULT": "small-disk"}, "table3", "--spec", str(spec),
+              "--scale", "smoke", check=False)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    line = out.stderr.strip().splitlines()[-1]
+    work = tmp_path / "runs" / "mine" / RUN
+    assert re.fullmatch(
+        rf"error: {RUN}: its checkpoints need up to [\d.]+ MB on disk \(3 step file\(s\) of "
+        rf"[\d.]+ MB, weights only; last.ckpt of [\d.]+ MB\), and {re.escape(str(work / 'checkpoints'))} "
+        r"has 2 MB free: not started \(nothing was trained\)\. Make room, put the runs elsewhere "
+        r"\(REPRODUCE_RUNS=DIR\), or start it anyway with --skip-disk-check", line), line
+    assert claims.holder(work) is None and not (work / "checkpoints").exists()
+    # the dry run states it beside the free space
+    out = cli({**env, "REPRODUCE_TEST_FAULT": "small-disk"}, "table3", "--spec", str(spec),
+              "--scale", "smoke", "--dry-run")
+    assert re.search(rf"disk: {RUN}'s checkpoints need up to [\d.]+ MB .* has 2 MB free", out.stdout)

@@ -19,7 +19,7 @@ from reproduce.runs import claims
 from reproduce.tables.common import layouts
 from reproduce.train import devices
 from tests import slurm_sim
-from tests.helpers import cli, cli_env
+from tests.helpers import WANDB_OFFLINE, cli, cli_env
 
 pytestmark = pytest.mark.slow
 
@@ -46,7 +46,7 @@ def two_ranks(tmp_path_factory) -> TwoRanks:
     every other way of training it (killed and resumed, over two nodes) must equal."""
     root = tmp_path_factory.mktemp("two-ranks")
     args = ["table3", "--variant", "base", "--scale", "smoke"]
-    out = cli(_env(root), *args, "--devices", "2")
+    out = cli({**_env(root), **WANDB_OFFLINE}, *args, "--devices", "2")
     return TwoRanks(root, args, out, _record(root, "table3"))
 
 

@@ -191,7 +191,8 @@ def test_changes_from_base_agree_only_beyond_seed_noise():
     assert _row(table, "D1")[-1] == "n/a; n/a"
 
 
-def test_the_table_and_its_figure_go_to_wandb_offline(tmp_path):
+def test_the_table_and_its_figure_go_to_wandb_offline(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
     from reproduce.tables.dashboard import log_table, table_rows
     from reproduce.tables.figures import plot_table, rows_with_runs
 
@@ -228,6 +229,7 @@ def test_reference_perplexities_are_stated_when_the_records_agree_on_them():
 
 
 def test_publish_logs_each_record_once_and_again_only_when_it_changed(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
     from reproduce.__main__ import main
 
     monkeypatch.setenv("REPRODUCE_RESULTS", str(tmp_path / "results"))

@@ -1,5 +1,6 @@
 """Table 2: the spec's figures, batch accumulation arithmetic, the rendered table and the plan."""
 
+import re
 import socket
 
 import pytest
@@ -99,6 +100,18 @@ def test_paper_dry_run_prints_the_plan_without_network_or_training(monkeypatch, 
     assert sum("300000 steps x 25000 tokens/step" in line for line in plan) == 2
     assert "corpus=wmt14-en-de" in out and "corpus=wmt14-en-fr" in out
     assert "p_drop" in out and "P_drop=0.1" in out
+    # one run after another: the wall clock is the sum of the runs' hours (not of device-hours)
+    hours = [float(m[1]) for line in plan if (m := re.search(r"-> ([\d.]+) h,", line))]
+    total = re.search(r"about ([\d.]+) h of wall clock", out)
+    assert len(hours) == 4 and float(total[1]) == pytest.approx(sum(hours), rel=0.01)
+    # disk: big keeps 20 step files of weights alone (a third of a full checkpoint with Adam's
+    # two moments) and one full last.ckpt; the largest need is stated with the free space
+    disk = re.search(r"disk: table2-big-en-(de|fr)-paper-seed0's checkpoints need up to ([\d.]+) GB"
+                     r" on disk \(20 step file\(s\) of ([\d.]+) MB, weights only; last.ckpt of "
+                     r"([\d.]+) GB\); .* has .* free", out)
+    assert disk, out
+    peak, step, full = float(disk[2]), float(disk[3]) / 1000, float(disk[4])
+    assert step * 3 == pytest.approx(full, rel=0.01) and peak == pytest.approx(21 * step + 3 * full, rel=0.01)
 
 
 def test_the_measured_step_extrapolates_along_the_measured_line(monkeypatch):

@@ -58,6 +58,7 @@ def test_table3_study_persists_and_resumes(tmp_path):
 
 
 def test_a_storage_password_is_never_written(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("WANDB_MODE", "offline")  # W&B's files are searched for it too
     """A record, its W&B run, the logs and the table name the study's URL as user:***@host."""
     from reproduce.__main__ import main
     from reproduce.train import tuning

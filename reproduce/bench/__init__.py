@@ -10,7 +10,10 @@ FLOPs: ``reproduce.paper.flops``, the same count for every contender since they 
   cost: hooks, logging, the optimizer call; trainer set-up excluded);
 * ``torch.nn.Transformer`` and ``MarianMT`` (``reproduce.bench.peers``), with
   ``F.cross_entropy(label_smoothing=...)``, the same Adam and schedule, our weights copied in;
-* ``ours, torch.compile`` with ``--compile``.
+* ``ours, torch.compile`` with ``--compile``: the same loss function compiled (graphs counted);
+
+each in fp32 and, where bf16 is native, in bf16-mixed, beside the precision a run of the table's
+base would take here (``train.precision.choose``: timed steps, never the matmul alone).
 
 Decoding, in sentences per second: our greedy and beam search with and without the key/value cache
 (their outputs must be identical, or the command fails) and MarianMT ``generate`` with the same

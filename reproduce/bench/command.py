@@ -19,9 +19,11 @@ from reproduce.bench.training import bench_training
 from reproduce.config import Config, parse_sets
 from reproduce.errors import ConfigError
 from reproduce.paper.model import Transformer
+from reproduce.paper.optim import accumulation
+from reproduce.paths import runs_dir
 from reproduce.runs.sweep import load_spec
 from reproduce.train.lit import TranslationModule
-from reproduce.train.precision import resolve_precision
+from reproduce.train.precision import bf16_matmul_not_slower, choose
 from reproduce.util.logs import quiet_libraries
 from reproduce.util.machine import matmul_gflops
 
@@ -37,9 +39,12 @@ def run(args: argparse.Namespace, command: str) -> int:
                             "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
     peaks = {"float32": (1024, matmul_gflops(torch.float32, 1024)),
              "bfloat16": (512, matmul_gflops(torch.bfloat16, 512, budget=0.3))}
-    precision = resolve_precision(args.precision)
-    info["precision"] = (f"{precision} (asked: {args.precision})" if args.precision != precision
-                         else precision)
+    precisions = _precisions(args.precision)
+    info["precision"] = (
+        ", ".join(precisions) + " side by side" + (
+            "" if len(precisions) > 1 or args.precision != "auto" else
+            " (bf16 matmuls are slower than fp32 here: no native bf16, so bf16-mixed is not "
+            "measured, and runs train in fp32 without timing it)"))
     spec = load_spec("table3")
     overrides = parse_sets(args.set)
     sections, ok = [], True
@@ -67,10 +72,13 @@ def run(args: argparse.Namespace, command: str) -> int:
                              f"(B x S -> T: {shapes}; {sum(map(real_tokens, batches))} real "
                              "target tokens per round)"}
         print(f"[{scale}] training: {section['batches_about']}", flush=True)
+        section["runs_take"] = _runs_take(config)
+        print(f"  runs at `{scale}` train in {section['runs_take']}", flush=True)
         section["train"], section["first_loss"] = bench_training(
-            config, batches, plan, precision, args.compile, not args.no_lightning)
+            config, batches, plan, precisions, args.compile, not args.no_lightning)
         for r in section["train"]:
-            print(f"  {r.name:28} {r.rate:9.0f} target tokens/s  {r.note}", flush=True)
+            print(f"  {r.name:28} {r.precision:10} {r.rate:9.0f} target tokens/s  {r.note}",
+                  flush=True)
         if plan.sentences:
             model, sources, about = _decoding_setup(args, scale, config, plan, bible)
             section["decode_about"] = about
@@ -97,6 +105,30 @@ def run(args: argparse.Namespace, command: str) -> int:
         indent=1) + "\n")
     print(f"wrote {out} and {raw}")
     return 0 if ok else 1
+
+
+def _precisions(asked: str) -> list[str]:
+    """What the training contenders run in: ``auto``, fp32 and bf16-mixed side by side where
+    bf16 is native (the screen a run uses before it times a step), else fp32 alone."""
+    if asked in ("32-true", "bf16-mixed"):
+        return [asked]
+    if asked != "auto":
+        raise ConfigError(f"--precision {asked}: one of auto, 32-true, bf16-mixed")
+    if torch.cuda.is_available() or bf16_matmul_not_slower():
+        return ["32-true", "bf16-mixed"]
+    return ["32-true"]
+
+
+def _runs_take(config: Config) -> str:
+    """The precision a run of ``config`` trains in on this machine, and how it was decided:
+    ``precision.choose``, the timed step runs use (cached in runs/precision.json), never a matmul."""
+    micro = accumulation(config.train.batch_tokens, config.train.device_batch_tokens, 1)[1]
+    chosen, how = choose(config, micro, runs_dir() / "precision.json",
+                         model="table3's base at this scale")
+    seconds = how.get("seconds_per_step") or {}
+    timed = ", ".join(f"{p} {t:.3f} s/step" for p, t in seconds.items())
+    return (f"{chosen}: {how['how']}" + (f" ({timed})" if timed else "")
+            + (", cached from an earlier measurement" if how.get("cached") else ""))
 
 
 def _decoding_setup(args, scale: str, config: Config, plan: Plan, bible: Bible | None):

@@ -22,6 +22,7 @@ PAD, BOS, EOS = 0, 2, 3  # the tokenizer's ids (reproduce.paper.tokenizer)
 
 
 OURS = "ours"
+COMPILED = "ours, torch.compile"
 
 
 BIBLE_VOCAB = 8000  # the `cpu` scale's cached Bible BPE; its ids are valid in any larger vocabulary

@@ -34,6 +34,40 @@ def spread(seconds: list[float], work: float) -> str:
     return f"{fmt_rate(work / max(seconds))}–{fmt_rate(work / min(seconds))}"
 
 
+def _training(s: dict[str, Any], peak: dict[str, float]) -> list[str]:
+    """A scale's training table: every contender in each precision, against ours in the same."""
+    train = s["train"]
+    ours = {r.precision: r for r in train if r.name == OURS}
+    first = next(iter(ours.values()))
+    lines = [f"Training: {s['batches_about']}; interleaved rounds: {len(first.seconds)}, after "
+             "one warm-up round; median target tokens per second (min–max over rounds). "
+             "Loss on the first batch in eval mode, fp32, same weights: ours "
+             f"{s['first_loss'][OURS]:.4f}, largest difference of a peer "
+             f"{max(abs(v - s['first_loss'][OURS]) for v in s['first_loss'].values()):.1e}.",
+             "", f"Runs at this scale train in {s['runs_take']}.", "",
+             "| contender | precision | trainable params | target tokens/s | min–max | vs ours | "
+             "model GFLOP/s | of its peak | note |", "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    for r in train:
+        gflops = r.flops / statistics.median(r.seconds) / 1e9
+        lines.append(f"| {r.name} | {r.precision} | {r.params:,} | {r.rate:.0f} | "
+                     f"{spread(r.seconds, r.work)} | {r.rate / ours[r.precision].rate:.2f}x | "
+                     f"{gflops:.1f} | {gflops / peak[r.precision]:.0%} | {r.note} |")
+    lines.append("")
+    for precision, mine in ours.items():
+        others = [r for r in train if r.precision == precision and not r.name.startswith(OURS)]
+        if others:
+            best = max(others, key=lambda r: r.rate)
+            lines.append(f"In {precision}, our step against the fastest peer ({best.name}): "
+                         f"{mine.rate / best.rate:.2f}x.")
+    if len(ours) > 1:
+        rate = {(r.name, r.precision): r.rate for r in train}
+        pairs = [f"{name} {rate[(name, 'bf16-mixed')] / rate[(name, '32-true')]:.2f}x"
+                 for name in dict.fromkeys(r.name for r in train)
+                 if (name, "bf16-mixed") in rate and (name, "32-true") in rate]
+        lines += ["", "bf16-mixed against fp32, same contender: " + "; ".join(pairs) + "."]
+    return lines
+
+
 def render(info: dict[str, Any], sections: list[dict[str, Any]], command: str) -> str:
     """The Markdown report (results/performance.md)."""
     m = info["machine"]
@@ -58,35 +92,17 @@ def render(info: dict[str, Any], sections: list[dict[str, Any]], command: str) -
               f"Python {m['python']} |",
               f"| load average before | {', '.join(f'{x:.2f}' for x in m['load_average'])} |", "",
               f"Matmul peak measured here with the same {m['threads']} thread(s) (best of "
-              "repeats of one n x n product, before and after the contenders):", "",
+              "repeats of one n x n product, before and after the contenders; a row's `of its "
+              "peak` is against its precision's):", "",
               "| dtype | n | GFLOP/s |", "|---|---:|---:|"]
     for dtype, (n, rate) in info["peaks"].items():
         lines.append(f"| {dtype} | {n} | {rate:.1f} |")
-    peak = info["peaks"]["bfloat16" if info["precision"] == "bf16-mixed" else "float32"][1]
+    peak = {"32-true": info["peaks"]["float32"][1], "bf16-mixed": info["peaks"]["bfloat16"][1]}
     for s in sections:
         c = s["config"].model
         lines += ["", f"## Scale `{s['scale']}`: N={c.N}, d_model={c.d_model}, d_ff={c.d_ff}, "
                   f"h={c.h}, d_k=d_v={c.d_k}, vocabulary {c.vocab_size}", ""]
-        train = s["train"]
-        ours = next(r for r in train if r.name == OURS)
-        lines += [f"Training: {s['batches_about']}; interleaved rounds: {len(ours.seconds)}, after "
-                  "one warm-up round; median target tokens per second (min–max over rounds). "
-                  "Loss on the first batch in eval mode, same weights: ours "
-                  f"{s['first_loss'][OURS]:.4f}, largest difference of a peer "
-                  f"{max(abs(v - s['first_loss'][OURS]) for v in s['first_loss'].values()):.1e}.",
-                  "",
-                  "| contender | trainable params | target tokens/s | min–max | vs ours | "
-                  "model GFLOP/s | of peak | note |", "|---|---:|---:|---:|---:|---:|---:|---|"]
-        for r in train:
-            gflops = r.flops / statistics.median(r.seconds) / 1e9
-            lines.append(f"| {r.name} | {r.params:,} | {r.rate:.0f} | {spread(r.seconds, r.work)} "
-                         f"| {r.rate / ours.rate:.2f}x | {gflops:.1f} | {gflops / peak:.0%} | "
-                         f"{r.note} |")
-        others = [r for r in train if not r.name.startswith(OURS)]
-        if others:
-            best = max(others, key=lambda r: r.rate)
-            lines += ["", f"Our step against the fastest peer ({best.name}): "
-                      f"{ours.rate / best.rate:.2f}x."]
+        lines += _training(s, peak)
         if s.get("decode"):
             dec = s["decode"]
             lines += ["", f"Decoding: {s['decode_about']}; interleaved rounds: "
@@ -117,6 +133,14 @@ def render(info: dict[str, Any], sections: list[dict[str, Any]], command: str) -
               "the smoothed loss and the unsmoothed NLL for perplexity, in chunks over the real "
               "target tokens, gradients written out); the peers project to logits and use "
               "`F.cross_entropy(label_smoothing)`, the same formula.",
+              "- Precision: each contender runs in fp32 and, where bf16 is native (its matmul "
+              "no slower than fp32's), in bf16-mixed (autocast, fp32 weights and optimizer). "
+              "`Runs at this scale train in` is what a run of the table's base decides here "
+              "(`train/precision.py`: timed training steps of both, cached), not a matmul.",
+              "- `ours, torch.compile` (`--compile`) is `torch.compile` of our training loss, "
+              "the whole forward (encoder, decoder, tied projection, loss) and so its backward, "
+              "on a copy of our weights. Its graphs are counted from cleared dynamo counters "
+              "(several graphs for one function: graph breaks); each precision compiles its own.",
               "- `ours, Lightning loop` is the time between the Trainer's `on_train_start` and "
               "`on_train_end` over the same batches: what a real run pays per step, with logging "
               "and hooks; the Trainer's set-up (a few tenths of a second per run) is left out.",

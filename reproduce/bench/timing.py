@@ -45,6 +45,7 @@ class Result:
     seconds: list[float]
     work: float  # per round: target tokens (training) or sentences (decoding)
     flops: float = 0.0  # per round, training only
+    precision: str = ""  # training only: 32-true or bf16-mixed
     note: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 

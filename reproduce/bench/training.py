@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import torch
 
-from reproduce.bench.inputs import BOS, EOS, OURS, Plan, batch_flops, real_tokens
+from reproduce.bench.inputs import BOS, COMPILED, EOS, OURS, Plan, batch_flops, real_tokens
 from reproduce.bench.peers import (
     TorchTransformer,
     copy_into_marian,
@@ -24,8 +24,10 @@ from reproduce.paper.optim import adam_with_schedule
 from reproduce.train.lit import TranslationModule
 
 
-def plain_step(model: torch.nn.Module, loss: Callable, config: Config, precision: str):
-    """One training step per batch: forward, loss / tokens, backward, Adam, schedule."""
+def plain_step(model: torch.nn.Module, loss: Callable, config: Config, precision: str,
+               losses: list[float] | None = None):
+    """One training step per batch: forward, loss / tokens, backward, Adam, schedule. ``losses``:
+    each step's loss is appended (a host sync per step: for checks, not while timing)."""
     optimizer, schedule = adam_with_schedule(
         [p for p in model.parameters() if p.requires_grad], config.train, config.model.d_model)
 
@@ -34,11 +36,35 @@ def plain_step(model: torch.nn.Module, loss: Callable, config: Config, precision
         for batch in batches:
             with precision_context(precision):
                 total, n = loss(batch)
-            (total / n).backward()
+            step_loss = total / n
+            step_loss.backward()
             optimizer.step()
             schedule.step()
             optimizer.zero_grad(set_to_none=True)
+            if losses is not None:
+                losses.append(float(step_loss))
     return run
+
+
+def module_loss(module: TranslationModule) -> Callable:
+    """``module``'s training loss of a batch, eager: (smoothed loss sum, target tokens)."""
+    def loss(batch):
+        smoothed, _, n = module._losses(batch)
+        return smoothed, n
+    return loss
+
+
+def compiled_loss(module: TranslationModule) -> Callable:
+    """``module``'s training loss (the model's encoder and decoder, the tied output projection
+    and the smoothed loss: what a training step runs forward, and so backward) under
+    ``torch.compile``: (smoothed loss sum, target tokens) of a batch. Compiled lazily, on the
+    first call and again for new shapes or precisions (``compile_stats`` counts the graphs)."""
+    losses = torch.compile(module._losses)
+
+    def loss(batch):
+        smoothed, _, n = losses(batch)
+        return smoothed, n
+    return loss
 
 
 def lightning_loop(module, precision: str):
@@ -65,6 +91,7 @@ def lightning_loop(module, precision: str):
 
 
 def compile_stats() -> dict[str, int]:
+    """Graphs dynamo captured and recompilations, since the counters were last cleared."""
     from torch._dynamo.utils import counters
 
     return {"graphs": int(counters["stats"]["unique_graphs"]),
@@ -72,19 +99,15 @@ def compile_stats() -> dict[str, int]:
 
 
 def bench_training(config: Config, batches: list[dict[str, torch.Tensor]], plan: Plan,
-                   precision: str, use_compile: bool, lightning: bool,
+                   precisions: list[str], use_compile: bool, lightning: bool,
                    ) -> tuple[list[Result], dict[str, float]]:
-    """Training throughput of every contender on the same batches, and each one's loss on the
-    first batch (eval mode, same weights): the same function gives the same number."""
+    """Training throughput of every contender in each of ``precisions`` on the same batches,
+    interleaved, and each one's loss on the first batch (eval mode, fp32, same weights): the same
+    function gives the same number."""
     c = config.model
     torch.manual_seed(config.train.seed)
     module = TranslationModule(config.to_dict())
-
-    def our_loss(m):
-        def loss(batch):
-            smoothed, _, n = m._losses(batch)
-            return smoothed, n
-        return loss
+    our_loss = module_loss
 
     def peer_loss(forward):
         def loss(batch):
@@ -96,11 +119,10 @@ def bench_training(config: Config, batches: list[dict[str, torch.Tensor]], plan:
     models: dict[str, tuple[torch.nn.Module, Callable]] = {OURS: (module.model, our_loss(module))}
     if lightning:
         models["ours, Lightning loop"] = (module.model, None)
-    if use_compile:  # nn.Module.compile keeps the state_dict's keys (checkpoints load unchanged)
+    if use_compile:
         compiled = TranslationModule(config.to_dict())
         compiled.model.load_state_dict(module.model.state_dict())
-        compiled.model.compile()
-        models["ours, torch.compile"] = (compiled.model, our_loss(compiled))
+        models[COMPILED] = (compiled.model, compiled_loss(compiled))
     torch_nn = TorchTransformer(c)
     copy_into_torch(module.model, torch_nn)
     models["torch.nn.Transformer"] = (torch_nn, peer_loss(lambda b: torch_nn(b["src"], b["tgt_in"])))
@@ -115,30 +137,38 @@ def bench_training(config: Config, batches: list[dict[str, torch.Tensor]], plan:
     first_loss = {}
     with torch.no_grad():
         for name, (model, loss) in models.items():
-            if loss is not None and "compile" not in name:
+            if loss is not None and name != COMPILED:
                 model.eval()
                 total, n = loss(batches[0])
                 first_loss[name] = float(total / n)
 
-    runs = {name: (lightning_loop(module, precision) if loss is None
-                   else plain_step(model, loss, config, precision))
-            for name, (model, loss) in models.items()}
-    compile_seconds, stats = 0.0, {}
+    runs = {(name, p): (lightning_loop(module, p) if loss is None
+                        else plain_step(model, loss, config, p))
+            for p in precisions for name, (model, loss) in models.items()}
+    notes: dict[tuple[str, str], str] = {}
     if use_compile:
-        start = time.perf_counter()
-        runs["ours, torch.compile"](batches)  # compiles for the shapes it sees
-        compile_seconds = time.perf_counter() - start
-        stats = compile_stats()
-    times = interleaved({name: (lambda run=run: run(batches)) for name, run in runs.items()},
+        from torch._dynamo.utils import counters
+
+        counters.clear()  # graphs of our model alone, not of anything compiled before
+        for p in precisions:
+            start = time.perf_counter()
+            runs[(COMPILED, p)](batches)  # compiles for the shapes and the precision it meets
+            seconds = time.perf_counter() - start
+            stats = compile_stats()
+            notes[(COMPILED, p)] = (f"first pass {seconds:.0f} s (compiling); {stats['graphs']} "
+                                    "graphs so far" + ("" if stats["graphs"] else
+                                                       ": NOT compiled, this row ran eager"))
+        before = compile_stats()["recompiles"]
+    times = interleaved({key: (lambda run=run: run(batches)) for key, run in runs.items()},
                         plan.rounds)
     tokens = sum(real_tokens(b) for b in batches)
     flops = sum(batch_flops(c, b) for b in batches)
     results = []
-    for name, (model, _) in models.items():
-        r = Result(name, trainable_parameters(model), times[name], tokens, flops)
-        if name == "ours, torch.compile":
-            after = compile_stats()
-            r.note = (f"first pass {compile_seconds:.0f} s (compiling); {stats['graphs']} graphs; "
-                      f"{after['recompiles'] - stats['recompiles']} recompiles while measured")
+    for (name, p), seconds in times.items():
+        r = Result(name, trainable_parameters(models[name][0]), seconds, tokens, flops,
+                   precision=p)
+        if name == COMPILED:
+            r.note = (f"{notes[(name, p)]}; {compile_stats()['recompiles'] - before} recompiles "
+                      "while measured (all precisions)")
         results.append(r)
     return results, first_loss

@@ -63,10 +63,17 @@ class Table(Command):
                        help="config values for every run, over the spec and scale, e.g. "
                        "train.warmup_steps=8000 decode.beam=8 (checked as a spec is; not what a "
                        "chosen row varies); recorded. Needs --results DIR in a checkout")
+        t.add_argument("--skip-disk-check", action="store_true", help="start runs even where "
+                       "the free space is short of what their checkpoints need (the plan says "
+                       "how much each needs)")
         add_results_option(t)
 
     def run(self, args: argparse.Namespace, argv: list[str]) -> int:
+        from reproduce.runs.disk import SKIP_ENV
         from reproduce.runs.sweep import load_spec, sets_line, with_sets
+
+        if args.skip_disk_check:  # in the environment: workers and ranks see it too
+            os.environ[SKIP_ENV] = "1"
         from reproduce.util.machine import default_scale
 
         spec = load_spec(args.spec or self.name, kind=self.name)

@@ -11,6 +11,7 @@ import torch
 from reproduce.paper.optim import accumulation
 from reproduce.paths import results_dir, runs_dir
 from reproduce.plan import estimates, workers
+from reproduce.runs import disk
 from reproduce.runs.checkpoints import steps_left
 from reproduce.runs.precisions import most_common, trained_in
 from reproduce.runs.records import every_table_records, load_records, plan_state
@@ -60,7 +61,8 @@ def print_plan(spec, runs: list, layout: Layout, on: str | None = None,
         print(f"  ranks give up on a collective (or on a rank that never joins) after "
               f"{timeout_seconds():.0f} s ({TIMEOUT_ENV} sets it; a rank that dies is noticed at "
               "once)")
-    total = 0.0
+    total = serial = 0.0  # device-hours; hours one run after another
+    largest: tuple[int, str, disk.Need] | None = None
     for run in runs:
         state = states[run.run_id]
         if state == "done":
@@ -75,13 +77,17 @@ def print_plan(spec, runs: list, layout: Layout, on: str | None = None,
              else estimates.estimate(run, target, steps=to_go[run.run_id]))
         paper = estimates.paper_method_flops(e, target)
         total += e.device_hours
+        serial += e.hours
+        need = disk.need(run.config)
+        largest = max(largest or (0, "", need), (need.peak, run.run_id, need))
         t = run.config.train
         accumulate, micro = accumulation(t.batch_tokens, t.device_batch_tokens, e.devices)
         print(f"  {run.run_id}: {e.steps} steps x {micro * e.devices * accumulate} tokens/step "
               f"({e.devices} device(s) x {accumulate} accumulated x {micro}), "
               f"{e.seconds_per_step:.3g} s/step -> {hours(e.hours)}, {e.device_hours:.3g} "
               f"device-hours; {e.flops:.2g} FLOPs counted"
-              + (f", {paper:.2g} by the paper's method" if paper else "") + f" [{e.source}]")
+              + (f", {paper:.2g} by the paper's method" if paper else "") + f" [{e.source}]; "
+              f"checkpoints up to {disk.size(need.peak)} on disk")
         fed_by, feeds = twins(run)
         if fed_by:
             print(f"    the same training as {', '.join(t.run_id for t in fed_by)}: run that "
@@ -89,9 +95,13 @@ def print_plan(spec, runs: list, layout: Layout, on: str | None = None,
         elif feeds:
             print(f"    {', '.join(t.run_id for t in feeds)}, run after this one, will evaluate its "
                   "training instead of training again")
-    wall = total / (n if target.kind == "cpu" else 1)
+    wall = serial / (n if target.kind == "cpu" else 1)
     print(f"total: {total:.3g} device-hours, about {hours(wall)} of wall clock "
           + (f"with {n} worker(s)" if target.kind == "cpu" else "one run after another"))
+    if largest is not None:
+        _, run_id, need = largest
+        print(f"disk: {run_id}'s {need.describe()}; {runs_dir()} has {disk.size(disk.free(runs_dir()))}"
+              f" free (a run is not started without room for its own; --skip-disk-check)")
     if here is not None:
         checked = estimates.check_against_records(runs, records, here.model, here.rate)
         print("  " + estimates.error_line(checked))

@@ -47,10 +47,20 @@ def _step(path: Path) -> int:
     return int(match[1]) if match else -1
 
 
+def weights_only(path: Path) -> bool:
+    """Whether a whole checkpoint holds a Lightning module's weights without the optimizer state
+    a run resumes with (a step file kept only for averaging: ``runs.disk``)."""
+    import torch
+
+    saved = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    return isinstance(saved, dict) and "state_dict" in saved and "optimizer_states" not in saved
+
+
 def newest_readable(directory: Path) -> Path | None:
     """The checkpoint to resume from in ``directory``: the most recently written whole one of
-    ``last.ckpt``, ``preempted.ckpt`` and ``step<N>.ckpt`` (``last.ckpt`` on a tie); None when
-    there is none.
+    ``last.ckpt``, ``preempted.ckpt`` and ``step<N>.ckpt`` (``last.ckpt`` on a tie) that holds
+    the optimizer state (step files kept only for averaging hold weights alone); None when there
+    is none.
     Lightning writes ``step<N>.ckpt`` first and ``last.ckpt`` after it, so a process killed in
     between leaves ``last.ckpt`` a save behind. Damaged files met on the way are moved to
     ``<directory>/damaged/`` (never deleted) with one warning line each."""
@@ -67,6 +77,8 @@ def newest_readable(directory: Path) -> Path | None:
             continue
         why = unreadable(path)
         if why is None:
+            if weights_only(path):
+                continue  # for averaging, not for resuming
             return path
         try:
             moved = move_aside(path, directory / DAMAGED / f"{path.name}.{{time}}")

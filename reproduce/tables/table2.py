@@ -3,11 +3,11 @@ and EN-FR, beside the paper's and the systems it cites."""
 
 from __future__ import annotations
 
-import re
 import statistics
 from collections import defaultdict
 from typing import Any
 
+from reproduce.runs.checkpoints import STEP_NAME
 from reproduce.runs.sweep import Spec
 from reproduce.tables.common import (
     corpus_note,
@@ -102,7 +102,7 @@ def _averaged(names: list[str]) -> str:
     they span: what share of the training the average covers."""
     if not names:
         return "none"
-    steps = sorted(int(m.group(1)) for n in names if (m := re.fullmatch(r"step(\d+)\.ckpt", n)))
+    steps = sorted(int(m[1]) for n in names if (m := STEP_NAME.fullmatch(n)))  # step9-v1.ckpt too
     return f"{len(names)}" + (f" (steps {steps[0]}-{steps[-1]})" if len(steps) == len(names) else "")
 
 

@@ -29,7 +29,7 @@ from reproduce.data.tokenizer import corpus_tokenizer
 from reproduce.errors import Diverged, Stopped
 from reproduce.paper.optim import accumulation
 from reproduce.paths import cache_dir
-from reproduce.runs import checkpoints
+from reproduce.runs import checkpoints, disk
 from reproduce.runs.records import wandb_folder
 from reproduce.runs.sweep import PlannedRun
 from reproduce.train import devices
@@ -91,7 +91,7 @@ def fit(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=(),
              if c.train.ckpt_every_minutes else
              {"every_n_train_steps": c.train.ckpt_every_steps or max(1, c.train.train_steps // 10)})
     ckpt = StepCheckpoint(
-        val_every_steps=c.train.val_every_steps,
+        val_every_steps=c.train.val_every_steps, steps_weights_only=disk.weights_only(c),
         dirpath=work / "checkpoints", filename="step{step}", auto_insert_metric_name=False,
         save_last=True, save_top_k=c.train.average_last, monitor="step", mode="max", **every)
     trainer = pl.Trainer(
@@ -168,10 +168,15 @@ class StepCheckpoint(pl.callbacks.ModelCheckpoint):
 
     A time-based save in the middle of an accumulated step would lose its micro-batches'
     gradients and move the accumulation boundary; a save taken just before a dev evaluation is
-    resumed after it, losing that point of the learning curve."""
+    resumed after it, losing that point of the learning curve.
 
-    def __init__(self, val_every_steps: int = 0, **kwargs) -> None:
+    ``steps_weights_only``: the ``step<N>.ckpt`` files hold the weights alone (kept only for
+    averaging: ``runs.disk``); ``last.ckpt``, saved with each, stays full for resuming."""
+
+    def __init__(self, val_every_steps: int = 0, steps_weights_only: bool = False,
+                 **kwargs) -> None:
         super().__init__(**kwargs)
+        self.steps_weights_only = steps_weights_only
         self.step_end = StepEnd(val_every_steps)
         self._after_validation: tuple | None = None
 
@@ -191,6 +196,9 @@ class StepCheckpoint(pl.callbacks.ModelCheckpoint):
         for callback in trainer.callbacks:  # never a checkpoint of a diverged model
             if isinstance(callback, StopOnDivergence):
                 callback.check(trainer)
+        # Lightning's one switch for both kinds of file, set per file (it is not in the callback's
+        # state); Lightning sets last_model_path before it saves last.ckpt
+        self.save_weights_only = self.steps_weights_only and filepath != self.last_model_path
         super()._save_checkpoint(trainer, filepath)
 
     def on_validation_end(self, trainer, pl_module) -> None:

@@ -21,7 +21,7 @@ from reproduce.errors import DiskError, Diverged, OutOfMemory
 from reproduce.paper.flops import analytic_flops, gpu_tflops, paper_cost
 from reproduce.paper.model import count_parameters
 from reproduce.paths import runs_dir
-from reproduce.runs import diverged
+from reproduce.runs import disk, diverged
 from reproduce.runs.averaging import average_checkpoints
 from reproduce.runs.checkpoints import last_checkpoints, steps_left
 from reproduce.runs.claims import claim, rank, worker_id
@@ -96,6 +96,7 @@ def _execute(run: PlannedRun, split: str, command: str, work: Path, extra: dict[
         if reused is not None:
             return (f"the same training as {reused.run_id}, which a worker is training now: left "
                     "to evaluate that once it has finished (run this command again then)")
+        disk.check(run.run_id, run.config, work / "checkpoints")  # before hours of training
         precision = choose_precision(run, layout)
         if layout.devices > 1 and decision is None:
             devices.train_on_ranks(run, split, command, work, extra, layout, precision)
