@@ -37,3 +37,16 @@ def own_wandb_service(monkeypatch):
     which outlives the CLI when a test kills it and then refuses the resumed run's id ("run ID
     ... is in use"). pytest-xdist mixes test files on a worker, so the order that hid this is gone."""
     monkeypatch.delenv("WANDB_SERVICE", raising=False)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Balance the xdist workers (``--dist loadgroup``, pyproject.toml): the tests that share a
+    module-scoped fixture (one uninterrupted run that several compare with) stay on one worker,
+    so it is computed once; every other test goes to whichever worker is free. The slow tests
+    (the real CLI) go first, so no long one is left alone at the end."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        defs = info.name2fixturedefs.values() if info is not None else []
+        if any(d and d[-1].scope == "module" for d in defs):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: slow first

@@ -138,3 +138,14 @@ def test_wandb_mode_follows_wandb_s_own_switch(monkeypatch):
             else:
                 monkeypatch.setenv(name, value)
         assert wandb_mode() == want, (mode, key)
+
+
+def test_a_bad_wandb_init_timeout_is_one_line_before_training(tmp_path):
+    env = {**cli_env(tmp_path), "WANDB_MODE": "", "WANDB_API_KEY": "0123456789abcdef0123",
+           "WANDB_INIT_TIMEOUT": "soon"}
+    out = cli(env, "table3", "--variant", "base", "--scale", "smoke", check=False)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.strip().splitlines()[-1] == (
+        "error: WANDB_INIT_TIMEOUT='soon': allowed values are seconds above 0 (how long an "
+        "online run waits for W&B before logging offline)")
+    assert not (tmp_path / "runs" / "table3").exists()

@@ -263,9 +263,12 @@ def _train_and_render(args: argparse.Namespace, argv: list[str], spec, runs: lis
     from reproduce.train import runner
     from reproduce.train.tuning import tune
     from reproduce.util.logs import quiet_libraries
+    from reproduce.util.tracking import init_timeout, wandb_mode
 
     quiet_libraries()
     _check_writable()
+    if wandb_mode() == "online":
+        init_timeout()  # a bad WANDB_INIT_TIMEOUT is found now, not when the first run logs
     command = recorded_command(argv)
     planned = list(runs)  # workers take runs over; the closing lines speak of all of them
     failed = False

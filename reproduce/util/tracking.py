@@ -26,11 +26,19 @@ def wandb_mode() -> str:
 
 
 def init_timeout() -> float:
-    """Seconds an online run waits for W&B's server before going on offline."""
+    """Seconds an online run waits for W&B's server before going on offline; a value that is
+    not a number of seconds above 0 is one line (``ConfigError``), not a silent default."""
+    from reproduce.errors import ConfigError
+
+    value = os.environ.get(INIT_TIMEOUT_ENV, "30")
     try:
-        return max(1.0, float(os.environ.get(INIT_TIMEOUT_ENV, "30")))
+        seconds = float(value)
     except ValueError:
-        return 30.0
+        seconds = -1.0
+    if seconds <= 0:
+        raise ConfigError(f"{INIT_TIMEOUT_ENV}={value!r}: allowed values are seconds above 0 "
+                          "(how long an online run waits for W&B before logging offline)")
+    return seconds
 
 
 def init_run(what: str, **kwargs: Any):
