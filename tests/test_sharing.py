@@ -136,3 +136,32 @@ def test_status_says_what_reuses_a_training_and_counts_it_once(shared):
     assert ("1 run(s) evaluated from another run's training, counted there: "
             "table3-base-smoke-seed0 (table2-base-en-de-smoke-seed0's training)") in table
     assert "(table2's training) |" in table
+
+
+def test_under_slurm_a_twin_s_evaluation_frees_the_other_tasks_before_it_starts(tmp_path,
+                                                                                 monkeypatch):
+    """Rank 0 of a run's SLURM tasks evaluates a twin's training alone, on one device; the other
+    tasks are told at once that they have nothing to do, not after the evaluation (which at the
+    paper's size can outlast their wait, REPRODUCE_DDP_TIMEOUT)."""
+    from reproduce.runs.sharing import Donor
+    from reproduce.train import runner
+    from reproduce.train.devices import Layout
+
+    for key, value in {"SLURM_NTASKS": "2", "SLURM_PROCID": "0", "SLURM_JOB_ID": "7",
+                       "REPRODUCE_RUNS": str(tmp_path / "runs"),
+                       "REPRODUCE_RESULTS": str(tmp_path / "results")}.items():
+        monkeypatch.setenv(key, value)
+    run = load_spec("table3").plan(["base"], "smoke", [0])[0]
+    donor = Donor({"run_id": "table2-base-en-de-smoke-seed0", "precision": "32-true"},
+                  tmp_path / "donor")
+    monkeypatch.setattr(runner, "reuse", lambda run: donor)
+    seen = {}
+
+    def evaluate(run, split, command, work, extra, layout, precision, donor=None):
+        seen["decision"] = json.loads((work / "decision-7.0.json").read_text())
+        seen["devices"], seen["donor"] = layout.devices, donor
+        return {"run_id": run.run_id}
+
+    monkeypatch.setattr(runner, "run_here", evaluate)
+    assert runner.execute(run, "dev", "cmd", layout=Layout("cpu", 2)) == {"run_id": run.run_id}
+    assert seen == {"decision": {"precision": None}, "devices": 1, "donor": donor}

@@ -90,6 +90,8 @@ def _execute(run: PlannedRun, split: str, command: str, work: Path, extra: dict[
         if isinstance(reused, Donor):  # its weights are trained: evaluate them here, on one device
             log.info("%s: the same training as %s (its checkpoints in %s); evaluating those",
                      run.run_id, reused.record["run_id"], reused.checkpoints)
+            if decision is not None:  # a cluster's other tasks: nothing for them, end now (not
+                decision.publish(None)  # after an evaluation longer than their wait)
             r = reused.record
             return run_here(run, split, command, work, extra, replace(layout, devices=1),
                             (r["precision"], r.get("precision_choice", {})), donor=reused)
