@@ -139,9 +139,13 @@ def test_the_gpu_check_says_there_is_no_gpu_and_checks_the_code_path_on_the_cpu(
                          capture_output=True, text=True, env=_env(tmp_path), timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("no GPU: torch")
-    lines = [line for line in out.stdout.splitlines() if "(smoke)" in line]
-    assert [line.split()[0] for line in lines] == ["base-en-de", "big-en-de"]
-    assert all("accumulate 2" in line and "target tokens/s" in line for line in lines)
+    lines = out.stdout.splitlines()[1:]
+    assert [line.split(":")[0] for line in lines] == [
+        "base", "base, compiled", "base, largest micro-batch", "big", "base, fp32", "beam search"]
+    steps = [lines[i] for i in (0, 3, 4)]
+    assert all("(accumulate 2 x " in line and "target tokens/s" in line for line in steps)
+    assert lines[1].endswith("on a GPU only") and lines[2].endswith("on a GPU only")
+    assert "sentences/s (8 sentences of 27 pieces" in lines[5]
     assert not (tmp_path / "results").exists()
 
 

@@ -176,3 +176,35 @@ def test_steps_timed_here_set_the_level_and_the_records_the_shape(tmp_path):
     # timed at one thread, it sets the level of a plan at two too (each against its own probe)
     e2 = estimates.estimate(runs["A4"], estimates.Target("cpu"), level, 77.0)
     assert e2.seconds_per_step == pytest.approx(seconds(runs["A4"]) * 50 / 77, rel=1e-6)
+
+
+def test_a_gpu_measured_by_bench_gpu_prices_the_plan_instead_of_a_guess(tmp_path, monkeypatch):
+    """``--on H100`` once results/gpu.json holds an H100's measured base step: that rate, not the
+    guessed utilization and launch overhead; another GPU keeps the guess."""
+    from reproduce.bench.gpu import Report, measure
+
+    spec = load_spec("table2")
+    config = spec.resolve("base-en-de", "smoke")
+    report = Report(tmp_path / "results" / "gpu.md", {
+        "gpu": "NVIDIA H100 80GB HBM3", "gpus_visible": 1, "precision": "32-true",
+        "bf16_dense_peak_tflops": 989.0, "torch": "x", "steps_timed": 1, "budget_seconds": 60.0,
+        "measured_at": "2026-11-27T00:00:00+00:00"})
+    r = measure(config, "cpu", "32-true", steps=1, warmup=1)  # a real step, on the CPU
+    report.add("base", {**r, "variant": "base-en-de", "precision": "32-true", "mfu": None,
+                        "train_steps": 30, "hours_one_gpu": 0.1, "hours_eight_gpus_ideal": 0.0})
+    report.skip("big", "the budget of 60 s was spent (61 s)")
+    written = (tmp_path / "results" / "gpu.md").read_text()
+    assert "| base | 32-true |" in written and "Skipped: big: the budget of 60 s" in written
+    monkeypatch.setenv("REPRODUCE_RESULTS", str(tmp_path / "results"))
+    run = spec.plan(["base-en-de"], "paper", [0])[0]
+    target = estimates.parse_on("8xH100")
+    assert target.measured and target.tflops == pytest.approx(r["achieved_tflops"])
+    assert target.guess.startswith("MEASURED: ") and "NVIDIA H100 80GB HBM3" in target.guess
+    e = estimates.estimate(run, target)
+    flops, _ = estimates.step_work(run.config, 8)
+    assert e.seconds_per_step == pytest.approx(flops / (r["achieved_tflops"] * 1e12))
+    assert "GUESS" not in e.source
+    assert not estimates.parse_on("A100").measured  # another GPU: the guess, said so
+    assert "GUESS" in estimates.parse_on("H100 PCIe").guess  # another H100 part too
+    assert json.loads((tmp_path / "results" / "gpu.json").read_text())["skipped"] == {
+        "big": "the budget of 60 s was spent (61 s)"}

@@ -1,23 +1,38 @@
-"""``python -m reproduce bench --gpu``: what one GPU does with the paper's models, in one command.
+"""``python -m reproduce bench --gpu``: what one GPU does with the paper's models, in one prepared,
+time-boxed command for a machine that starts bare (no data, no network: synthetic sentences).
 
-For base and big at the paper's sizes and batch (Table 2's EN-DE configs: ~25000 tokens per step,
-micro-batches of ``device_batch_tokens`` accumulated as one GPU would), in bf16-mixed where the GPU
-supports it: seconds per optimizer step, target tokens per second, model FLOPs utilization (counted
-FLOPs, ``flops.analytic_flops``, against the GPU's dense bf16 peak, ``flops.BF16_DENSE_TFLOPS``),
-peak memory, and the hours Table 2's runs (100K and 300K steps) would take on this GPU and on 8 of
-them at perfect scaling. Writes ``results/gpu.md`` and ``results/gpu.json`` naming the GPU.
-Synthetic sentences of 32 pieces; no data, no network.
+Parts, quick first, each written to ``results/gpu.md`` and ``results/gpu.json`` as it ends (a
+command stopped at its time limit keeps what it measured), each skipped once ``budget`` seconds
+have gone (said so in the report):
 
-On a machine without a GPU it says so and exits 0 after the same measurement on a tiny model on
-the CPU (the `smoke` widths), writing nothing: the code path stays tested where no GPU is lent.
-Not measured here yet: DDP scaling over several GPUs (train one run with ``--devices N``: see
-docs/devices.md) and a `paper`-scale table run.
+1. base at the paper's size and batch (Table 2's EN-DE config: ~25000 tokens per step, micro-batches
+   of ``device_batch_tokens`` accumulated as one GPU would), bf16-mixed where supported, eager:
+   seconds per optimizer step, target tokens/s, counted TFLOP/s (``flops.analytic_flops``), MFU
+   against the GPU's dense bf16 peak (``flops.BF16_DENSE_TFLOPS``), peak memory;
+2. the same step with the loss (the whole forward, so the backward) under ``torch.compile``, its
+   compile time beside it (a failure to compile is one line, and the part is skipped);
+3. the largest micro-batch of base that fits in memory (doubling from the config's until out of
+   memory);
+4. big, as 1;
+5. base in fp32 with TF32 matmuls;
+6. beam search (beam 4, alpha 0.6, input + 50) over 3000 sentences of 27 pieces (a dev
+   sentence's typical length), untrained weights (outputs run to the maximum length: the worst
+   case), batched by source tokens as evaluation batches them: sentences/s.
+
+Then the hours of Table 2's runs (100K steps base, 300K big) on this GPU and on 8 at ideal
+scaling, from 1 and 4. ``plan.estimates.parse_on`` prices ``--dry-run --on <this GPU>`` from part 1
+once ``results/gpu.json`` exists.
+
+On a machine without a GPU it says so and runs parts 1, 4, 5 and 6 on a tiny model on the CPU
+(the `smoke` widths), writing nothing: the code path stays tested where no GPU is lent. Not
+measured here: DDP over several GPUs (``--devices N`` on a table run; docs/devices.md).
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -25,18 +40,21 @@ from typing import Any
 import torch
 
 from reproduce.config import Config
+from reproduce.paper.decoding import beam_search
 from reproduce.paper.flops import BF16_DENSE_TFLOPS, analytic_flops, lookup
 from reproduce.paper.model import Transformer
 from reproduce.paper.optim import accumulation, adam_with_schedule
 from reproduce.runs.sweep import load_spec
-from reproduce.train.step_time import synthetic_batch, train_step
+from reproduce.train.step_time import step_loss, synthetic_batch, train_step
 
-MODELS = ("base-en-de", "big-en-de")
-LENGTH = 32  # pieces per synthetic sentence
+LENGTH = 32  # pieces per synthetic training sentence
+DEV_LENGTH, DEV_SENTENCES = 27, 3000  # beam search: sentences like a dev set's
+MICRO_CAP = 16  # the memory search stops at 16x the config's micro-batch
+BOS, EOS = 2, 3
 
 
-def measure(config: Config, device: str, precision: str, steps: int, warmup: int = 2
-            ) -> dict[str, Any]:
+def measure(config: Config, device: str, precision: str, steps: int, warmup: int = 2,
+            loss_fn: Callable = step_loss) -> dict[str, Any]:
     """Seconds per optimizer step (micro-batches accumulated as one device of ``config`` would),
     target tokens per second, counted FLOPs per step and peak memory."""
     m, t = config.model, config.train
@@ -49,12 +67,14 @@ def measure(config: Config, device: str, precision: str, steps: int, warmup: int
     T = batch["tgt_in"].shape[1]
 
     def step() -> None:
-        train_step(model, optimizer, schedule, batch, config, precision, accumulate)
+        train_step(model, optimizer, schedule, batch, config, precision, accumulate, loss_fn)
 
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    start = time.perf_counter()
     for _ in range(warmup):
         step()
     sync()
+    first = time.perf_counter() - start  # compiling, for a compiled loss
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
@@ -64,69 +84,219 @@ def measure(config: Config, device: str, precision: str, steps: int, warmup: int
     seconds = (time.perf_counter() - start) / steps
     n = accumulate
     flops = analytic_flops(m, n * B * S, n * B * T, n * B * S * S, n * B * T * T, n * B * T * S)
-    return {"seconds_per_step": seconds, "accumulate": accumulate, "micro_batch_tokens": B * S,
-            "tokens_per_step": n * B * T, "target_tokens_per_second": n * B * T / seconds,
-            "flops_per_step": flops, "achieved_tflops": flops / seconds / 1e12,
+    return {"seconds_per_step": seconds, "warmup_seconds": first, "accumulate": accumulate,
+            "micro_batch_tokens": B * S, "tokens_per_step": n * B * T,
+            "target_tokens_per_second": n * B * T / seconds, "flops_per_step": flops,
+            "achieved_tflops": flops / seconds / 1e12,
             "peak_memory_gib": (torch.cuda.max_memory_allocated() / 2 ** 30
                                 if device == "cuda" else None)}
 
 
+def largest_micro_batch(config: Config, precision: str) -> dict[str, Any]:
+    """The largest micro-batch (tokens per side) of ``config``'s model whose forward and backward
+    fit in this GPU's memory, doubling from the config's own up to ``MICRO_CAP`` times it."""
+    m, t = config.model, config.train
+    micro = accumulation(t.batch_tokens, t.device_batch_tokens, 1)[1]
+    model = Transformer(m).cuda().train()
+    fits, tried = None, micro
+    while tried <= MICRO_CAP * micro:
+        batch = {k: v.cuda() for k, v in synthetic_batch(m.vocab_size, tried, LENGTH).items()}
+        try:
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
+                loss = step_loss(model, batch, t.eps_ls, m.pad_id)
+            loss.backward()
+            torch.cuda.synchronize()
+        except torch.OutOfMemoryError:
+            break
+        finally:
+            model.zero_grad(set_to_none=True)
+            del batch
+            torch.cuda.empty_cache()
+        fits, tried = tried, tried * 2
+    return {"config_micro_batch_tokens": micro, "largest_fitting_tokens": fits,
+            "first_failing_tokens": tried if tried <= MICRO_CAP * micro else None,
+            "gib_total": torch.cuda.get_device_properties(0).total_memory / 2 ** 30}
+
+
+def beam_rate(config: Config, device: str, sentences: int) -> dict[str, Any]:
+    """Sentences per second of beam search (the config's beam, alpha and maximum length) over
+    ``sentences`` random sources of ``DEV_LENGTH`` pieces, batched by source tokens as evaluation
+    batches them (``config.train.batch_tokens``); untrained weights."""
+    from reproduce.train.evaluate import decode_batch_tokens
+
+    torch.manual_seed(0)
+    model = Transformer(config.model).to(device).eval()
+    g = torch.Generator().manual_seed(0)
+    src = torch.randint(4, config.model.vocab_size, (sentences, DEV_LENGTH), generator=g)
+    per_batch = max(1, decode_batch_tokens(config) // DEV_LENGTH)
+    d = config.decode
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    start = time.perf_counter()
+    with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16,
+                                         enabled=device == "cuda" and torch.cuda.is_bf16_supported()):
+        for begin in range(0, sentences, per_batch):
+            beam_search(model, src[begin:begin + per_batch].to(device), BOS, EOS, d.beam,
+                        d.alpha, d.max_len_offset)
+    sync()
+    seconds = time.perf_counter() - start
+    return {"sentences": sentences, "sentences_per_batch": per_batch, "seconds": seconds,
+            "sentences_per_second": sentences / seconds, "beam": d.beam, "alpha": d.alpha}
+
+
+class Report:
+    """The parts measured so far, written after each (``results/gpu.md`` and ``.json``)."""
+
+    def __init__(self, out: Path | None, info: dict[str, Any]) -> None:
+        self.out, self.info = out, info
+        self.parts: dict[str, dict[str, Any]] = {}
+        self.skipped: dict[str, str] = {}
+
+    def add(self, name: str, result: dict[str, Any]) -> None:
+        self.parts[name] = result
+        self.write()
+
+    def skip(self, name: str, why: str) -> None:
+        self.skipped[name] = why
+        print(f"{name}: skipped ({why})", flush=True)
+        self.write()
+
+    def write(self) -> None:
+        if self.out is None:
+            return
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        data = {**self.info, "parts": self.parts, "skipped": self.skipped}
+        self.out.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
+        self.out.write_text(render(data))
+
+
+def run(steps: int = 10, out: str = "results/gpu.md", budget: float = 420.0) -> int:
+    """Every part in order while ``budget`` seconds last; 0."""
+    spec = load_spec("table2")
+    started = time.perf_counter()
+    cuda = torch.cuda.is_available()
+    if cuda:
+        device, scale, name = "cuda", "paper", torch.cuda.get_device_name(0)
+        precision = "bf16-mixed" if torch.cuda.is_bf16_supported() else "32-true"
+        peak = lookup(name, BF16_DENSE_TFLOPS) if precision == "bf16-mixed" else None
+        report = Report(Path(out), {
+            "gpu": name, "gpus_visible": torch.cuda.device_count(), "precision": precision,
+            "bf16_dense_peak_tflops": peak, "torch": torch.__version__, "steps_timed": steps,
+            "budget_seconds": budget,
+            "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+    else:
+        print(f"no GPU: torch {torch.__version__} sees none. The same parts on a tiny model on the "
+              "CPU (smoke widths, half-size micro-batches: accumulation too), nothing written:")
+        device, scale, name, precision, peak, steps = "cpu", "smoke", "the CPU", "32-true", None, 2
+        report = Report(None, {})
+
+    def config(variant: str) -> Config:
+        c = spec.resolve(variant, scale)
+        return c if cuda else c.overrides(device_batch_tokens=c.train.batch_tokens // 2)
+
+    def step_part(part: str, variant: str, part_precision: str, loss_fn=step_loss) -> None:
+        r = measure(config(variant), device, part_precision, steps, 2 if cuda else 1, loss_fn)
+        c = config(variant)
+        r.update(variant=variant, precision=part_precision, train_steps=c.train.train_steps,
+                 mfu=None if peak is None or part_precision != "bf16-mixed"
+                 else r["achieved_tflops"] / peak,
+                 hours_one_gpu=r["seconds_per_step"] * c.train.train_steps / 3600)
+        r["hours_eight_gpus_ideal"] = r["hours_one_gpu"] / 8
+        print(f"{part}: {r['seconds_per_step']:.3f} s/step (accumulate {r['accumulate']} x "
+              f"{r['micro_batch_tokens']} tokens), {r['target_tokens_per_second']:.0f} target "
+              f"tokens/s, {r['achieved_tflops'] * 1e3:.2f} GFLOP/s counted, MFU "
+              f"{_percent(r['mfu'])}" + (f", peak {r['peak_memory_gib']:.1f} GiB" if cuda else "")
+              + (f", first steps {r['warmup_seconds']:.0f} s" if loss_fn is not step_loss else ""),
+              flush=True)
+        report.add(part, r)
+
+    def compiled() -> None:
+        try:
+            step_part("base, compiled", "base-en-de", precision, torch.compile(step_loss))
+        except Exception as e:  # noqa: BLE001 - one line, and the other parts go on
+            first = (str(e).strip().splitlines() or [""])[0][:200]
+            report.skip("base, compiled", f"torch.compile failed: {type(e).__name__}: {first}")
+
+    def tf32() -> None:
+        was = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = cuda
+        try:
+            step_part("base, tf32" if cuda else "base, fp32", "base-en-de", "32-true")
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = was
+
+    def beam() -> None:
+        sentences = DEV_SENTENCES if cuda else 8
+        r = beam_rate(config("base-en-de"), device, sentences)
+        print(f"beam search: {r['sentences_per_second']:.1f} sentences/s ({sentences} sentences "
+              f"of {DEV_LENGTH} pieces, {r['sentences_per_batch']} per batch, beam {r['beam']}, "
+              f"alpha {r['alpha']}, {r['seconds']:.1f} s)", flush=True)
+        report.add("beam search, base", r)
+
+    parts: list[tuple[str, Callable[[], None], bool]] = [
+        ("base", lambda: step_part("base", "base-en-de", precision), True),
+        ("base, compiled", compiled, cuda),
+        ("base, largest micro-batch", lambda: report.add(
+            "base, largest micro-batch", largest_micro_batch(config("base-en-de"), precision)),
+         cuda),
+        ("big", lambda: step_part("big", "big-en-de", precision), True),
+        ("base, tf32", tf32, True),
+        ("beam search, base", beam, True),
+    ]
+    for part, do, here in parts:
+        if not here:
+            print(f"{part}: on a GPU only", flush=True)
+            continue
+        spent = time.perf_counter() - started
+        if spent > budget:
+            report.skip(part, f"the budget of {budget:.0f} s was spent ({spent:.0f} s)")
+            continue
+        do()
+    if report.out is not None:
+        print(f"wrote {report.out} and {report.out.with_suffix('.json')}")
+    return 0
+
+
+def render(data: dict[str, Any]) -> str:
+    """``results/gpu.md`` from what ``Report`` holds."""
+    parts = data["parts"]
+    lines = [f"# One GPU: {data['gpu']}", "",
+             f"`python -m reproduce bench --gpu` ({data['precision']}, torch {data['torch']}, "
+             f"{data['steps_timed']} steps timed after 2 of warm-up; synthetic {LENGTH}-piece "
+             f"sentences; dense bf16 peak {data['bf16_dense_peak_tflops'] or 'unknown'} TFLOPS; "
+             f"measured {data['measured_at']}, budget {data['budget_seconds']:.0f} s).", "",
+             "| part | precision | s/step | accumulate x micro | target tok/s | TFLOP/s | MFU | "
+             "peak GiB | first steps s | h, 1 GPU | h, 8 GPUs (ideal) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, r in parts.items():
+        if "seconds_per_step" not in r:
+            continue
+        lines.append(f"| {name} | {r['precision']} | {r['seconds_per_step']:.3f} | "
+                     f"{r['accumulate']} x {r['micro_batch_tokens']} | "
+                     f"{r['target_tokens_per_second']:.0f} | {r['achieved_tflops']:.1f} | "
+                     f"{_percent(r['mfu'])} | {_gib(r['peak_memory_gib'])} | "
+                     f"{r['warmup_seconds']:.1f} | {r['hours_one_gpu']:.1f} | "
+                     f"{r['hours_eight_gpus_ideal']:.1f} |")
+    if m := parts.get("base, largest micro-batch"):
+        lines += ["", f"Largest micro-batch of base that fits ({m['gib_total']:.0f} GiB): "
+                  f"{m['largest_fitting_tokens']} tokens per side (the config's: "
+                  f"{m['config_micro_batch_tokens']}; first to fail: "
+                  f"{m['first_failing_tokens'] or f'none up to {MICRO_CAP}x'})."]
+    if b := parts.get("beam search, base"):
+        lines += ["", f"Beam search (beam {b['beam']}, alpha {b['alpha']}, input + 50), base, "
+                  f"untrained weights, {b['sentences']} sentences of {DEV_LENGTH} pieces, "
+                  f"{b['sentences_per_batch']} per batch: {b['sentences_per_second']:.1f} "
+                  f"sentences/s ({b['seconds']:.1f} s)."]
+    for name, why in data["skipped"].items():
+        lines += ["", f"Skipped: {name}: {why}."]
+    lines += ["", "Hours: s/step x Table 2's steps (100K base, 300K big); 8 GPUs at ideal "
+              "scaling. Not measured by this command: DDP over several GPUs, a paper-scale table "
+              "run (docs/devices.md)."]
+    return "\n".join(lines) + "\n"
+
+
+def _gib(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.1f}"
+
+
 def _percent(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.1%}"
-
-
-def run(steps: int = 10, out: str = "results/gpu.md") -> int:
-    spec = load_spec("table2")
-    if not torch.cuda.is_available():
-        print(f"no GPU: torch {torch.__version__} sees none. The same measurement on a tiny model "
-              "on the CPU (smoke widths), nothing written:")
-        for name in MODELS:
-            config = spec.resolve(name, "smoke")  # half-size micro-batches: accumulation too
-            config = config.overrides(device_batch_tokens=config.train.batch_tokens // 2)
-            r = measure(config, "cpu", "32-true", steps=2, warmup=1)
-            print(f"  {name} (smoke): {r['seconds_per_step']:.3f} s/step, accumulate "
-                  f"{r['accumulate']}, {r['target_tokens_per_second']:.0f} target tokens/s, "
-                  f"{r['achieved_tflops'] * 1e3:.2f} GFLOP/s counted")
-        return 0
-    name = torch.cuda.get_device_name(0)
-    precision = "bf16-mixed" if torch.cuda.is_bf16_supported() else "32-true"
-    peak = lookup(name, BF16_DENSE_TFLOPS) if precision == "bf16-mixed" else None
-    rows = []
-    for variant in MODELS:
-        config = spec.resolve(variant, "paper")
-        r = measure(config, "cuda", precision, steps)
-        r.update(variant=variant, train_steps=config.train.train_steps,
-                 mfu=None if peak is None else r["achieved_tflops"] / peak,
-                 hours_one_gpu=r["seconds_per_step"] * config.train.train_steps / 3600)
-        r["hours_eight_gpus_ideal"] = r["hours_one_gpu"] / 8
-        rows.append(r)
-        print(f"{variant}: {r['seconds_per_step']:.3f} s/step ({r['accumulate']} x "
-              f"{r['micro_batch_tokens']} tokens), {r['target_tokens_per_second']:.0f} target "
-              f"tokens/s, {r['achieved_tflops']:.1f} TFLOP/s counted, MFU "
-              f"{_percent(r['mfu'])}, peak "
-              f"{r['peak_memory_gib']:.1f} GiB, {r['hours_one_gpu']:.1f} h for "
-              f"{r['train_steps']} steps on one GPU")
-    info = {"gpu": name, "gpus_visible": torch.cuda.device_count(), "precision": precision,
-            "bf16_dense_peak_tflops": peak, "torch": torch.__version__, "steps_timed": steps,
-            "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "rows": rows}
-    path = Path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.with_suffix(".json").write_text(json.dumps(info, indent=1) + "\n")
-    lines = [f"# One GPU: {name}", "",
-             f"`python -m reproduce bench --gpu` ({precision}, torch {torch.__version__}, "
-             f"{steps} steps timed after 2 of warm-up; synthetic {LENGTH}-piece sentences; dense "
-             f"bf16 peak {peak or 'unknown'} TFLOPS).", "",
-             "| model | s/step | accumulate x micro | target tok/s | TFLOP/s | MFU | peak GiB | "
-             "h, 1 GPU | h, 8 GPUs (ideal) |", "|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['variant']} | {r['seconds_per_step']:.3f} | {r['accumulate']} x "
-                     f"{r['micro_batch_tokens']} | {r['target_tokens_per_second']:.0f} | "
-                     f"{r['achieved_tflops']:.1f} | "
-                     f"{_percent(r['mfu'])} | "
-                     f"{r['peak_memory_gib']:.1f} | {r['hours_one_gpu']:.1f} | "
-                     f"{r['hours_eight_gpus_ideal']:.1f} |")
-    lines += ["", "Not measured by this command: DDP scaling over several GPUs, a paper-scale "
-              "table run (docs/devices.md)."]
-    path.write_text("\n".join(lines) + "\n")
-    print(f"wrote {path} and {path.with_suffix('.json')}")
-    return 0

@@ -31,6 +31,9 @@ class Bench(Command):
         b.add_argument("--set", nargs="+", default=[], metavar="SECTION.FIELD=VALUE",
                        help="config values for every scale, as the table commands' --set, e.g. "
                        "model.N=2 (a quick look, or tests)")
+        b.add_argument("--budget", type=float, default=420.0, help="with --gpu: seconds after "
+                       "which the parts not yet started are skipped (default 420, for a 10-minute "
+                       "call with the start); each part is written as it ends")
         b.add_argument("--seed", type=int, default=0)
         b.add_argument("--out", default="results/performance.md", help="the report (Markdown)")
 
@@ -41,5 +44,5 @@ class Bench(Command):
 
         if args.gpu:
             return check_gpu(out="results/gpu.md" if args.out == "results/performance.md"
-                             else args.out)
+                             else args.out, budget=args.budget)
         return run_bench(args, recorded_command(argv))

@@ -14,9 +14,11 @@ seconds:
   another) and, where ``precision.choose`` has timed fp32 steps of the planned runs' models on
   this machine (at any thread count, each against the probe at its own), those timings give the
   level (``level_from_timings``);
-* a GPU by name (``--on 8xH100``): its dense bf16 (or fp32) peak from ``flops.py`` times a stated
-  utilization, with the step's work split over the devices, plus a stated per-step overhead for
-  kernel launches and the loop (what bounds a small model on a GPU).
+* a GPU by name (``--on 8xH100``): where ``bench --gpu`` measured that GPU (``results/gpu.json``),
+  the TFLOP/s its base step reached (launches included), with the step's work split over the
+  devices; otherwise its dense bf16 (or fp32) peak from ``flops.py`` times a stated utilization,
+  plus a stated per-step overhead for kernel launches and the loop (what bounds a small model on a
+  GPU).
 
 Every line says where its figures come from, and which of them are guesses.
 """
@@ -38,6 +40,7 @@ import torch
 from reproduce.config import Config
 from reproduce.errors import ConfigError
 from reproduce.paper.flops import BF16_DENSE_TFLOPS, analytic_flops, gpu_tflops, lookup
+from reproduce.paths import results_dir
 from reproduce.train.precision import step_ratio, timed
 from reproduce.util import machine
 from reproduce.util.files import write_atomic
@@ -196,6 +199,7 @@ class Target:
     name: str = "this CPU"
     tflops: float | None = None  # per device, for a GPU
     guess: str = ""
+    measured: bool = False  # tflops from bench --gpu on this GPU (launch overheads included)
 
     @property
     def label(self) -> str:
@@ -214,10 +218,30 @@ def parse_on(value: str | None) -> Target:
         raise ConfigError(f"--on {value!r}: unknown device {name!r}; known: "
                           + ", ".join(sorted(set(BF16_DENSE_TFLOPS) | {"V100", "P100", "T4"}))
                           + " (or cpu for this machine)")
+    if measured := measured_gpu(name):
+        return Target("gpu", devices, name, measured[0], measured[1], measured=True)
     peak, which = (bf16, "dense bf16 peak") if bf16 else (fp32, "fp32 peak")
     return Target("gpu", devices, name, peak * DEFAULT_GPU_UTILIZATION,
                   f"GUESS: {DEFAULT_GPU_UTILIZATION:.0%} of the {which} {peak:g} TFLOPS, "
                   "no record of this GPU to fit")
+
+
+def measured_gpu(name: str, results: Path | None = None) -> tuple[float, str] | None:
+    """(TFLOP/s counted, where it comes from) of base's training step on the GPU ``name``
+    names, as ``bench --gpu`` measured it (``results/gpu.json``); None when it has not, or on
+    another GPU. A step of another model is priced at base's rate: said so."""
+    path = (results or results_dir()) / "gpu.json"
+    try:
+        data = json.loads(path.read_text())
+        base = data["parts"]["base"]
+        tflops, gpu = float(base["achieved_tflops"]), str(data["gpu"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if lookup(gpu, {name: 1.0}) is None:  # every word of `name` in the measured GPU's name
+        return None
+    return tflops, (f"MEASURED: {tflops:.0f} TFLOP/s counted, base's step on one {gpu} in "
+                    f"{base.get('precision', '?')} ({path.name}, {data.get('measured_at', '?')}; "
+                    "other models at base's rate)")
 
 
 @dataclass(frozen=True)
@@ -263,9 +287,11 @@ def estimate(run, target: Target, model: CpuModel | None = None, rate: float | N
         source = f"probe {rate:.0f} GFLOP/s, {model.source}" + (
             f"; bf16-mixed at {ratio:.2f}x an fp32 step, as timed" if ratio != 1.0 else "")
     else:
-        overhead = GPU_STEP_OVERHEAD_S + GPU_LAYER_OVERHEAD_S * 2 * c.model.N
+        overhead = 0.0 if target.measured else (GPU_STEP_OVERHEAD_S
+                                                 + GPU_LAYER_OVERHEAD_S * 2 * c.model.N)
         seconds = flops / (target.tflops * 1e12) + overhead
-        source = f"{target.guess}; plus {overhead * 1e3:.0f} ms/step of launches (GUESS)"
+        source = target.guess + ("" if target.measured else
+                                 f"; plus {overhead * 1e3:.0f} ms/step of launches (GUESS)")
     return Estimate(run.run_id, steps, seconds, devices, flops * devices * steps, source)
 
 

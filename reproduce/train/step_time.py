@@ -24,17 +24,23 @@ def synthetic_batch(vocab: int, tokens: int, length: int, seed: int = 0
     return {"src": src, "tgt_in": tgt[:, :-1], "tgt_out": tgt[:, 1:]}
 
 
+def step_loss(model: Transformer, batch: dict[str, torch.Tensor], eps_ls: float,
+              pad_id: int) -> torch.Tensor:
+    """A batch's smoothed loss sum, as a run computes it (the model's features, then the tied
+    output projection and the loss of ``optim.output_loss``): what ``torch.compile`` may wrap."""
+    hidden = model.features(batch["src"], batch["tgt_in"])
+    return output_loss(hidden, model.embed.weight, batch["tgt_out"], eps_ls, pad_id)[0]
+
+
 def train_step(model: Transformer, optimizer, schedule, batch: dict[str, torch.Tensor],
-               config: Config, precision: str, accumulate: int = 1) -> None:
+               config: Config, precision: str, accumulate: int = 1, loss_fn=step_loss) -> None:
     """One optimizer step outside Lightning, as a run trains: ``accumulate`` forward and backward
-    passes of ``batch`` (the smoothed loss of ``optim.output_loss``, under bf16 autocast for
+    passes of ``batch`` (``loss_fn``, by default ``step_loss``, under bf16 autocast for
     bf16-mixed), then Adam and the schedule."""
     device = batch["src"].device.type
     for _ in range(accumulate):
         with torch.autocast(device, dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
-            hidden = model.features(batch["src"], batch["tgt_in"])
-            loss, _ = output_loss(hidden, model.embed.weight, batch["tgt_out"],
-                                  config.train.eps_ls, config.model.pad_id)
+            loss = loss_fn(model, batch, config.train.eps_ls, config.model.pad_id)
         (loss / accumulate).backward()
     optimizer.step()
     schedule.step()
