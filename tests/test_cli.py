@@ -32,6 +32,9 @@ def test_row_a_writes_five_records_and_the_table(row_a):
         assert r["bleu"]["test"]["tokenized"]["kind"] == "tokenized-compound-split"
         assert r["command"].startswith("python -m reproduce table3 --row A --scale smoke")
         assert r["commit"]["sha"] and r["hardware"]["cpu"] and r["wall_seconds"] > 0
+        assert list(r["phases"]) == ["data", "fit", "average", "dev_ppl", "decode"]
+        assert r["phases"]["fit"] >= r["metrics"]["train_seconds"] > 0
+        assert sum(r["phases"].values()) <= r["wall_seconds"] + 0.5  # each rounded to 0.1 s
         assert r["wandb"]["mode"] == "offline" and r["wandb"]["id"]
     a1 = json.loads((results / "table3" / "table3-A1-smoke-seed0.json").read_text())
     assert (a1["config"]["model"]["h"], a1["config"]["model"]["d_k"]) == (1, 32)

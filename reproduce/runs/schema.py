@@ -133,6 +133,7 @@ class Record(_Required, total=False):
     hardware: dict[str, Any]
     worker: str
     wall_seconds: float
+    phases: dict[str, float]  # seconds of this process's phases: data, fit, average, dev, decode
     command: str
     finished_at: str
     wandb: dict[str, Any]

@@ -128,10 +128,12 @@ def run_here(run: PlannedRun, split: str, command: str, work: Path,
     shard of training and of the dev perplexity, and on rank 0 the decoding and the record.
     ``donor``: the finished run whose training this is (``sharing``): its weights are evaluated."""
     started = time.time()
+    phases: dict[str, float] = {}  # seconds of each phase, in the record
     c = run.config
     precision, chosen = precision
     pl.seed_everything(c.train.seed, workers=True, verbose=False)
     tokenizer, data = build_data(c)
+    phases["data"] = time.time() - started
     zero = rank() == 0
     logger = wandb_logger(run, work, precision) if zero else False
     try:
@@ -143,18 +145,22 @@ def run_here(run: PlannedRun, split: str, command: str, work: Path,
             raise OutOfMemory(run.run_id, _device_name(layout), data.micro_batch_tokens,
                               str(e)) from None
         work_done = module.total_work()  # a collective: every rank
+        phases["fit"] = time.time() - started - sum(phases.values())
         share_cores()  # decoding too uses the cores of workers that have ended
         weights = _final_weights(module, donor.checkpoints if donor is not None
                                  else work / "checkpoints", c.train.average_last)
+        phases["average"] = time.time() - started - sum(phases.values())
         trainer.limit_val_batches = 1.0
         dev = trainer.validate(module, datamodule=data, verbose=False)[0]  # shards, gathered
         module.eval_name = "train_sample"  # the same weights on training pairs: fit against dev
         sample = trainer.validate(module, dataloaders=data.train_sample_dataloader(), verbose=False)[0]
         module.eval_name = "dev"
+        phases["dev_ppl"] = time.time() - started - sum(phases.values())
         if not zero:
             return None  # rank 0 decodes every sentence and writes the record
         scores, headline = task_scores(module.model, tokenizer, data, c,
                                        outputs=(record_path(run).parent, run.run_id))
+        phases["decode"] = time.time() - started - sum(phases.values())
 
         metrics = {
             "dev_ppl": round(float(dev["dev/ppl"]), 3),
@@ -200,6 +206,7 @@ def run_here(run: PlannedRun, split: str, command: str, work: Path,
         "resumed": resumed, "resumed_from": module.resumed_from, "commit": commit(),
         "hardware": hardware(), "worker": worker_id(),
         "wall_seconds": round(time.time() - started, 1), "command": command,
+        "phases": {k: round(v, 1) for k, v in phases.items()},
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "wandb": wandb_run,
     }
