@@ -5,15 +5,15 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 
-def interleaved(contenders: dict[str, Callable[[], float | None]], rounds: int,
-                warmup: int = 1) -> dict[str, list[float]]:
+def interleaved(contenders: dict[Hashable, Callable[[], float | None]], rounds: int,
+                warmup: int = 1) -> dict[Hashable, list[float]]:
     """Seconds per round of each contender. A contender returns None (its wall time is used) or
     the seconds it measured itself. Round r starts at contender r (mod count): the order rotates."""
     names = list(contenders)
