@@ -34,6 +34,11 @@ class TranslationModule(pl.LightningModule):
         # B*S, B*T, B*S*S, B*T*T, B*T*S summed over micro-batches, and real target tokens.
         self.work = dict.fromkeys(WORK_KEYS, 0)
         self.resumed_from: dict | None = None  # the checkpoint's step and layout, once resumed
+        # train.compile: the training loss under torch.compile (evaluation stays eager: its
+        # shapes vary more and it runs once); compiled on the first step, as a function, so the
+        # weights' names in checkpoints are the same either way
+        self._train_losses = torch.compile(self._losses) if self.config.train.compile \
+            else self._losses
         self._micro_step, self._micro = -1, 0  # dropout's seed: optimizer step, micro-batch
 
     def _losses(self, batch: dict[str, torch.Tensor]):
@@ -54,7 +59,7 @@ class TranslationModule(pl.LightningModule):
             [self.config.train.seed, step, self._micro, self.global_rank]).generate_state(1)[0]))
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        smoothed, nll, n = self._losses(batch)
+        smoothed, nll, n = self._train_losses(batch)
         loss = smoothed / n
         (B, S), T = batch["src"].shape, batch["tgt_in"].shape[1]
         for key, value in zip(WORK_KEYS, (B * S, B * T, B * S * S, B * T * T, B * T * S, int(n)),
