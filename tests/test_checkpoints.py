@@ -44,3 +44,18 @@ def test_a_step_file_of_weights_alone_is_averaged_but_never_resumed_from(tmp_pat
     assert not checkpoints.weights_only(tmp_path / "last.ckpt")
     assert checkpoints.newest_readable(tmp_path).name == "last.ckpt"
     assert checkpoints.last_checkpoints(tmp_path, 5) == [tmp_path / "step6.ckpt"]
+
+
+def test_a_damaged_checkpoint_among_those_averaged_is_one_line_and_kept_aside(tmp_path):
+    import pytest
+
+    from reproduce.errors import DataError
+    from reproduce.train.runner import _final_weights
+
+    for step in (3, 6, 9):
+        torch.save({"state_dict": {"w": torch.full((2,), float(step))}}, tmp_path / f"step{step}.ckpt")
+    (tmp_path / "step6.ckpt").write_bytes((tmp_path / "step6.ckpt").read_bytes()[:40])
+    with pytest.raises(DataError, match=r"step6.ckpt: not a readable checkpoint .* averages its "
+                                        r"last 3 checkpoints .* to retrain the run from the start"):
+        _final_weights(torch.nn.Module(), tmp_path, 3)
+    assert [p.name.split(".ckpt")[0] for p in (tmp_path / "damaged").iterdir()] == ["step6"]

@@ -17,13 +17,13 @@ import pytorch_lightning as pl
 import torch
 
 from reproduce.config import Config
-from reproduce.errors import DiskError, Diverged, OutOfMemory
+from reproduce.errors import DataError, DiskError, Diverged, OutOfMemory
 from reproduce.paper.flops import analytic_flops, gpu_tflops, paper_cost
 from reproduce.paper.model import count_parameters
 from reproduce.paths import runs_dir
 from reproduce.runs import disk, diverged
 from reproduce.runs.averaging import average_checkpoints
-from reproduce.runs.checkpoints import last_checkpoints, steps_left
+from reproduce.runs.checkpoints import last_checkpoints, steps_left, unreadable
 from reproduce.runs.claims import claim, rank, worker_id
 from reproduce.runs.records import finished, load_record, record_path, retire_stale, write_record
 from reproduce.runs.schema import SCHEMA_VERSION, Record
@@ -34,7 +34,7 @@ from reproduce.train.devices import ONE_DEVICE, Layout
 from reproduce.train.evaluate import task_scores
 from reproduce.train.fit import build_data, finish_wandb, fit, local_data, wandb_logger
 from reproduce.train.precision import choose_precision
-from reproduce.util.files import DISK_ERRNOS
+from reproduce.util.files import DAMAGED, DISK_ERRNOS, move_aside
 from reproduce.util.machine import commit, gpu_share, hardware, measured_tflops, share_cores
 
 log = logging.getLogger("reproduce")
@@ -236,6 +236,12 @@ def _final_weights(module, directory: Path, k: int) -> list[str]:
         return []
 
     paths = last_checkpoints(directory, k)
+    for path in paths:  # damaged after it was written (saves are atomic): one line, kept aside
+        if why := unreadable(path):
+            moved = move_aside(path, directory / DAMAGED / f"{path.name}.{{time}}")
+            raise DataError(f"{path}: {why}; moved to {moved}. The run averages its last {k} "
+                            "checkpoints and this one cannot be rebuilt without training again: "
+                            f"move {directory} aside to retrain the run from the start")
     module.load_state_dict(average_checkpoints(paths))
     return [p.name for p in paths]
 
