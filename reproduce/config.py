@@ -297,3 +297,21 @@ PARSING = BASE.overrides(N=4, d_model=1024, d_k=128, d_v=128, vocab_size=16000,
 
 PRESETS: dict[str, Config] = {"base": BASE, "big": BIG, "parsing": PARSING}
 
+
+def seconds_from_env(name: str, default: float, about: str = "") -> float:
+    """Seconds set by the environment variable ``name``, ``default`` when it is unset; anything
+    but a number above 0 is one line (``ConfigError``) naming the variable (and ``about``: what
+    it sets)."""
+    import os
+
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if seconds <= 0:
+        raise ConfigError(f"{name}={value!r}: allowed values are seconds above 0"
+                          + (f" ({about})" if about else ""))
+    return seconds

@@ -124,7 +124,7 @@ def test_the_compiled_step_trains_as_the_eager_step_does_for_20_steps():
     (relative). Dropout off: a compiled graph draws its masks from another generator."""
     from torch._dynamo.utils import counters
 
-    from reproduce.bench.training import compile_stats, compiled_loss, module_loss, plain_step
+    from reproduce.bench.training import compile_stats, module_loss, plain_step
     from reproduce.runs.sweep import load_spec
     from reproduce.train.lit import TranslationModule
 
@@ -132,12 +132,12 @@ def test_the_compiled_step_trains_as_the_eager_step_does_for_20_steps():
     [batch] = bench_inputs.synthetic_batches(config.model.vocab_size, 256, 1, 32, seed=0)
     torch.manual_seed(0)
     eager = TranslationModule(config.to_dict())
-    compiled = TranslationModule(config.to_dict())
+    compiled = TranslationModule(config.overrides(compile=True).to_dict())  # train.compile
     compiled.model.load_state_dict(eager.model.state_dict())
     counters.clear()
     losses: dict[str, list[float]] = {"eager": [], "compiled": []}
     plain_step(eager.model, module_loss(eager), config, "32-true", losses["eager"])([batch] * 20)
-    plain_step(compiled.model, compiled_loss(compiled), config, "32-true",
+    plain_step(compiled.model, module_loss(compiled), config, "32-true",
                losses["compiled"])([batch] * 20)
     assert compile_stats()["graphs"] >= 1
     assert losses["eager"][-1] < losses["eager"][0]  # it trains

@@ -47,22 +47,12 @@ def plain_step(model: torch.nn.Module, loss: Callable, config: Config, precision
 
 
 def module_loss(module: TranslationModule) -> Callable:
-    """``module``'s training loss of a batch, eager: (smoothed loss sum, target tokens)."""
+    """``module``'s training loss of a batch as its training steps compute it, (smoothed loss
+    sum, target tokens): under ``torch.compile`` where its config sets ``train.compile``
+    (compiled lazily, on the first call and again for new shapes or precisions;
+    ``compile_stats`` counts the graphs)."""
     def loss(batch):
-        smoothed, _, n = module._losses(batch)
-        return smoothed, n
-    return loss
-
-
-def compiled_loss(module: TranslationModule) -> Callable:
-    """``module``'s training loss (the model's encoder and decoder, the tied output projection
-    and the smoothed loss: what a training step runs forward, and so backward) under
-    ``torch.compile``: (smoothed loss sum, target tokens) of a batch. Compiled lazily, on the
-    first call and again for new shapes or precisions (``compile_stats`` counts the graphs)."""
-    losses = torch.compile(module._losses)
-
-    def loss(batch):
-        smoothed, _, n = losses(batch)
+        smoothed, _, n = module._train_losses(batch)
         return smoothed, n
     return loss
 
@@ -120,9 +110,9 @@ def bench_training(config: Config, batches: list[dict[str, torch.Tensor]], plan:
     if lightning:
         models["ours, Lightning loop"] = (module.model, None)
     if use_compile:
-        compiled = TranslationModule(config.to_dict())
+        compiled = TranslationModule(config.overrides(compile=True).to_dict())  # as a run compiles
         compiled.model.load_state_dict(module.model.state_dict())
-        models[COMPILED] = (compiled.model, compiled_loss(compiled))
+        models[COMPILED] = (compiled.model, module_loss(compiled))
     torch_nn = TorchTransformer(c)
     copy_into_torch(module.model, torch_nn)
     models["torch.nn.Transformer"] = (torch_nn, peer_loss(lambda b: torch_nn(b["src"], b["tgt_in"])))

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from reproduce.config import ACCELERATORS, Config
+from reproduce.config import ACCELERATORS, Config, seconds_from_env
 from reproduce.errors import ConfigError, DiskError, RankFailure, Stopped
 from reproduce.runs.checkpoints import PREEMPTED
 from reproduce.runs.claims import rank
@@ -300,11 +300,4 @@ def rank_main(path: str, run_here: Callable[..., Any]) -> int:
 
 def timeout_seconds() -> float:
     """Seconds a rank waits in a collective (``REPRODUCE_DDP_TIMEOUT``, default 600)."""
-    value = os.environ.get(TIMEOUT_ENV, "600")
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = -1.0
-    if seconds <= 0:
-        raise ConfigError(f"{TIMEOUT_ENV}={value!r}: allowed values are seconds above 0")
-    return seconds
+    return seconds_from_env(TIMEOUT_ENV, 600.0)

@@ -129,11 +129,14 @@ def run_here(run: PlannedRun, split: str, command: str, work: Path,
     ``donor``: the finished run whose training this is (``sharing``): its weights are evaluated."""
     started = time.time()
     phases: dict[str, float] = {}  # seconds of each phase, in the record
+
+    def lap(phase: str) -> None:  # the seconds since the previous phase ended
+        phases[phase] = time.time() - started - sum(phases.values())
     c = run.config
     precision, chosen = precision
     pl.seed_everything(c.train.seed, workers=True, verbose=False)
     tokenizer, data = build_data(c)
-    phases["data"] = time.time() - started
+    lap("data")
     zero = rank() == 0
     logger = wandb_logger(run, work, precision) if zero else False
     try:
@@ -145,22 +148,22 @@ def run_here(run: PlannedRun, split: str, command: str, work: Path,
             raise OutOfMemory(run.run_id, _device_name(layout), data.micro_batch_tokens,
                               str(e)) from None
         work_done = module.total_work()  # a collective: every rank
-        phases["fit"] = time.time() - started - sum(phases.values())
+        lap("fit")
         share_cores()  # decoding too uses the cores of workers that have ended
         weights = _final_weights(module, donor.checkpoints if donor is not None
                                  else work / "checkpoints", c.train.average_last)
-        phases["average"] = time.time() - started - sum(phases.values())
+        lap("average")
         trainer.limit_val_batches = 1.0
         dev = trainer.validate(module, datamodule=data, verbose=False)[0]  # shards, gathered
         module.eval_name = "train_sample"  # the same weights on training pairs: fit against dev
         sample = trainer.validate(module, dataloaders=data.train_sample_dataloader(), verbose=False)[0]
         module.eval_name = "dev"
-        phases["dev_ppl"] = time.time() - started - sum(phases.values())
+        lap("dev_ppl")
         if not zero:
             return None  # rank 0 decodes every sentence and writes the record
         scores, headline = task_scores(module.model, tokenizer, data, c,
                                        outputs=(record_path(run).parent, run.run_id))
-        phases["decode"] = time.time() - started - sum(phases.values())
+        lap("decode")
 
         metrics = {
             "dev_ppl": round(float(dev["dev/ppl"]), 3),

@@ -28,17 +28,10 @@ def wandb_mode() -> str:
 def init_timeout() -> float:
     """Seconds an online run waits for W&B's server before going on offline; a value that is
     not a number of seconds above 0 is one line (``ConfigError``), not a silent default."""
-    from reproduce.errors import ConfigError
+    from reproduce.config import seconds_from_env
 
-    value = os.environ.get(INIT_TIMEOUT_ENV, "30")
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = -1.0
-    if seconds <= 0:
-        raise ConfigError(f"{INIT_TIMEOUT_ENV}={value!r}: allowed values are seconds above 0 "
-                          "(how long an online run waits for W&B before logging offline)")
-    return seconds
+    return seconds_from_env(INIT_TIMEOUT_ENV, 30.0, "how long an online run waits for W&B "
+                            "before logging offline")
 
 
 def init_run(what: str, **kwargs: Any):
