@@ -33,6 +33,9 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=1_000_000)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--scale", default="paper")
+    parser.add_argument("--compile", default="off", choices=("off", "on", "auto"),
+                        help="train.compile (default off: the eager step bench --gpu measures "
+                             "first, and no minutes of timing a compile in a short run)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/paper-run"))
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "paper-run.md")
     args = parser.parse_args()
@@ -44,7 +47,7 @@ def main() -> None:
                args.scale, "--results", str(args.work / "results"), "--set",
                f"data.data_dir={data}", f"train.train_steps={args.steps}",
                f"train.ckpt_every_steps={every}", "train.ckpt_every_minutes=0",
-               f"train.val_every_steps={max(1, args.steps // 3)}"]
+               f"train.val_every_steps={max(1, args.steps // 3)}", f"train.compile={args.compile}"]
     env = {**os.environ, "REPRODUCE_RUNS": str(args.work / "runs"),
            "REPRODUCE_CACHE": str(args.work / "cache"), "PYTHONUNBUFFERED": "1"}
     print(" ".join(command[1:]), flush=True)

@@ -25,6 +25,9 @@ POSITIONS = ("sinusoidal", "learned")
 INITS = ("xavier", "depth-scaled")
 # "auto": bf16-mixed where the hardware runs it fast (CUDA with bf16, CPUs with AMX), else 32-true.
 PRECISIONS = ("auto", "32-true", "bf16-mixed", "16-mixed", "bf16-true")
+# train.compile: "auto" times it (reproduce.train.compiling); YAML's true/false (and on/off, which
+# YAML reads as booleans) mean "on"/"off", as records written before "auto" existed hold them
+COMPILES = ("off", "on", "auto")
 # Where a run trains (``--accelerator``; ``train.devices``): here, torch-free, for the CLI's --help.
 ACCELERATORS = ("auto", "cpu", "gpu")
 # Parse-tree targets (Table 4): POS tags kept, every tag normalized to XX, or the words themselves
@@ -108,8 +111,9 @@ class TrainConfig:
     val_every_steps: int = 0  # 0: validate once, at the end
     seed: int = 0
     # torch.compile of the training loss (the model's forward and the loss, so the backward):
-    # same function, other kernels; measured by `bench --compile` (0.8x eager on a 2-core CPU)
-    compile: bool = False
+    # same function, other kernels; measured by `bench --compile` (0.8x eager on a 2-core CPU).
+    # "auto": taken where a timed step says it pays over the run (reproduce.train.compiling)
+    compile: str = "off"
 
     def __post_init__(self) -> None:
         for name in ("train_steps", "warmup_steps", "batch_tokens", "max_tokens_per_sentence",
@@ -130,6 +134,8 @@ class TrainConfig:
             self.precision in PRECISIONS,
             f"train.precision = {self.precision!r}: allowed values are {', '.join(PRECISIONS)}",
         )
+        _check(self.compile in COMPILES,
+               f"train.compile = {self.compile!r}: allowed values are {', '.join(COMPILES)}")
 
 
 @dataclass(frozen=True)
@@ -228,6 +234,8 @@ FIELDS = _field_index()
 
 def _coerce(key: str, value: Any, kind: type) -> Any:
     """Check a YAML/CLI value against the field's type; ints are accepted where floats are."""
+    if key.rsplit(".", 1)[-1] == "compile" and isinstance(value, bool):
+        return "on" if value else "off"
     if get_origin(kind) is Literal:
         kind = type(get_args(kind)[0])
     if kind is float and isinstance(value, int) and not isinstance(value, bool):

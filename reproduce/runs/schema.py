@@ -118,6 +118,8 @@ class Record(_Required, total=False):
     scale_overrode: dict[str, Any]  # what the scale replaced of the spec's base
     precision: str
     precision_choice: dict[str, Any]  # how `auto` chose (train.precision)
+    compile: bool  # whether training went through torch.compile (train.compile)
+    compile_choice: dict[str, Any]  # how: the config, or `auto`'s timings (train.compiling)
     bleu: dict[str, Any]  # per split: sacrebleu, tokenized, examples, outputs
     evalb: dict[str, Any]  # per split (Table 4)
     treebank: dict[str, Any]  # which treebank and sections (Table 4)
@@ -133,7 +135,8 @@ class Record(_Required, total=False):
     hardware: dict[str, Any]
     worker: str
     wall_seconds: float
-    phases: dict[str, float]  # seconds of this process's phases: data, fit, average, dev, decode
+    phases: dict[str, float]  # seconds of this process's phases: (compile_choice,) data, fit,
+    # average, dev_ppl, decode
     command: str
     finished_at: str
     wandb: dict[str, Any]

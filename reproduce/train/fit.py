@@ -76,12 +76,16 @@ def local_data(c: Config) -> dict[str, Any]:
 
 def fit(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=(),
         layout: Layout = ONE_DEVICE, curve_every: int | None = None,
-        resume_from: Path | None = None):
+        resume_from: Path | None = None, compiled: bool | None = None):
     """Fit with Lightning on ``layout`` (resuming from the last checkpoint if there is one).
     ``resume_from``: another run's final checkpoint of the same training (``sharing``), restored
-    as it is; nothing is trained and nothing is saved here."""
+    as it is; nothing is trained and nothing is saved here. ``compiled``: whether the training
+    loss goes through ``torch.compile`` (``train.compiling``'s answer; None: as the config says
+    without ``auto``)."""
     c = run.config
     module = TranslationModule(c.to_dict())
+    if compiled is not None:
+        module.use_compiled(compiled)
     clock = TrainClock(every=0 if sys.stderr.isatty() else 50, curve_every=curve_every)
     diverged = StopOnDivergence(run.run_id)
     stop = SaveOnStop(work / "checkpoints", diverged, c.train.val_every_steps)

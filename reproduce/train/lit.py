@@ -6,6 +6,7 @@ paper specifies lives in model.py and optim.py.
 
 from __future__ import annotations
 
+import logging
 import math
 
 import numpy as np
@@ -16,6 +17,8 @@ from reproduce.config import Config
 from reproduce.data import PAD_BATCH
 from reproduce.paper.model import Transformer
 from reproduce.paper.optim import adam_with_schedule, output_loss
+
+log = logging.getLogger("reproduce")
 
 WORK_KEYS = ("src_tokens", "tgt_tokens", "src_sq", "tgt_sq", "cross", "real_tgt_tokens")
 
@@ -36,10 +39,15 @@ class TranslationModule(pl.LightningModule):
         self.resumed_from: dict | None = None  # the checkpoint's step and layout, once resumed
         # train.compile: the training loss under torch.compile (evaluation stays eager: its
         # shapes vary more and it runs once); compiled on the first step, as a function, so the
-        # weights' names in checkpoints are the same either way
-        self._train_losses = torch.compile(self._losses) if self.config.train.compile \
-            else self._losses
+        # weights' names in checkpoints are the same either way. "auto" is decided by the runner
+        # (train.compiling), which calls use_compiled.
+        self.use_compiled(self.config.train.compile == "on")
+        self.compile_failed: str | None = None  # why training went on eager, if it had to
         self._micro_step, self._micro = -1, 0  # dropout's seed: optimizer step, micro-batch
+
+    def use_compiled(self, on: bool) -> None:
+        """Train through ``torch.compile`` of the training loss (``on``), or eager."""
+        self._train_losses = torch.compile(self._losses) if on else self._losses
 
     def _losses(self, batch: dict[str, torch.Tensor]):
         hidden = self.model.features(batch["src"], batch["tgt_in"])
@@ -59,7 +67,18 @@ class TranslationModule(pl.LightningModule):
             [self.config.train.seed, step, self._micro, self.global_rank]).generate_state(1)[0]))
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        smoothed, nll, n = self._train_losses(batch)
+        try:
+            smoothed, nll, n = self._train_losses(batch)
+        except Exception as e:
+            if self._train_losses is self._losses or not _compiler_error(e):
+                raise
+            # the compiler failed (on the first step, or on a new shape later): the same loss
+            # eager from here on, said once and kept for the record
+            self.compile_failed = (f"step {self.trainer.global_step}: {type(e).__name__}: "
+                                   f"{(str(e).strip().splitlines() or [''])[0][:200]}")
+            log.warning("torch.compile failed (%s); training goes on eager", self.compile_failed)
+            self.use_compiled(False)
+            smoothed, nll, n = self._losses(batch)
         loss = smoothed / n
         (B, S), T = batch["src"].shape, batch["tgt_in"].shape[1]
         for key, value in zip(WORK_KEYS, (B * S, B * T, B * S * S, B * T * T, B * T * S, int(n)),
@@ -114,3 +133,9 @@ class TranslationModule(pl.LightningModule):
                                                  self.config.model.d_model)
         return {"optimizer": optimizer,
                 "lr_scheduler": {"scheduler": schedule, "interval": "step", "frequency": 1}}
+
+
+def _compiler_error(e: BaseException) -> bool:
+    """Whether ``e`` comes from ``torch.compile``'s machinery (dynamo, inductor, a backend), not
+    from the computation (out of memory, bad input), which is raised as it would be eager."""
+    return type(e).__module__.startswith(("torch._dynamo", "torch._inductor"))

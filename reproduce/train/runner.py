@@ -30,6 +30,7 @@ from reproduce.runs.schema import SCHEMA_VERSION, Record
 from reproduce.runs.sharing import Donor, reuse, training_fields
 from reproduce.runs.sweep import PlannedRun
 from reproduce.train import devices
+from reproduce.train.compiling import choose_compile
 from reproduce.train.devices import ONE_DEVICE, Layout
 from reproduce.train.evaluate import task_scores
 from reproduce.train.fit import build_data, finish_wandb, fit, local_data, wandb_logger
@@ -100,6 +101,8 @@ def _execute(run: PlannedRun, split: str, command: str, work: Path, extra: dict[
                     "to evaluate that once it has finished (run this command again then)")
         disk.check(run.run_id, run.config, work / "checkpoints")  # before hours of training
         precision = choose_precision(run, layout)
+        if layout.devices > 1 or decision is not None:  # timed here, once, before the ranks
+            choose_compile(run, precision[0], layout, say=False)  # start (they read the cache)
         if layout.devices > 1 and decision is None:
             devices.train_on_ranks(run, split, command, work, extra, layout, precision)
             return load_record(path) or "its ranks ended without writing a record"
@@ -134,16 +137,20 @@ def run_here(run: PlannedRun, split: str, command: str, work: Path,
         phases[phase] = time.time() - started - sum(phases.values())
     c = run.config
     precision, chosen = precision
+    zero = rank() == 0
+    compiled = ((bool(donor.record.get("compile")), donor.record.get("compile_choice", {}))
+                if donor is not None else choose_compile(run, precision, layout, say=zero))
+    if c.train.compile == "auto":
+        lap("compile_choice")  # timing eager against compiled, unless cached
     pl.seed_everything(c.train.seed, workers=True, verbose=False)
     tokenizer, data = build_data(c)
     lap("data")
-    zero = rank() == 0
     logger = wandb_logger(run, work, precision) if zero else False
     try:
         try:
             trainer, module, clock, resumed, accumulate = fit(
                 run, work, data, logger, precision, layout=layout,
-                resume_from=donor.last if donor is not None else None)
+                resume_from=donor.last if donor is not None else None, compiled=compiled[0])
         except torch.OutOfMemoryError as e:  # one line: what to lower, and that it resumes
             raise OutOfMemory(run.run_id, _device_name(layout), data.micro_batch_tokens,
                               str(e)) from None
@@ -187,6 +194,9 @@ def run_here(run: PlannedRun, split: str, command: str, work: Path,
         "scale": run.scale, "seed": c.train.seed, "split": split,
         "config": c.to_dict(), "scale_overrode": run.overridden,
         "precision": precision, "precision_choice": chosen,
+        "compile": compiled[0] and module.compile_failed is None,
+        "compile_choice": ({**compiled[1], "failed_in_training": module.compile_failed}
+                           if module.compile_failed else compiled[1]),
         "metrics": metrics, **scores, "paper": run.paper,
         "data": {"corpus": c.data.corpus, "train_pairs": data.num_train_pairs,
                  "dropped_train_pairs": data.dropped, "dev_pairs": len(data.dev_pairs),

@@ -70,3 +70,36 @@ def seconds_by_precision(config: Config, tokens: int, rounds: int = 3,
             times[p].append(step(p))
     return {p: round(sorted(v)[len(v) // 2], 4) for p, v in times.items()}
 
+
+
+def seconds_compiled(config: Config, tokens: int, precision: str, device: str = "cpu",
+                     rounds: int = 3, length: int = 32) -> dict[str, float]:
+    """A training step of ``config``'s model on ``tokens`` per side in ``precision`` on
+    ``device``, eager and with the loss under ``torch.compile`` (median seconds, interleaved
+    after a warm-up step each), and the seconds compiling took (the compiled warm-up step less
+    an eager one). Raises what ``torch.compile`` raises where it fails."""
+    torch.manual_seed(0)
+    m, t = config.model, config.train
+    model = Transformer(m).to(device).train()
+    optimizer, schedule = adam_with_schedule(model.parameters(), t, m.d_model)
+    batch = {k: v.to(device) for k, v in
+             synthetic_batch(m.vocab_size, tokens, min(length, t.max_tokens_per_sentence)).items()}
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    losses = {"eager": step_loss, "compiled": torch.compile(step_loss)}
+
+    def step(how: str) -> float:
+        sync()
+        start = time.perf_counter()
+        train_step(model, optimizer, schedule, batch, config, precision, loss_fn=losses[how])
+        sync()
+        return time.perf_counter() - start
+
+    first = {how: step(how) for how in losses}  # the compiled one compiles
+    times: dict[str, list[float]] = {how: [] for how in losses}
+    order = list(losses)
+    for r in range(rounds):
+        for how in order[r % 2:] + order[:r % 2]:
+            times[how].append(step(how))
+    out = {how: round(sorted(v)[len(v) // 2], 4) for how, v in times.items()}
+    out["compile_seconds"] = round(max(0.0, first["compiled"] - first["eager"]), 1)
+    return out

@@ -1,0 +1,132 @@
+"""``train.compile``: whether a run trains through ``torch.compile`` of its training loss.
+
+``off`` and ``on`` are taken as they are. ``auto`` times it, as ``precision: auto`` times bf16:
+a few training steps of the table's base at the run's scale (the model ``precision`` times), on
+one rank's micro-batch, in the precision the run takes, eager and compiled, on the device the
+run trains on (``step_time.seconds_compiled``). Compiling is taken where the compiled step is
+``MARGIN`` faster *and* the seconds it saves over the run's steps exceed the seconds compiling
+took: a short run, or a small gain, stays eager. The timings are cached per device, torch
+version, precision and model shape (``runs/compile.json``), so every rank of a run and every
+later run on the machine read the same answer; the decision (which depends on the run's steps)
+and its timings go into the record (``compile_choice``). Where ``torch.compile`` fails, while
+timing or on a run's first step, the run trains eager and says so in one line
+(``lit.TranslationModule``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from reproduce.paper.optim import accumulation
+from reproduce.paths import runs_dir
+from reproduce.runs.sweep import PlannedRun
+from reproduce.train import step_time
+from reproduce.train.devices import ONE_DEVICE, Layout
+from reproduce.util.files import write_atomic
+from reproduce.util.machine import cpu_flags, cpu_name
+
+log = logging.getLogger("reproduce")
+
+# The compiled step must be this much faster to be taken: a near tie stays eager, the kernels the
+# paper's numbers are checked against (and without a compile's minutes at every start).
+MARGIN = 1.1
+CACHE = "compile.json"
+
+
+def _device(accelerator: str) -> str:
+    """The name of what a run trains on, for the cache: the GPU's, or the CPU's with its flags
+    and threads (a step's time on a CPU depends on them)."""
+    if accelerator == "gpu" and torch.cuda.is_available():
+        return torch.cuda.get_device_name(0)
+    return f"{cpu_name()}|{','.join(cpu_flags())}|{torch.get_num_threads()}t"
+
+
+def _key(config, tokens: int, precision: str, device: str) -> str:
+    m = config.model
+    shape = (f"N{m.N}-d{m.d_model}-ff{m.d_ff}-h{m.h}-k{m.d_k}-v{m.d_v}-V{m.vocab_size}"
+             f"-{m.positions}-tok{tokens}")
+    return f"{device}|torch {torch.__version__}|{precision}|{shape}"
+
+
+def _read(cache: Path) -> dict[str, Any]:
+    try:
+        return json.loads(cache.read_text())
+    except (OSError, ValueError):
+        return {}  # none yet, or damaged: time again
+
+
+def decide(timed: dict[str, Any], micro_steps: int) -> tuple[bool, str]:
+    """Whether the timings ``timed`` (``seconds_compiled``'s, or a failure) say compiling pays
+    over ``micro_steps`` forward and backward passes, and why, in words."""
+    if "failed" in timed:
+        return False, f"torch.compile failed while timing ({timed['failed']}): eager"
+    eager, compiled, cost = timed["eager"], timed["compiled"], timed["compile_seconds"]
+    saved = (eager - compiled) * micro_steps
+    ratio = eager / compiled if compiled > 0 else float("inf")
+    if ratio < MARGIN:
+        return False, (f"compiled {compiled:.3f} s/step against eager {eager:.3f} "
+                       f"({ratio:.2f}x, under {MARGIN}x): eager")
+    if saved <= cost:
+        return False, (f"compiled {ratio:.2f}x eager, but {micro_steps} steps save {saved:.0f} s"
+                       f" against {cost:.0f} s of compiling: eager")
+    return True, (f"compiled {ratio:.2f}x eager ({compiled:.3f} against {eager:.3f} s/step); "
+                  f"{micro_steps} steps save {saved:.0f} s against {cost:.0f} s of compiling")
+
+
+def choose(config, micro_tokens: int, micro_steps: int, precision: str, accelerator: str,
+           cache: Path | None, timer=None, model: str = "this model") -> tuple[bool, dict[str, Any]]:
+    """(whether to compile, how it was chosen) for ``config``'s ``train.compile``; ``auto`` times
+    ``config``'s model (named ``model`` in the answer) unless ``cache`` has its timings."""
+    asked = config.train.compile
+    if asked != "auto":
+        return asked == "on", {"asked": asked, "how": "set in the config"}
+    device = _device(accelerator)
+    key = _key(config, micro_tokens, precision, device)
+    known = _read(cache).get(key) if cache else None
+    if known is None:
+        try:
+            known = (timer or step_time.seconds_compiled)(
+                config, micro_tokens, precision, "cuda" if accelerator == "gpu" else "cpu")
+        except Exception as e:  # noqa: BLE001 - any compiler failure: eager, in one line
+            known = {"failed": f"{type(e).__name__}: "
+                               f"{(str(e).strip().splitlines() or [''])[0][:200]}"}
+        known = {**known, "device": device, "timed_model": model, "tokens": micro_tokens}
+        if cache:
+            write_atomic(cache, (json.dumps({**_read(cache), key: known}, indent=1)
+                                 + "\n").encode())
+        cached = False
+    else:
+        cached = True
+    chosen, how = decide(known, micro_steps)
+    return chosen, {"asked": asked, "chosen": chosen, "how": how, "seconds": known,
+                    "micro_steps": micro_steps, "cached": cached}
+
+
+def choose_compile(run: PlannedRun, precision: str, layout: Layout = ONE_DEVICE,
+                   say: bool = True) -> tuple[bool, dict[str, Any]]:
+    """Whether ``run`` trains compiled on ``layout``, and how that was chosen (``choose``, timing
+    its table's base at the scale as ``precision.choose_precision`` does, with one rank's
+    micro-batch and threads); with ``say``, one line when ``auto`` decided."""
+    c = run.config
+    reference, model = c, "this model"
+    if run.precision_from is not None:
+        reference = run.precision_from.overrides(compile=c.train.compile)
+        model = f"{run.table}'s base at `{run.scale}`"
+    accumulate, micro = accumulation(reference.train.batch_tokens,
+                                     reference.train.device_batch_tokens, layout.world)
+    threads = torch.get_num_threads()
+    if layout.accelerator == "cpu" and layout.devices > 1:
+        torch.set_num_threads(max(1, threads // layout.devices))  # as each rank will have
+    try:
+        chosen, how = choose(reference, micro, c.train.train_steps * accumulate, precision,
+                             layout.accelerator, runs_dir() / CACHE, model=model)
+    finally:
+        torch.set_num_threads(threads)
+    if say and c.train.compile == "auto":
+        log.info("%s: compile auto -> %s, for %s (%s%s)", run.run_id, "on" if chosen else "off",
+                 model, "cached: " if how["cached"] else "", how["how"])
+    return chosen, how

@@ -1,0 +1,144 @@
+"""train.compile: off, on, or auto (a timed step, compiled against eager, decides where compiling
+pays over the run); a compiler failure trains eager with one line; each choice in the record."""
+
+import json
+
+import pytest
+import torch
+
+from reproduce.config import ConfigError, parse_sets
+from reproduce.runs.sweep import load_spec
+from reproduce.train import compiling
+from tests.helpers import cli, cli_env, inject
+
+
+@pytest.fixture
+def config():
+    return load_spec("table3").resolve("base", "smoke").overrides(compile="auto")
+
+
+def timings(eager, compiled, compile_seconds):
+    return lambda c, tokens, precision, device: {"eager": eager, "compiled": compiled,
+                                                 "compile_seconds": compile_seconds}
+
+
+@pytest.mark.parametrize("eager, compiled, cost, steps, chosen", [
+    (1.0, 0.5, 60.0, 1000, True),    # 2x faster; saves 500 s against 60 s of compiling
+    (1.0, 0.95, 1.0, 10**6, False),  # a near tie stays eager (margin 1.1x)
+    (1.0, 0.5, 60.0, 100, False),    # 2x faster, but 100 steps save 50 s: not worth 60 s
+    (0.8, 1.0, 60.0, 10**6, False),  # the 2-core CPU: compiled slower
+])
+def test_compiling_is_taken_where_it_is_faster_and_pays_over_the_run(
+        config, tmp_path, eager, compiled, cost, steps, chosen):
+    got, how = compiling.choose(config, 1024, steps, "32-true", "cpu", tmp_path / "c.json",
+                                timer=timings(eager, compiled, cost))
+    assert got is chosen and how["chosen"] is chosen and not how["cached"]
+    assert how["seconds"]["eager"] == eager and how["seconds"]["compiled"] == compiled
+    assert how["micro_steps"] == steps and how["how"].endswith(": eager") is not chosen
+
+
+def test_the_timings_are_cached_and_each_run_decides_by_its_own_steps(config, tmp_path):
+    cache = tmp_path / "c.json"
+    compiling.choose(config, 1024, 1000, "32-true", "cpu", cache, timer=timings(1.0, 0.5, 60.0))
+
+    def never(*args):
+        raise AssertionError("timed again")
+
+    got, how = compiling.choose(config, 1024, 1000, "32-true", "cpu", cache, timer=never)
+    assert got and how["cached"]
+    got, how = compiling.choose(config, 1024, 50, "32-true", "cpu", cache, timer=never)
+    assert not got and how["cached"]  # the same timings, too short a run to pay
+    # Another precision is another entry, timed afresh.
+    compiling.choose(config, 1024, 1000, "bf16-mixed", "cpu", cache, timer=timings(1, 1, 1))
+    assert len(json.loads(cache.read_text())) == 2
+
+
+def test_a_compiler_failure_while_timing_is_eager_in_one_line(config, tmp_path):
+    def fails(*args):
+        raise RuntimeError("backend exploded\nat length")
+
+    got, how = compiling.choose(config, 1024, 10**6, "32-true", "cpu", tmp_path / "c.json",
+                                timer=fails)
+    assert not got and how["how"] == ("torch.compile failed while timing (RuntimeError: backend "
+                                      "exploded): eager")
+
+
+def test_a_set_value_is_taken_as_it_is_and_booleans_mean_on_and_off(config):
+    for asked, on in (("on", True), ("off", False)):
+        got, how = compiling.choose(config.overrides(compile=asked), 1024, 10, "32-true", "cpu",
+                                    None, timer=None)
+        assert got is on and how == {"asked": asked, "how": "set in the config"}
+    # YAML reads on/off/true as booleans; records written before "auto" hold booleans
+    assert parse_sets(["train.compile=on", "compile=false"]) == {"compile": False}
+    assert config.overrides(compile=True).train.compile == "on"
+    assert config.overrides(**parse_sets(["train.compile=off"])).train.compile == "off"
+    with pytest.raises(ConfigError, match="train.compile = 'sometimes': allowed values are off, "
+                                          "on, auto"):
+        config.overrides(compile="sometimes")
+
+
+def test_a_real_timing_of_eager_and_compiled():
+    from reproduce.train.step_time import seconds_compiled
+
+    small = load_spec("table3").resolve("base", "smoke").overrides(N=1)
+    seconds = seconds_compiled(small, 256, "32-true", rounds=1)
+    assert set(seconds) == {"eager", "compiled", "compile_seconds"}
+    assert seconds["eager"] > 0 and seconds["compiled"] > 0 and seconds["compile_seconds"] >= 0
+
+
+COMPILER_FAILS = '''
+import torch
+
+class BackendCompilerFailed(RuntimeError):
+    pass
+
+BackendCompilerFailed.__module__ = "torch._dynamo.exc"  # where torch.compile's errors come from
+
+def failing_compile(fn, *args, **kwargs):
+    def compiled(*a, **k):
+        raise BackendCompilerFailed("injected: inductor failed\\ntraceback follows")
+    return compiled
+
+torch.compile = failing_compile
+
+import reproduce.train.step_time as step_time
+step_time.seconds_compiled = lambda c, tokens, precision, device: {
+    "eager": 1.0, "compiled": 0.25, "compile_seconds": 1.0}
+'''
+
+
+def test_auto_decides_records_its_timings_and_trains_eager_when_the_compiler_fails(tmp_path):
+    """Through the CLI: auto times (a timer saying compiled is 4x faster), takes compiling, the
+    compiler fails on the first training step (injected), training goes on eager with one line,
+    and the record says all of it."""
+    env = inject(cli_env(tmp_path), tmp_path / "inject", COMPILER_FAILS)
+    out = cli(env, "table3", "--variant", "base", "--scale", "smoke", "--set", "train.compile=auto")
+    said = out.stdout + out.stderr
+    assert "compile auto -> on, for table3's base at `smoke` (compiled 4.00x eager" in said
+    assert said.count("torch.compile failed (step 0: BackendCompilerFailed: injected: "
+                            "inductor failed); training goes on eager") == 1
+    [path] = (tmp_path / "results" / "table3").glob("*.json")
+    r = json.loads(path.read_text())
+    assert r["compile"] is False and r["config"]["train"]["compile"] == "auto"
+    choice = r["compile_choice"]
+    assert choice["chosen"] is True and choice["seconds"]["compiled"] == 0.25
+    assert choice["failed_in_training"].startswith("step 0: BackendCompilerFailed")
+    assert list(r["phases"]) == ["compile_choice", "data", "fit", "average", "dev_ppl", "decode"]
+    assert r["metrics"]["train_steps"] == 30  # every step trained, eager
+
+
+def test_an_error_of_the_computation_itself_is_not_taken_for_a_compiler_failure(monkeypatch):
+    from reproduce.bench import inputs as bench_inputs
+    from reproduce.bench.training import lightning_loop
+    from reproduce.train.lit import TranslationModule
+
+    def compiled_that_fails(fn):
+        def compiled(*args, **kwargs):
+            raise ValueError("not the compiler's")
+        return compiled
+
+    monkeypatch.setattr(torch, "compile", compiled_that_fails)
+    config = load_spec("table3").resolve("base", "smoke").overrides(N=1, compile="on")
+    batches = bench_inputs.synthetic_batches(config.model.vocab_size, 256, 1, 32, seed=0)
+    with pytest.raises(ValueError, match="not the compiler's"):
+        lightning_loop(TranslationModule(config.to_dict()), "32-true")(batches)
