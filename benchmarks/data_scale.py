@@ -188,6 +188,8 @@ def report(results: list[dict], command: str) -> str:
         lines.append(f"| {r['pairs']:,} | {r['train_mb']:,} MB | {f['fingerprint_s']} s "
                      f"| {f['read_s']} s | {f['bpe_s']} s | {f['encode_and_write_s']} s "
                      f"| {f['total_s']} s | {f['cache_mb']:,} MB |")
+    lines += ["", "The same first run through the CLI, then a later one, beside the code before "
+              "this cache: [first-run.md](first-run.md) (`benchmarks/first_run.py`)."]
     lines += ["", "## Later runs: the cache built", "",
               "Per rank: seconds from the process's start to its first batch; anonymous memory "
               "and the cache files' Rss / Pss at the first batch and after its share of one "

@@ -66,9 +66,11 @@ def test_a_corpus_is_encoded_once_and_mapped_by_every_later_run_and_table(tmp_pa
     cache = tmp_path / "cache"
     tokenizer = corpus_tokenizer(_source(corpus), 300, cache)
     calls = _count_encodes(monkeypatch)
-    first = encoded_corpus(_source(corpus), tokenizer, cache_dir=cache)
+    source = _source(corpus)
+    first = encoded_corpus(source, tokenizer, cache_dir=cache)
     assert len(calls) == 1 and first.folder is not None and first.folder.parent == cache / "encoded"
     assert isinstance(first.train.src.tokens, np.memmap)  # mapped, not a private copy
+    assert "train" not in source._pairs  # nor is the text the first run read held any longer
     # A later run (a new reading of the same files): nothing encoded, the same arrays.
     again = encoded_corpus(_source(corpus), corpus_tokenizer(_source(corpus), 300, cache),
                            cache_dir=cache)

@@ -34,6 +34,7 @@ from reproduce.data.corpora import first_pairs, pairs_sha256
 from reproduce.data.source import FORMAT, CorpusSource
 from reproduce.util.cache_store import META, SUBDIR, USED, folder_bytes
 from reproduce.util.files import exclusive, write_atomic
+from reproduce.util.machine import return_free_memory
 
 if TYPE_CHECKING:
     from reproduce.paper.tokenizer import Tokenizer
@@ -102,6 +103,9 @@ def encoded_corpus(source: CorpusSource, tokenizer: Tokenizer, train_every: int 
             started = time.perf_counter()
             built = _encode(source, tokenizer, train_every, max_train_pairs, max_eval_pairs)
             _write(built, folder, source, time.perf_counter() - started)
+            del built
+            source.forget("train")  # mapped from here on: the text is not held while training
+            return_free_memory()
             corpus = read_cache(folder)
             if corpus is None:
                 raise RuntimeError(f"{folder}: written, yet it does not read back")

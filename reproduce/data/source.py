@@ -44,6 +44,11 @@ class CorpusSource:
                             len(self._pairs[split]), seconds, len(self._pairs[split]) / seconds)
         return self._pairs[split]
 
+    def forget(self, split: str) -> None:
+        """Drop ``split``'s pairs read so far (at WMT's size, gigabytes of text that a run whose
+        corpus is encoded and mapped no longer needs); a later ``pairs`` reads them again."""
+        self._pairs.pop(split, None)
+
     @property
     def is_treebank(self) -> bool:
         return corpus_spec(self.corpus).treebank
