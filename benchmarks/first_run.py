@@ -126,15 +126,12 @@ def report(results: list[dict], args) -> str:
              f"{args.data} {trees}".rstrip() + f"` ({time.strftime('%Y-%m-%d')}; the script says "
              "what each run is). Seconds of wall clock; outside training = the command less its "
              "training seconds (start-up, reading, BPE, encoding, the evaluation of 20 pairs).",
-             "", "| commit | run | command | training | outside training | of which data phase "
-             "| peak RSS | private memory once mapped |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+             "", "| commit | run | command | training | outside training "
+             "| peak RSS | private memory once mapped |", "|---|---|---:|---:|---:|---:|---:|"]
     for r in results:
-        data = (r["phases"] or {}).get("data")
         mapped = r["private_once_mapped_gb"]
         lines.append(f"| {r['commit']} | {r['run']} | {r['wall_s']:.0f} s | {r['train_s']:.0f} s | "
-                     f"{r['outside_training_s']:.0f} s | "
-                     + (f"{data:.0f} s" if data is not None else "(not recorded)")
-                     + f" | {r['peak_rss_gb']:.1f} GB | "
+                     f"{r['outside_training_s']:.0f} s | {r['peak_rss_gb']:.1f} GB | "
                      + (f"{mapped:.1f} GB" if mapped else "(no cache)") + " |")
     return "\n".join(lines) + "\n"
 

@@ -104,13 +104,24 @@ torch.compile = failing_compile
 import reproduce.train.step_time as step_time
 step_time.seconds_compiled = lambda c, tokens, precision, device: {
     "eager": 1.0, "compiled": 0.25, "compile_seconds": 1.0}
+
+import time
+import reproduce.data.module as module
+mapped = module.encoded_corpus
+
+def slow_encoded_corpus(*args, **kwargs):  # 2 s more to map (or encode) the corpus
+    time.sleep(2)
+    return mapped(*args, **kwargs)
+
+module.encoded_corpus = slow_encoded_corpus
 '''
 
 
 def test_auto_decides_records_its_timings_and_trains_eager_when_the_compiler_fails(tmp_path):
     """Through the CLI: auto times (a timer saying compiled is 4x faster), takes compiling, the
     compiler fails on the first training step (injected), training goes on eager with one line,
-    and the record says all of it."""
+    and the record says all of it, with the timing as a phase of its own (and the corpus mapped in
+    the data phase, not in fit's)."""
     env = inject(cli_env(tmp_path), tmp_path / "inject", COMPILER_FAILS)
     out = cli(env, "table3", "--variant", "base", "--scale", "smoke", "--set", "train.compile=auto")
     said = out.stdout + out.stderr
@@ -124,6 +135,7 @@ def test_auto_decides_records_its_timings_and_trains_eager_when_the_compiler_fai
     assert choice["chosen"] is True and choice["seconds"]["compiled"] == 0.25
     assert choice["failed_in_training"].startswith("step 0: BackendCompilerFailed")
     assert list(r["phases"]) == ["compile_choice", "data", "fit", "average", "dev_ppl", "decode"]
+    assert r["phases"]["data"] >= 2  # mapping (or encoding) the corpus is the data phase's
     assert r["metrics"]["train_steps"] == 30  # every step trained, eager
 
 

@@ -144,6 +144,7 @@ def run_here(run: PlannedRun, split: str, command: str, work: Path,
         lap("compile_choice")  # timing eager against compiled, unless cached
     pl.seed_everything(c.train.seed, workers=True, verbose=False)
     tokenizer, data = build_data(c)
+    data.setup("fit")  # the corpus mapped (encoded first, if no run has): this phase, not fit's
     lap("data")
     logger = wandb_logger(run, work, precision) if zero else False
     try:
