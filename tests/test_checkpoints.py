@@ -59,3 +59,25 @@ def test_a_damaged_checkpoint_among_those_averaged_is_one_line_and_kept_aside(tm
                                         r"last 3 checkpoints .* to retrain the run from the start"):
         _final_weights(torch.nn.Module(), tmp_path, 3)
     assert [p.name.split(".ckpt")[0] for p in (tmp_path / "damaged").iterdir()] == ["step6"]
+
+
+def test_a_save_that_fails_midway_leaves_the_previous_checkpoint_whole(tmp_path):
+    """Checkpoints stream to a temporary file (no copy of GBs in memory): a save that fails after
+    part of it is written leaves the previous file as it was, and no temporary file."""
+    import pytest
+
+    from reproduce.train.fit import AtomicCheckpointIO
+
+    io = AtomicCheckpointIO()
+    path = tmp_path / "last.ckpt"
+    io.save_checkpoint({"global_step": 3, "w": torch.ones(1000)}, path)
+    before = path.read_bytes()
+
+    class Unpicklable:
+        def __reduce__(self):
+            raise RuntimeError("fails once the tensors before it are written")
+
+    with pytest.raises(RuntimeError, match="fails once"):
+        io.save_checkpoint({"global_step": 6, "w": torch.zeros(10**6), "z": Unpicklable()}, path)
+    assert path.read_bytes() == before and torch.load(path)["global_step"] == 3
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import BinaryIO
 
 log = logging.getLogger(__name__)
 
@@ -36,13 +37,22 @@ def writable(folder: Path) -> OSError | None:
 
 def write_atomic(path: Path, data: bytes) -> None:
     """``path`` holds its old content or all of ``data``, whatever happens during the write."""
+    with atomic_file(path) as f:
+        f.write(data)
+
+
+@contextmanager
+def atomic_file(path: Path) -> Iterator[BinaryIO]:
+    """A file to write ``path``'s new content to: ``path`` holds its old content or all of what
+    was written once the block ends, whatever happens meanwhile (an exception inside the block
+    leaves the old content). Streams: nothing is held in memory (a checkpoint of GBs)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     # A temporary file in the same folder (a rename is atomic within one file system), named
     # uniquely so that concurrent writers never share one.
     handle, tmp = tempfile.mkstemp(prefix=f".{path.name}-", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(handle, "wb") as f:
-            f.write(data)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
