@@ -333,6 +333,16 @@ def test_verify_reruns_a_record_in_scratch_and_finds_the_same_numbers(tmp_path, 
     assert out.returncode == 1
     assert "NOT the recorded numbers" in out.stdout
     assert re.search(r"1 differ \(first: train_loss at step 2: [\d.]+ recorded", out.stdout)
+    # Within a tolerance (a replay on other hardware, or in bf16): the same curve passes
+    loss = record["curve"]["train_loss"][1][2]
+    out = cli(env, "verify", str(path), "--steps", "3", "--tolerance", "0.5",
+              "--scratch", str(tmp_path.parent / f"{tmp_path.name}-y"))
+    assert "all equal within 0.5" in out.stdout
+    assert re.search(r"largest relative difference: ([\d.e-]+) \(train_loss at step 2\)",
+                     out.stdout)
+    assert "verified: the first 3 steps give the recorded learning curve within 0.5" in out.stdout
+    worst = float(re.search(r"largest relative difference: ([\d.e-]+)", out.stdout).group(1))
+    assert abs(worst - 0.5 / loss) < 0.01 * worst + 1e-3  # the 0.5 added, relative to the record
 
 
 def test_a_diverged_run_stops_is_not_recorded_and_is_not_trained_again_blindly(tmp_path):

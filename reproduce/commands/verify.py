@@ -18,10 +18,17 @@ class Verify(Command):
         parser.add_argument("--steps", type=int, help="train the first N steps only and compare "
                             "the learning curve there")
         parser.add_argument("--scratch", help="the scratch folder (default: a new temporary one)")
+        parser.add_argument("--tolerance", type=float, default=0.0, metavar="REL",
+                            help="numbers agree within this relative difference (default 0: "
+                            "equal); a run replayed on other hardware or in another precision "
+                            "needs one (docs/records.md)")
+        parser.add_argument("--precision", choices=("32-true", "bf16-mixed"),
+                            help="re-run in this precision instead of the record's")
 
     def run(self, args: argparse.Namespace, argv: list[str]) -> int:
         from reproduce.train.verify import verify
         from reproduce.util.logs import quiet_libraries
 
         quiet_libraries()
-        return verify(Path(args.record), args.steps, Path(args.scratch) if args.scratch else None)
+        return verify(Path(args.record), args.steps, Path(args.scratch) if args.scratch else None,
+                      args.tolerance, args.precision)

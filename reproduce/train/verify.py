@@ -111,14 +111,25 @@ def _hash_lines(record: dict[str, Any], fresh: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _compare(old: dict[str, Any], new: dict[str, Any]) -> tuple[list[str], bool]:
-    """A line per number (recorded, re-run, difference); whether all are equal."""
+def _close(old: float, new: float, tolerance: float) -> bool:
+    """Whether ``new`` is ``old`` within ``tolerance`` of it (relative; 0: equal)."""
+    return new == old or abs(new - old) <= tolerance * abs(old)
+
+
+def _relative(old: float, new: float) -> float:
+    return abs(new - old) / abs(old) if old else (0.0 if new == old else float("inf"))
+
+
+def _compare(old: dict[str, Any], new: dict[str, Any], tolerance: float = 0.0
+             ) -> tuple[list[str], bool]:
+    """A line per number (recorded, re-run, difference); whether all are equal (within
+    ``tolerance``, relative)."""
     lines, same = [f"  {'metric':24} {'recorded':>12} {'re-run':>12} {'difference':>12}"], True
     for key, value in old.items():
         if key in TIMING or not isinstance(value, (int, float)) or key not in new:
             continue
         diff = new[key] - value
-        same &= diff == 0
+        same &= _close(value, new[key], tolerance)
         lines.append(f"  {key:24} {value:>12} {new[key]:>12} {diff:>+12.4g}")
     return lines, same
 
@@ -128,15 +139,21 @@ def _curve_points(curve: dict[str, list]) -> dict[tuple[str, int], float]:
     return {(kind, int(p[0])): p[2] for kind, points in curve.items() for p in points}
 
 
-def verify(path: Path, steps: int | None = None, scratch: Path | None = None) -> int:
-    """Print the comparison; 0 if every compared number is equal, else 1."""
+def verify(path: Path, steps: int | None = None, scratch: Path | None = None,
+           tolerance: float = 0.0, precision: str | None = None) -> int:
+    """Print the comparison; 0 if every compared number is equal (within ``tolerance``,
+    relative, where one is given), else 1. ``precision``: re-run in this precision instead of
+    the record's (to see what another precision changes, as a replay on other hardware does)."""
+    if tolerance < 0:
+        raise ConfigError(f"--tolerance {tolerance}: must be >= 0 (relative, e.g. 0.01 for 1 %)")
     try:
         record = records.read_record(path)
     except records.DamagedRecord as e:
         raise ConfigError(str(e)) from None
     if record is None:
         raise ConfigError(f"{path}: no such record")
-    config = Config.from_dict(record["config"]).overrides(precision=record["precision"])
+    config = Config.from_dict(record["config"]).overrides(precision=precision
+                                                          or record["precision"])
     if steps is not None:
         if not 0 < steps <= record["metrics"]["train_steps"]:
             raise ConfigError(f"--steps {steps}: must be between 1 and the run's "
@@ -149,7 +166,10 @@ def verify(path: Path, steps: int | None = None, scratch: Path | None = None) ->
                                      machine.cores())))
     print(f"verify {path}: {record['run_id']} again in {folder}, "
           f"{f'the first {steps} steps' if steps else 'all of it'}, precision "
-          f"{record['precision']}, {torch.get_num_threads()} thread(s)")
+          f"{config.train.precision}"
+          + (f" (the record's: {record['precision']})" if precision else "")
+          + f", {torch.get_num_threads()} thread(s)"
+          + (f", equal within {tolerance:g} (relative)" if tolerance else ""))
     print(_spec_line(record))
     if kept := _without_outputs(record):
         print(kept)
@@ -159,7 +179,7 @@ def verify(path: Path, steps: int | None = None, scratch: Path | None = None) ->
                 fresh = runner.execute(run, record["split"], f"verify {path}")
                 if isinstance(fresh, str):  # not run (a scratch folder holds no other worker)
                     raise RuntimeError(f"{run.run_id}: {fresh}")
-                lines, same = _compare(record["metrics"], fresh["metrics"])
+                lines, same = _compare(record["metrics"], fresh["metrics"], tolerance)
                 lines += _hash_lines(record, fresh)
                 old_curve, new_curve = record.get("curve", {}), fresh["curve"]
             else:
@@ -168,18 +188,24 @@ def verify(path: Path, steps: int | None = None, scratch: Path | None = None) ->
                 lines, same = [], True
             a, b = _curve_points(old_curve), _curve_points(new_curve)
             common = sorted(k for k in a.keys() & b.keys() if steps is None or k[1] <= steps)
-            differ = [k for k in common if a[k] != b[k]]
+            differ = [k for k in common if not _close(a[k], b[k], tolerance)]
             same &= not differ and bool(common or steps is None)
+            within = f" within {tolerance:g}" if tolerance else ""
             lines.append(f"learning curve: {len(common)} common point(s), "
-                         + (f"{len(differ)} differ (first: {differ[0][0]} at step "
+                         + (f"{len(differ)} differ{within} (first: {differ[0][0]} at step "
                             f"{differ[0][1]}: {a[differ[0]]} recorded, {b[differ[0]]} now)"
-                            if differ else "all equal"))
+                            if differ else f"all equal{within}"))
+            if common and any(a[k] != b[k] for k in common):
+                worst = max(common, key=lambda k: _relative(a[k], b[k]))
+                lines.append(f"largest relative difference: {_relative(a[worst], b[worst]):.2g}"
+                             f" ({worst[0]} at step {worst[1]})")
     finally:
         torch.set_num_threads(threads)
     print("\n".join(lines))
     if same:
-        print("verified: the re-run gives the recorded numbers" if steps is None else
-              f"verified: the first {steps} steps give the recorded learning curve")
+        within = f" within {tolerance:g}" if tolerance else ""
+        print(f"verified: the re-run gives the recorded numbers{within}" if steps is None else
+              f"verified: the first {steps} steps give the recorded learning curve{within}")
         return 0
     reasons = _environment_differences(record)
     print("NOT the recorded numbers. " + ("What differs from where the record was made: "
