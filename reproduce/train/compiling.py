@@ -46,17 +46,11 @@ def _device(accelerator: str) -> str:
 
 
 def _key(config, tokens: int, precision: str, device: str) -> str:
-    m = config.model
-    shape = (f"N{m.N}-d{m.d_model}-ff{m.d_ff}-h{m.h}-k{m.d_k}-v{m.d_v}-V{m.vocab_size}"
-             f"-{m.positions}-tok{tokens}")
-    return f"{device}|torch {torch.__version__}|{precision}|{shape}"
+    return (f"{device}|torch {torch.__version__}|{precision}|"
+            f"{step_time.shape_key(config, tokens)}")
 
 
-def _read(cache: Path) -> dict[str, Any]:
-    try:
-        return json.loads(cache.read_text())
-    except (OSError, ValueError):
-        return {}  # none yet, or damaged: time again
+_read = step_time.read_timings
 
 
 def decide(timed: dict[str, Any], micro_steps: int) -> tuple[bool, str]:

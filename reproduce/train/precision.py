@@ -48,17 +48,11 @@ def bf16_matmul_not_slower() -> bool:
 
 
 def _key(config: Config, tokens: int, threads: int) -> str:
-    m = config.model
-    shape = (f"N{m.N}-d{m.d_model}-ff{m.d_ff}-h{m.h}-k{m.d_k}-v{m.d_v}-V{m.vocab_size}"
-             f"-{m.positions}-tok{tokens}")
-    return f"{cpu_name()}|{','.join(cpu_flags())}|torch {torch.__version__}|{threads}t|{shape}"
+    return (f"{cpu_name()}|{','.join(cpu_flags())}|torch {torch.__version__}|{threads}t|"
+            f"{step_time.shape_key(config, tokens)}")
 
 
-def _read(cache: Path) -> dict[str, Any]:
-    try:
-        return json.loads(cache.read_text())
-    except (OSError, ValueError):
-        return {}  # none yet, or damaged: measure again
+_read = step_time.read_timings
 
 
 def choose(config: Config, micro_tokens: int, cache: Path | None,

@@ -3,7 +3,10 @@ each precision (``precision: auto`` chooses by it; ``plan.cost`` times a config'
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -12,6 +15,22 @@ from reproduce.paper.model import Transformer
 from reproduce.paper.optim import adam_with_schedule, output_loss
 
 CHOICES = ("32-true", "bf16-mixed")  # what ``precision: auto`` chooses between
+
+
+def shape_key(config: Config, tokens: int) -> str:
+    """The model's shape and the tokens of its timed micro-batch: what a timing cache entry is of
+    (``precision.json``, ``compile.json``), beside the machine."""
+    m = config.model
+    return (f"N{m.N}-d{m.d_model}-ff{m.d_ff}-h{m.h}-k{m.d_k}-v{m.d_v}-V{m.vocab_size}"
+            f"-{m.positions}-tok{tokens}")
+
+
+def read_timings(cache: Path) -> dict[str, Any]:
+    """A timing cache's entries; none where it is missing or damaged (timed again)."""
+    try:
+        return json.loads(cache.read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def synthetic_batch(vocab: int, tokens: int, length: int, seed: int = 0
