@@ -154,3 +154,11 @@ def test_an_error_of_the_computation_itself_is_not_taken_for_a_compiler_failure(
     batches = bench_inputs.synthetic_batches(config.model.vocab_size, 256, 1, 32, seed=0)
     with pytest.raises(ValueError, match="not the compiler's"):
         lightning_loop(TranslationModule(config.to_dict()), "32-true")(batches)
+
+
+def test_the_paper_scale_times_compiling_and_the_others_stay_eager():
+    for table, variant in (("table2", "base-en-de"), ("table3", "base"), ("table2", "big-en-fr")):
+        spec = load_spec(table)
+        assert spec.resolve(variant, "paper").train.compile == "auto"
+        assert spec.resolve(variant, "cpu").train.compile == "off"
+        assert spec.resolve(variant, "smoke").train.compile == "off"
