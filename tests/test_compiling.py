@@ -162,3 +162,35 @@ def test_the_paper_scale_times_compiling_and_the_others_stay_eager():
         assert spec.resolve(variant, "paper").train.compile == "auto"
         assert spec.resolve(variant, "cpu").train.compile == "off"
         assert spec.resolve(variant, "smoke").train.compile == "off"
+
+
+TIMER_COUNTS = '''
+import os
+import reproduce.train.step_time as step_time
+
+def timer(c, tokens, precision, device):
+    with open(os.environ["TIMED_LOG"], "a") as f:
+        f.write(f"{os.getpid()} h={c.model.h} tokens={tokens}\\n")
+    return {"eager": 1.0, "compiled": 0.9, "compile_seconds": 5.0}
+
+step_time.seconds_compiled = timer
+'''
+
+
+def test_two_ranks_read_the_timing_of_their_tables_base_made_once_before_they_start(tmp_path):
+    """--devices 2 on a variant of another shape than base (A1: one head): the sweep's process
+    times the table's base once, on one rank's micro-batch; both ranks read that and decide as
+    it did, without timing their own model."""
+    log = tmp_path / "timed.log"
+    env = {**inject(cli_env(tmp_path, threads=2), tmp_path / "inject", TIMER_COUNTS),
+           "TIMED_LOG": str(log)}
+    out = cli(env, "table3", "--variant", "A1", "--scale", "smoke", "--devices", "2", "--set",
+              "train.compile=auto")
+    [timed] = log.read_text().splitlines()  # once, by the sweep's process, of base (8 heads)
+    assert "h=8 tokens=512" in timed
+    assert "compile auto -> off, for table3's base at `smoke` (cached: compiled 1.11x" in \
+        out.stdout + out.stderr
+    [path] = (tmp_path / "results" / "table3").glob("*.json")
+    r = json.loads(path.read_text())
+    assert r["compile"] is False and r["compile_choice"]["cached"] is True
+    assert r["compile_choice"]["seconds"]["timed_model"] == "table3's base at `smoke`"

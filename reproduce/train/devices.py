@@ -174,7 +174,9 @@ def train_on_ranks(run: PlannedRun, split: str, command: str, work: Path,
     payload = work / PAYLOAD
     payload.write_text(json.dumps({
         "run": {**{k: v for k, v in asdict(run).items() if k not in ("config", "precision_from")},
-                "config": run.config.to_dict()},
+                "config": run.config.to_dict(),
+                # the table's base, which the ranks' timing caches are keyed by (train.compiling)
+                "precision_from": run.precision_from and run.precision_from.to_dict()},
         "split": split, "command": command, "extra": extra, "layout": asdict(layout),
         "precision": precision[0], "precision_choice": precision[1]}, indent=1))
     env = dict(os.environ)
@@ -269,7 +271,9 @@ def rank_main(path: str, run_here: Callable[..., Any]) -> int:
     die_with_parent()
     data = json.loads(Path(path).read_text())
     spec = data["run"]
-    run = PlannedRun(**{**spec, "config": Config.from_dict(spec["config"])})
+    reference = spec.get("precision_from")
+    run = PlannedRun(**{**spec, "config": Config.from_dict(spec["config"]),
+                        "precision_from": reference and Config.from_dict(reference)})
     layout = Layout(**data["layout"])
     me = rank()
     if me:  # rank 0 speaks for the run; the others only warn
