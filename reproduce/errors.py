@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 
+def one_line(e: BaseException, limit: int = 200) -> str:
+    """``e`` as one line for a message: its type and the first line of its text, cut at
+    ``limit`` characters (a compiler's or a library's error may run to pages)."""
+    first = (str(e).strip().splitlines() or [""])[0][:limit]
+    return f"{type(e).__name__}: {first}"
+
+
 class ConfigError(ValueError):
     """A config that cannot be built; the message is one line naming the field and what is allowed."""
 

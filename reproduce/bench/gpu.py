@@ -40,6 +40,7 @@ from typing import Any
 import torch
 
 from reproduce.config import Config
+from reproduce.errors import one_line
 from reproduce.paper.decoding import beam_search
 from reproduce.paper.flops import BF16_DENSE_TFLOPS, analytic_flops, lookup
 from reproduce.paper.model import Transformer
@@ -213,8 +214,7 @@ def run(steps: int = 10, out: str = "results/gpu.md", budget: float = 420.0) -> 
         try:
             step_part("base, compiled", "base-en-de", precision, torch.compile(step_loss))
         except Exception as e:  # noqa: BLE001 - one line, and the other parts go on
-            first = (str(e).strip().splitlines() or [""])[0][:200]
-            report.skip("base, compiled", f"torch.compile failed: {type(e).__name__}: {first}")
+            report.skip("base, compiled", f"torch.compile failed: {one_line(e)}")
 
     def tf32() -> None:
         was = torch.backends.cuda.matmul.allow_tf32

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from reproduce.errors import one_line
 from reproduce.paper.optim import accumulation
 from reproduce.paths import runs_dir
 from reproduce.runs.sweep import PlannedRun
@@ -86,8 +87,7 @@ def choose(config, micro_tokens: int, micro_steps: int, precision: str, accelera
             known = (timer or step_time.seconds_compiled)(
                 config, micro_tokens, precision, "cuda" if accelerator == "gpu" else "cpu")
         except Exception as e:  # noqa: BLE001 - any compiler failure: eager, in one line
-            known = {"failed": f"{type(e).__name__}: "
-                               f"{(str(e).strip().splitlines() or [''])[0][:200]}"}
+            known = {"failed": one_line(e)}
         known = {**known, "device": device, "timed_model": model, "tokens": micro_tokens}
         if cache:
             write_atomic(cache, (json.dumps({**_read(cache), key: known}, indent=1)

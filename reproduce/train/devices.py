@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from reproduce.config import ACCELERATORS, Config, seconds_from_env
-from reproduce.errors import ConfigError, DiskError, RankFailure, Stopped
+from reproduce.errors import ConfigError, DiskError, RankFailure, Stopped, one_line
 from reproduce.runs.checkpoints import PREEMPTED
 from reproduce.runs.claims import rank
 from reproduce.runs.sweep import PlannedRun
@@ -290,9 +290,8 @@ def rank_main(path: str, run_here: Callable[..., Any]) -> int:
             return 1
         where = Path(path).parent / f"rank{me}-error.log"
         where.write_text(traceback.format_exc())
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        print(f"rank {me} of {layout.devices}: {type(e).__name__}: {first[:160]} "
-              f"(traceback: {where})", file=sys.stderr)
+        print(f"rank {me} of {layout.devices}: {one_line(e, 160)} (traceback: {where})",
+              file=sys.stderr)
         return 1
     # Leave the process group before the interpreter exits: a rank whose communication threads
     # are still joinable at exit dies in C++ terminate(), and Lightning's observer in rank 0 then

@@ -15,6 +15,7 @@ import torch
 
 from reproduce.config import Config
 from reproduce.data import PAD_BATCH
+from reproduce.errors import one_line
 from reproduce.paper.model import Transformer
 from reproduce.paper.optim import adam_with_schedule, output_loss
 
@@ -74,8 +75,7 @@ class TranslationModule(pl.LightningModule):
                 raise
             # the compiler failed (on the first step, or on a new shape later): the same loss
             # eager from here on, said once and kept for the record
-            self.compile_failed = (f"step {self.trainer.global_step}: {type(e).__name__}: "
-                                   f"{(str(e).strip().splitlines() or [''])[0][:200]}")
+            self.compile_failed = f"step {self.trainer.global_step}: {one_line(e)}"
             log.warning("torch.compile failed (%s); training goes on eager", self.compile_failed)
             self.use_compiled(False)
             smoothed, nll, n = self._losses(batch)

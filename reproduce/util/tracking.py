@@ -11,6 +11,8 @@ import logging
 import os
 from typing import Any
 
+from reproduce.errors import one_line
+
 log = logging.getLogger("reproduce")
 INIT_TIMEOUT_ENV = "WANDB_INIT_TIMEOUT"
 
@@ -45,10 +47,9 @@ def init_run(what: str, **kwargs: Any):
             return wandb.init(mode="online", settings=wandb.Settings(init_timeout=init_timeout()),
                               **kwargs)
         except Exception as e:  # noqa: BLE001 - any failure to reach W&B: log offline instead
-            first = (str(e).strip().splitlines() or [""])[0][:160]
-            log.warning("%s: W&B is unreachable (%s: %s); logging offline under %s instead "
+            log.warning("%s: W&B is unreachable (%s); logging offline under %s instead "
                         "(`wandb sync` uploads it later), and so does the rest of this command",
-                        what, type(e).__name__, first, kwargs.get("dir", "wandb/"))
+                        what, one_line(e, 160), kwargs.get("dir", "wandb/"))
             os.environ["WANDB_MODE"] = "offline"
             wandb.teardown()  # the failed run still holds its id in W&B's service process
     return wandb.init(mode="offline", **kwargs)
