@@ -26,7 +26,7 @@ from reproduce.paper.optim import accumulation
 from reproduce.paths import runs_dir
 from reproduce.runs.sweep import PlannedRun
 from reproduce.train import step_time
-from reproduce.train.devices import ONE_DEVICE, Layout
+from reproduce.train.devices import ONE_DEVICE, Layout, threads_of_one_rank
 from reproduce.util.files import write_atomic
 from reproduce.util.machine import cpu_flags, cpu_name
 
@@ -112,14 +112,9 @@ def choose_compile(run: PlannedRun, precision: str, layout: Layout = ONE_DEVICE,
         model = f"{run.table}'s base at `{run.scale}`"
     accumulate, micro = accumulation(reference.train.batch_tokens,
                                      reference.train.device_batch_tokens, layout.world)
-    threads = torch.get_num_threads()
-    if layout.accelerator == "cpu" and layout.devices > 1:
-        torch.set_num_threads(max(1, threads // layout.devices))  # as each rank will have
-    try:
+    with threads_of_one_rank(layout):
         chosen, how = choose(reference, micro, c.train.train_steps * accumulate, precision,
                              layout.accelerator, runs_dir() / CACHE, model=model)
-    finally:
-        torch.set_num_threads(threads)
     if say and c.train.compile == "auto":
         log.info("%s: compile auto -> %s, for %s (%s%s)", run.run_id, "on" if chosen else "off",
                  model, "cached: " if how["cached"] else "", how["how"])

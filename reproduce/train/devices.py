@@ -27,7 +27,8 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -81,8 +82,28 @@ class Layout:
     def backend(self) -> str:
         return "nccl" if self.accelerator == "gpu" else "gloo"
 
+    def rank_threads(self) -> int | None:
+        """Torch threads each rank takes: on a CPU, this process's split ``devices`` ways (the
+        ranks share its cores); None where ranks keep what they have (one device, or GPUs)."""
+        if self.accelerator != "cpu" or self.devices <= 1:
+            return None
+        return max(1, torch.get_num_threads() // self.devices)
+
 
 ONE_DEVICE = Layout()
+
+
+@contextmanager
+def threads_of_one_rank(layout: Layout) -> Iterator[None]:
+    """This process times a step with the threads one rank of ``layout`` will have (its
+    ``rank_threads``), and gets its own back after."""
+    threads, rank_threads = torch.get_num_threads(), layout.rank_threads()
+    if rank_threads is not None:
+        torch.set_num_threads(rank_threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def external_ranks() -> bool:
@@ -183,9 +204,8 @@ def train_on_ranks(run: PlannedRun, split: str, command: str, work: Path,
     env.pop(SHARE_ENV, None)  # ranks keep their split of the cores; only workers share theirs
     for key in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_PORT", "RANK", "GROUP_RANK"):
         env.pop(key, None)  # a new group: Lightning's launcher sets these for its ranks
-    if layout.accelerator == "cpu":
-        threads = str(max(1, torch.get_num_threads() // layout.devices))
-        env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
+    if (threads := layout.rank_threads()) is not None:
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     proc = subprocess.Popen([sys.executable, "-m", "reproduce", "_rank-run", str(payload)],
                             env=env, start_new_session=True)
     stopped: list[int] = []

@@ -30,7 +30,7 @@ from reproduce.paths import results_dir, runs_dir
 from reproduce.runs.precisions import settled
 from reproduce.runs.sweep import PlannedRun
 from reproduce.train import step_time
-from reproduce.train.devices import ONE_DEVICE, Layout
+from reproduce.train.devices import ONE_DEVICE, Layout, threads_of_one_rank
 from reproduce.util.files import write_atomic
 from reproduce.util.machine import cpu_flags, cpu_name, matmul_gflops
 
@@ -136,13 +136,8 @@ def choose_precision(run: PlannedRun, layout: Layout = ONE_DEVICE) -> tuple[str,
         model = f"{run.table}'s base at `{run.scale}` (one precision for all its variants)"
     micro = accumulation(reference.train.batch_tokens, reference.train.device_batch_tokens,
                          layout.world)[1]
-    threads = torch.get_num_threads()
-    if layout.accelerator == "cpu" and layout.devices > 1:
-        torch.set_num_threads(max(1, threads // layout.devices))  # as each rank will have
-    try:
+    with threads_of_one_rank(layout):
         precision, chosen = choose(reference, micro, runs_dir() / "precision.json", model=model)
-    finally:
-        torch.set_num_threads(threads)
     if c.train.precision == "auto":
         # Which model the timings are of, said in every record (a cached answer's "how" keeps
         # the words of the run that timed it).
