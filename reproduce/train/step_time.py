@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -66,29 +67,43 @@ def train_step(model: Transformer, optimizer, schedule, batch: dict[str, torch.T
     optimizer.zero_grad(set_to_none=True)
 
 
+def _timed(config: Config, tokens: int, contenders: dict[str, tuple[str, Callable]],
+           rounds: int, length: int, device: str = "cpu"
+           ) -> tuple[dict[str, float], dict[str, float]]:
+    """(median seconds, warm-up seconds) of a training step of ``config``'s model on ``tokens``
+    per side for each contender (its precision and loss function), on ``device``: one model,
+    optimizer and synthetic batch, a warm-up step each, then ``rounds`` rounds interleaved, the
+    order rotating."""
+    torch.manual_seed(0)
+    m, t = config.model, config.train
+    model = Transformer(m).to(device).train()
+    optimizer, schedule = adam_with_schedule(model.parameters(), t, m.d_model)
+    batch = {k: v.to(device) for k, v in
+             synthetic_batch(m.vocab_size, tokens, min(length, t.max_tokens_per_sentence)).items()}
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+
+    def step(name: str) -> float:
+        precision, loss_fn = contenders[name]
+        sync()
+        start = time.perf_counter()
+        train_step(model, optimizer, schedule, batch, config, precision, loss_fn=loss_fn)
+        sync()
+        return time.perf_counter() - start
+
+    order = list(contenders)
+    first = {name: step(name) for name in order}
+    times: dict[str, list[float]] = {name: [] for name in order}
+    for r in range(rounds):
+        for name in order[r % len(order):] + order[:r % len(order)]:
+            times[name].append(step(name))
+    return {name: round(sorted(v)[len(v) // 2], 4) for name, v in times.items()}, first
+
+
 def seconds_by_precision(config: Config, tokens: int, rounds: int = 3,
                          length: int = 32) -> dict[str, float]:
     """Median seconds of a training step (forward, smoothed loss, backward, Adam) of ``config``'s
     model on ``tokens`` per side, in each precision; after a warm-up step each, interleaved."""
-    torch.manual_seed(0)
-    m, t = config.model, config.train
-    model = Transformer(m).train()
-    optimizer, schedule = adam_with_schedule(model.parameters(), t, m.d_model)
-    batch = synthetic_batch(m.vocab_size, tokens, min(length, t.max_tokens_per_sentence))
-
-    def step(precision: str) -> float:
-        start = time.perf_counter()
-        train_step(model, optimizer, schedule, batch, config, precision)
-        return time.perf_counter() - start
-
-    times: dict[str, list[float]] = {p: [] for p in CHOICES}
-    for p in CHOICES:
-        step(p)  # warm-up
-    for r in range(rounds):
-        for p in CHOICES[r % 2:] + CHOICES[:r % 2]:
-            times[p].append(step(p))
-    return {p: round(sorted(v)[len(v) // 2], 4) for p, v in times.items()}
-
+    return _timed(config, tokens, {p: (p, step_loss) for p in CHOICES}, rounds, length)[0]
 
 
 def seconds_compiled(config: Config, tokens: int, precision: str, device: str = "cpu",
@@ -97,28 +112,8 @@ def seconds_compiled(config: Config, tokens: int, precision: str, device: str = 
     ``device``, eager and with the loss under ``torch.compile`` (median seconds, interleaved
     after a warm-up step each), and the seconds compiling took (the compiled warm-up step less
     an eager one). Raises what ``torch.compile`` raises where it fails."""
-    torch.manual_seed(0)
-    m, t = config.model, config.train
-    model = Transformer(m).to(device).train()
-    optimizer, schedule = adam_with_schedule(model.parameters(), t, m.d_model)
-    batch = {k: v.to(device) for k, v in
-             synthetic_batch(m.vocab_size, tokens, min(length, t.max_tokens_per_sentence)).items()}
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    losses = {"eager": step_loss, "compiled": torch.compile(step_loss)}
-
-    def step(how: str) -> float:
-        sync()
-        start = time.perf_counter()
-        train_step(model, optimizer, schedule, batch, config, precision, loss_fn=losses[how])
-        sync()
-        return time.perf_counter() - start
-
-    first = {how: step(how) for how in losses}  # the compiled one compiles
-    times: dict[str, list[float]] = {how: [] for how in losses}
-    order = list(losses)
-    for r in range(rounds):
-        for how in order[r % 2:] + order[:r % 2]:
-            times[how].append(step(how))
-    out = {how: round(sorted(v)[len(v) // 2], 4) for how, v in times.items()}
-    out["compile_seconds"] = round(max(0.0, first["compiled"] - first["eager"]), 1)
-    return out
+    medians, first = _timed(config, tokens, {"eager": (precision, step_loss),
+                                             "compiled": (precision, torch.compile(step_loss))},
+                            rounds, length, device)
+    return {**medians,
+            "compile_seconds": round(max(0.0, first["compiled"] - first["eager"]), 1)}
