@@ -195,8 +195,8 @@ def run(steps: int = 10, out: str = "results/gpu.md", budget: float = 420.0) -> 
         return c if cuda else c.overrides(device_batch_tokens=c.train.batch_tokens // 2)
 
     def step_part(part: str, variant: str, part_precision: str, loss_fn=step_loss) -> None:
-        r = measure(config(variant), device, part_precision, steps, 2 if cuda else 1, loss_fn)
         c = config(variant)
+        r = measure(c, device, part_precision, steps, 2 if cuda else 1, loss_fn)
         r.update(variant=variant, precision=part_precision, train_steps=c.train.train_steps,
                  mfu=None if peak is None or part_precision != "bf16-mixed"
                  else r["achieved_tflops"] / peak,
