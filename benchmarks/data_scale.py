@@ -95,7 +95,7 @@ def rank_main(data_dir: str, cache: str, rank: int, world: int, started: float) 
 
     from reproduce.data.module import TranslationData
     from reproduce.data.source import CorpusSource
-    from reproduce.data.tokenizer import corpus_tokenizer
+    from reproduce.data.vocabulary import corpus_tokenizer
 
     source = CorpusSource("local-en-de", data_dir)
     tokenizer = corpus_tokenizer(source, VOCAB, cache)
@@ -122,9 +122,9 @@ def rank_main(data_dir: str, cache: str, rank: int, world: int, started: float) 
 
 def first_run(data_dir: Path, cache: Path) -> dict[str, float]:
     """An empty cache: read the files, train BPE, encode and write the cache, each timed."""
-    from reproduce.data.cache import encoded_corpus
+    from reproduce.data.encoded_cache import encoded_corpus
     from reproduce.data.source import CorpusSource
-    from reproduce.data.tokenizer import corpus_tokenizer
+    from reproduce.data.vocabulary import corpus_tokenizer
 
     times = {}
     t0 = time.perf_counter()

@@ -16,7 +16,7 @@ from reproduce.commands.cache import Cache
 from reproduce.commands.migrate import Migrate
 from reproduce.commands.publish import Publish
 from reproduce.commands.status import Status
-from reproduce.commands.sweep import Table, Table3, Table4
+from reproduce.commands.table import Table, Table3, Table4
 from reproduce.commands.verify import Verify
 from reproduce.errors import (
     ConfigError,

@@ -117,3 +117,12 @@ def test_pyproject_lists_every_package():
                             .read_text(), flags=re.MULTILINE))
     folders = {_name(p.parent / "__init__.py") for p in PACKAGE.rglob("__init__.py")}
     assert folders | {"reproduce.sweeps"} == listed
+
+
+def test_each_module_name_once():
+    # a name says one job: two folders' `cache.py` (or `status.py`) send a newcomer to the wrong one
+    seen: dict[str, list[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        if path.name != "__init__.py":
+            seen.setdefault(path.stem, []).append(_name(path))
+    assert {stem: names for stem, names in seen.items() if len(names) > 1} == {}

@@ -4,7 +4,7 @@ import torch
 
 from reproduce.config import ModelConfig
 from reproduce.paper.model import Transformer
-from reproduce.tables.attention import attention_weights, plot_attention
+from reproduce.tables.attention_maps import attention_weights, plot_attention
 
 
 def test_weights_are_distributions_that_respect_masks_and_reproduce_the_output(tmp_path):

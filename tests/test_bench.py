@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from reproduce.__main__ import main
-from reproduce.bench import decoding as bench_decoding
+from reproduce.bench import decoding_peers as bench_decoding
 from reproduce.bench import inputs as bench_inputs
 from reproduce.bench import peers
 from reproduce.bench import timing as bench_timing

@@ -1,4 +1,4 @@
-"""Encode once, map everywhere (reproduce.data.cache): the encoded corpus is built once per content
+"""Encode once, map everywhere (reproduce.data.encoded_cache): the encoded corpus is built once per content
 and vocabulary, mapped by later runs, tables and ranks; new content gets a new vocabulary and a
 new cache; a killed or damaged build is rebuilt, never read; batches are the same from workers."""
 
@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 import torch
 
-from reproduce.data import cache as encoded_cache
+from reproduce.data import encoded_cache as encoded_cache
 from reproduce.data import load_bible_verses
-from reproduce.data.cache import encoded_corpus, read_cache
+from reproduce.data.encoded_cache import encoded_corpus, read_cache
 from reproduce.data.module import LOADER_WORKERS_ENV, TranslationData
 from reproduce.data.source import CorpusSource
-from reproduce.data.tokenizer import corpus_tokenizer
+from reproduce.data.vocabulary import corpus_tokenizer
 from reproduce.errors import DataError
 
 FORK = multiprocessing.get_context("fork")
@@ -235,7 +235,7 @@ def test_batches_from_loader_workers_are_the_batches_of_the_training_process(tmp
 
 
 def test_the_cache_is_listed_and_pruned_but_never_under_a_build(tmp_path, corpus):
-    from reproduce.util.cache_store import cache_entries, prune
+    from reproduce.util.cache_folders import cache_entries, prune
     from reproduce.util.files import exclusive
 
     cache = tmp_path / "cache"

@@ -364,7 +364,7 @@ def test_the_front_page_quotes_the_committed_records():
 
 
 def test_verify_says_when_a_record_keeps_no_hypotheses():
-    from reproduce.train.verify import _without_outputs
+    from reproduce.train.replay import _without_outputs
 
     kept = {"bleu": {"dev": {"outputs": {"hypotheses": "x"}}, "test": {"outputs": {"h": "y"}}}}
     assert _without_outputs(kept) == ""

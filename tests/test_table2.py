@@ -7,7 +7,7 @@ import pytest
 
 from reproduce.__main__ import main
 from reproduce.paper.optim import accumulation
-from reproduce.plan import cost
+from reproduce.plan import step_probe as cost
 from reproduce.runs.sweep import load_spec
 from reproduce.tables.table2 import render_table2
 

@@ -314,7 +314,7 @@ def test_bad_input_is_one_line_and_exit_2(cli, capsys, args, message):
 
 
 def test_dry_run_prints_the_plan_tuning_and_what_cannot_run(monkeypatch, capsys):
-    from reproduce.plan import cost
+    from reproduce.plan import step_probe as cost
 
     monkeypatch.setattr(cost, "measure_step_seconds", lambda config, tokens, **kw: 0.01)
     assert main(["table4", "--scale", "paper", "--dry-run", "--tune", "--trials", "5"]) == 0

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from reproduce.bench.decoding import bench_decoding
+from reproduce.bench.decoding_peers import bench_decoding
 from reproduce.bench.inputs import BIBLE_VOCAB, OTHER, PLANS, Bible, Plan, real_tokens, synthetic_batches
 from reproduce.bench.report import environment, render
 from reproduce.bench.training import bench_training

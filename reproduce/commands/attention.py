@@ -20,7 +20,7 @@ class Attention(Command):
 
     def run(self, args: argparse.Namespace, argv: list[str]) -> int:
         from reproduce.paths import results_dir, runs_dir
-        from reproduce.tables.attention import draw
+        from reproduce.tables.attention_maps import draw
 
         print(f"plotted {draw(args.run, args.sentence, args.layer, results_dir(), runs_dir())}")
         return 0

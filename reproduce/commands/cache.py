@@ -22,7 +22,7 @@ class Cache(Command):
 
     def run(self, args: argparse.Namespace, argv: list[str]) -> int:
         from reproduce.paths import cache_dir
-        from reproduce.util.cache_store import cache_entries, prune
+        from reproduce.util.cache_folders import cache_entries, prune
 
         if args.prune:
             removed = prune(cache_dir(), args.unused_days)

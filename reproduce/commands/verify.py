@@ -11,7 +11,7 @@ from reproduce.commands.base import Command
 class Verify(Command):
     name = "verify"
     help = ("re-run a record's run from nothing in a scratch folder and compare every metric and "
-            "hash with the record (reproduce/train/verify.py)")
+            "hash with the record (reproduce/train/replay.py)")
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("record", help="a record, e.g. results/table3/table3-base-cpu-seed0.json")
@@ -26,7 +26,7 @@ class Verify(Command):
                             help="re-run in this precision instead of the record's")
 
     def run(self, args: argparse.Namespace, argv: list[str]) -> int:
-        from reproduce.train.verify import verify
+        from reproduce.train.replay import verify
         from reproduce.util.logs import quiet_libraries
 
         quiet_libraries()

@@ -94,7 +94,7 @@ class Packed:
     """Many token sequences in one flat array, so a batch is gathered without Python loops.
 
     The arrays are numpy's so that they may be memory maps of the encoded-corpus cache
-    (``reproduce.data.cache``): every run and every rank then reads the same pages."""
+    (``reproduce.data.encoded_cache``): every run and every rank then reads the same pages."""
 
     tokens: np.ndarray  # (total,) int32 piece ids, sequences back to back
     starts: np.ndarray  # (n,) int64 offset of each sequence in tokens

@@ -23,8 +23,8 @@ from reproduce.data.batching import (
     batch_by_tokens,
     source_tensor,
 )
-from reproduce.data.cache import EncodedCorpus, encoded_corpus
 from reproduce.data.corpora import corpus_spec
+from reproduce.data.encoded_cache import EncodedCorpus, encoded_corpus
 from reproduce.data.ngram import ngram_perplexities
 from reproduce.data.source import CorpusSource
 from reproduce.errors import DataError
@@ -41,7 +41,7 @@ LOADER_WORKERS_ENV = "REPRODUCE_LOADER_WORKERS"
 class TranslationData(pl.LightningDataModule):
     """Token-bucketed batches of one corpus, encoded with a shared tokenizer.
 
-    ``setup`` maps the corpus encoded once under ``cache_dir`` (``reproduce.data.cache``; every
+    ``setup`` maps the corpus encoded once under ``cache_dir`` (``reproduce.data.encoded_cache``; every
     rank of a run maps the same pages), or encodes it in memory when ``cache_dir`` is None.
     ``source`` is the corpus as already read by the caller (to train the tokenizer), if it was.
     Batches are dicts of LongTensors padded with 0: ``src`` (B, S) = pieces + EOS, ``tgt_in``

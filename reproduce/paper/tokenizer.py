@@ -122,7 +122,7 @@ def train_tokenizer(
 
     ``texts`` should hold both sides of the training split. The cache key is only (``corpus``,
     vocab_size): a second call returns the cached model whatever ``texts`` it is given, so
-    ``corpus`` must name the text's content (``reproduce.data.tokenizer`` passes the corpus's
+    ``corpus`` must name the text's content (``reproduce.data.vocabulary`` passes the corpus's
     fingerprint).
     ``symbols`` are pieces kept whole wherever they occur (the parser's ``▁(NP``, ``▁XX``). With
     ``hard_vocab_limit=False`` a text too small for ``vocab_size`` gets a smaller vocabulary

@@ -13,7 +13,7 @@ from reproduce.paths import results_dir, runs_dir
 from reproduce.plan import estimates, workers
 from reproduce.runs import disk
 from reproduce.runs.checkpoints import steps_left
-from reproduce.runs.precisions import most_common, trained_in
+from reproduce.runs.precision_history import most_common, trained_in
 from reproduce.runs.records import every_table_records, load_records, plan_state
 from reproduce.runs.sharing import reuse_lines, twins
 from reproduce.train.devices import TIMEOUT_ENV, Layout, timeout_seconds

@@ -267,7 +267,7 @@ def cpu_step_ratio(run, threads: int, cache: Path | None = None,
     """A step of ``run`` in the precision ``auto`` took here over an fp32 step, from the timing
     cached (``cache``, default ``runs/precision.json``) for its table's base at ``threads`` (1.0
     when fp32 or not timed yet). ``settled``: the precision the records of its table and scale
-    trained in (``runs.precisions.settled``), which ``auto`` follows: fp32 there is an fp32 step."""
+    trained in (``runs.precision_history.settled``), which ``auto`` follows: fp32 there is an fp32 step."""
     if run.config.train.precision != "auto" or settled == "32-true":
         return 1.0
     return step_ratio(timed(run.precision_from or run.config, threads, cache))

@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from reproduce.errors import ConfigError
-from reproduce.plan.cost import step_seconds
+from reproduce.plan.step_probe import step_seconds
 from reproduce.runs.checkpoints import steps_left
 from reproduce.runs.records import COMMAND_ENV, finished, plan_state, recorded_command
 from reproduce.util import machine

@@ -52,7 +52,7 @@ class DataSummary(TypedDict, total=False):
     data_dir: str
     files: dict[str, Any]  # per split: path, size, SHA-256 (a user's own files)
     fingerprint: str  # of the corpus's content: names its BPE model and encoded cache
-    encoded: str  # the encoded corpus's cache folder (reproduce.data.cache)
+    encoded: str  # the encoded corpus's cache folder (reproduce.data.encoded_cache)
     loader_workers: int  # DataLoader processes that collated the training batches
 
 

@@ -24,7 +24,7 @@ from reproduce.config import Config
 from reproduce.data import is_treebank, local_files
 from reproduce.data.module import TranslationData
 from reproduce.data.source import CorpusSource
-from reproduce.data.tokenizer import corpus_tokenizer
+from reproduce.data.vocabulary import corpus_tokenizer
 from reproduce.errors import Diverged, Stopped
 from reproduce.paper.optim import accumulation
 from reproduce.paths import cache_dir
@@ -53,7 +53,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 def build_data(c: Config):
     """The run's tokenizer (trained once per corpus content and size, cached) and its data module
-    (which maps the corpus encoded once with that tokenizer: ``reproduce.data.cache``)."""
+    (which maps the corpus encoded once with that tokenizer: ``reproduce.data.encoded_cache``)."""
     d = c.data
     source = CorpusSource(d.corpus, d.data_dir or None, d.extra_trees or None, d.linearization)
     tokenizer = corpus_tokenizer(source, c.model.vocab_size)

@@ -1,5 +1,5 @@
 """A training step outside Lightning on a synthetic batch, as a run trains, and its timing in
-each precision (``precision: auto`` chooses by it; ``plan.cost`` times a config's step with it)."""
+each precision (``precision: auto`` chooses by it; ``plan.step_probe`` times a config's step with it)."""
 
 from __future__ import annotations
 

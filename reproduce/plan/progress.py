@@ -27,7 +27,7 @@ from reproduce.plan.workers import auto_count
 from reproduce.runs.checkpoints import steps_left
 from reproduce.runs.claims import holder
 from reproduce.runs.diverged import diverged_with
-from reproduce.runs.precisions import most_common, trained_in
+from reproduce.runs.precision_history import most_common, trained_in
 from reproduce.runs.records import device_hours, every_table_records, load_records, same_config
 from reproduce.runs.sharing import reuse_lines
 from reproduce.runs.sweep import load_spec, shipped_specs
@@ -91,7 +91,7 @@ def table_status(table: str, results: Path, runs: Path,
         saved = {run.run_id: (run.config.train.train_steps - to_go[run.run_id],
                               run.config.train.train_steps) for run in left if run.run_id in started}
         # what the finished runs trained in (shown); the runs still to come with `precision:
-        # auto` follow what those with `auto` trained in (runs.precisions.settled), whatever this
+        # auto` follow what those with `auto` trained in (runs.precision_history.settled), whatever this
         # machine would choose
         shown: dict[str, int] = defaultdict(int)
         for r in done:

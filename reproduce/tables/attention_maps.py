@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from reproduce.data.source import CorpusSource
-from reproduce.data.tokenizer import tokenizer_path
+from reproduce.data.vocabulary import tokenizer_path
 from reproduce.errors import DataError
 from reproduce.paper.decoding import beam_search
 from reproduce.paper.model import MultiHeadAttention, Transformer

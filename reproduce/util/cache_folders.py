@@ -1,4 +1,4 @@
-"""The cache root's encoded corpora as folders (``reproduce.data.cache`` writes them): listing
+"""The cache root's encoded corpora as folders (``reproduce.data.encoded_cache`` writes them): listing
 them with their size and last use, and pruning them. Torch-free, for ``status`` and ``cache``."""
 
 from __future__ import annotations

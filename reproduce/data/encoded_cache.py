@@ -32,7 +32,7 @@ import numpy as np
 from reproduce.data.batching import Encoded, Packed
 from reproduce.data.corpora import first_pairs, pairs_sha256
 from reproduce.data.source import FORMAT, CorpusSource
-from reproduce.util.cache_store import META, SUBDIR, USED, folder_bytes
+from reproduce.util.cache_folders import META, SUBDIR, USED, folder_bytes
 from reproduce.util.files import exclusive, write_atomic
 from reproduce.util.machine import return_free_memory
 
