@@ -163,5 +163,5 @@ def test_under_slurm_a_twin_s_evaluation_frees_the_other_tasks_before_it_starts(
         return {"run_id": run.run_id}
 
     monkeypatch.setattr(runner, "run_here", evaluate)
-    assert runner.execute(run, "dev", "cmd", layout=Layout("cpu", 2)) == {"run_id": run.run_id}
+    assert runner.execute(run, "dev", "cmd", layout=Layout("cpu", 2)).record == {"run_id": run.run_id}
     assert seen == {"decision": {"precision": None}, "devices": 1, "donor": donor}

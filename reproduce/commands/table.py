@@ -292,12 +292,12 @@ def _train_and_render(args: argparse.Namespace, argv: list[str], spec, runs: lis
                 print(f"{summary['study']}: best of {summary['n_trials']} trial(s): "
                       f"{summary['metric']} {summary['best_value']:.3f} with "
                       f"{summary['best_params']}")
-            record = runner.execute(run, spec.split, command, extra, layout)
-            if isinstance(record, str):  # not run now, and why
-                print(f"{run.run_id}: {record}")
-                failed |= isinstance(record, runner.Failed)
+            outcome = runner.execute(run, spec.split, command, extra, layout)
+            if outcome.record is None:  # not run now, and why
+                print(f"{run.run_id}: {outcome.why}")
+                failed |= outcome.failed
                 continue
-            print(f"{run.run_id}: {report(record['metrics'])}")
+            print(f"{run.run_id}: {report(outcome.record['metrics'])}")
     except BaseException:
         if not workers.is_worker():
             _render_after_failure(spec, out, log)

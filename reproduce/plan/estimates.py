@@ -32,7 +32,6 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -41,6 +40,7 @@ from reproduce.config import Config
 from reproduce.errors import ConfigError
 from reproduce.paper.flops import BF16_DENSE_TFLOPS, analytic_flops, gpu_tflops, lookup
 from reproduce.paths import results_dir
+from reproduce.runs.schema import Record
 from reproduce.train.precision import step_ratio, timed
 from reproduce.util import machine
 from reproduce.util.files import write_atomic
@@ -121,7 +121,7 @@ class CpuModel:
                       "here" if self.timed_on else "")
 
 
-def _record_work(record: dict[str, Any]) -> tuple[float, float, int] | None:
+def _record_work(record: Record) -> tuple[float, float, int] | None:
     """(FLOPs, blocks) per step as ``step_work`` counts them for the record's config, and its
     thread count; None for records this model cannot use (GPUs, several devices, no config)."""
     h = record.get("hardware", {})
@@ -135,7 +135,7 @@ def _record_work(record: dict[str, Any]) -> tuple[float, float, int] | None:
     return flops, blocks, int(h.get("torch_threads") or 1)
 
 
-def fit_cpu(records: list[dict[str, Any]], rate_at) -> CpuModel:
+def fit_cpu(records: list[Record], rate_at) -> CpuModel:
     """Least squares over this CPU's fp32 records: seconds/step x rate(threads) = a F + b A,
     a, b >= 0. ``rate_at(threads)`` is the probe. Falls back to the default with fewer than 2
     records. A bf16-mixed run is estimated as fp32 times its timed ratio (``estimate``)."""
@@ -211,6 +211,7 @@ def parse_on(value: str | None) -> Target:
     if not value or value.lower() in ("cpu", "here"):
         return Target("cpu")
     match = re.fullmatch(r"(?:(\d+)\s*[xX]\s*)?(.+)", value.strip())
+    assert match is not None  # `.+` matches any non-empty value
     devices, name = int(match.group(1) or 1), match.group(2).strip()
     bf16 = lookup(name, BF16_DENSE_TFLOPS)
     fp32 = gpu_tflops(name)
@@ -221,6 +222,7 @@ def parse_on(value: str | None) -> Target:
     if measured := measured_gpu(name):
         return Target("gpu", devices, name, measured[0], measured[1], measured=True)
     peak, which = (bf16, "dense bf16 peak") if bf16 else (fp32, "fp32 peak")
+    assert peak is not None  # one of the two is known: checked above
     return Target("gpu", devices, name, peak * DEFAULT_GPU_UTILIZATION,
                   f"GUESS: {DEFAULT_GPU_UTILIZATION:.0%} of the {which} {peak:g} TFLOPS, "
                   "no record of this GPU to fit")
@@ -283,10 +285,14 @@ def estimate(run, target: Target, model: CpuModel | None = None, rate: float | N
     devices = target.devices
     flops, blocks = step_work(c, devices)
     if target.kind == "cpu":
+        if model is None or rate is None:
+            raise ValueError("a run on this CPU is priced from the fitted model and the probe")
         seconds = model.seconds(flops, blocks, rate) * ratio
         source = f"probe {rate:.0f} GFLOP/s, {model.source}" + (
             f"; bf16-mixed at {ratio:.2f}x an fp32 step, as timed" if ratio != 1.0 else "")
     else:
+        if target.tflops is None:
+            raise ValueError(f"{target.name}: a GPU target without its TFLOP/s")
         overhead = 0.0 if target.measured else (GPU_STEP_OVERHEAD_S
                                                  + GPU_LAYER_OVERHEAD_S * 2 * c.model.N)
         seconds = flops / (target.tflops * 1e12) + overhead
@@ -303,7 +309,7 @@ def paper_method_flops(e: Estimate, target: Target) -> float | None:
     return None if tflops is None else e.hours * 3600 * e.devices * tflops * 1e12
 
 
-def check_against_records(runs, records: dict[str, dict[str, Any]], model: CpuModel,
+def check_against_records(runs, records: dict[str, Record], model: CpuModel,
                           rate_at) -> list[tuple[str, float, float]]:
     """(run id, estimated hours, recorded hours) for planned runs that have a record from this CPU
     on one device, the estimate taken at the record's own thread count."""
@@ -352,7 +358,7 @@ class CpuPlan:
                         cpu_step_ratio(run, threads, self.runs / "precision.json", settled))
 
 
-def plan_here(records: list[dict[str, Any]], planned: list, runs: Path) -> CpuPlan:
+def plan_here(records: list[Record], planned: list, runs: Path) -> CpuPlan:
     """The cost model of this CPU for ``planned`` runs, from ``records`` (every table's)."""
     def rate(threads: int) -> float:
         return rate_at(threads, runs / "cost_probe.json")

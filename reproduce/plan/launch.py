@@ -102,14 +102,14 @@ def run_one(spec_path: str, variant: str, scale: str, seed: int, split: str, com
         return f"{run.run_id}: finished earlier"
     layout = Layout("gpu" if torch.cuda.is_available() else "cpu", devices, nodes)
     try:
-        record = execute(run, split, command, layout=layout)
+        outcome = execute(run, split, command, layout=layout)
     except Stopped as e:
         if e.signal == signal.SIGUSR2:  # saved at the step it stopped at
             requeue()
         raise
-    if isinstance(record, str):  # not run now, and why
-        return f"{run.run_id}: {record}"
-    return f"{run.run_id}: recorded, dev PPL {record['metrics'].get('dev_ppl')}"
+    if outcome.record is None:  # not run now, and why
+        return f"{run.run_id}: {outcome.why}"
+    return f"{run.run_id}: recorded, dev PPL {outcome.record['metrics'].get('dev_ppl')}"
 
 
 def plan_lines(runs: list[PlannedRun], cluster: Cluster = Cluster()) -> list[str]:
@@ -154,9 +154,9 @@ def executor_for(folder: Path, scale: str, runs: list[PlannedRun], cluster: Clus
         executor = submitit.LocalExecutor(folder=folder / "%j")
         executor.update_parameters(timeout_min=params["time"])
         return executor
-    executor = submitit.SlurmExecutor(folder=folder / "%j")
-    executor.update_parameters(**params)
-    return executor
+    slurm = submitit.SlurmExecutor(folder=folder / "%j")
+    slurm.update_parameters(**params)
+    return slurm
 
 
 def sbatch_script(folder: Path, scale: str, runs: list[PlannedRun], cluster: Cluster = Cluster()

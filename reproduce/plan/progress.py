@@ -29,6 +29,7 @@ from reproduce.runs.claims import holder
 from reproduce.runs.diverged import diverged_with
 from reproduce.runs.precision_history import most_common, trained_in
 from reproduce.runs.records import device_hours, every_table_records, load_records, same_config
+from reproduce.runs.schema import Record
 from reproduce.runs.sharing import reuse_lines
 from reproduce.runs.sweep import load_spec, shipped_specs
 from reproduce.util import machine
@@ -107,7 +108,7 @@ def table_status(table: str, results: Path, runs: Path,
     return rows
 
 
-def _time_left(left: list, to_go: dict[str, int], records: list[dict[str, Any]],
+def _time_left(left: list, to_go: dict[str, int], records: list[Record],
                runs: Path, settled: str | None = None) -> dict[str, Any]:
     """What the runs not yet finished (``to_go``: steps left after their checkpoints) should take
     on this CPU, with the worker layout ``--workers auto`` would pick (``estimates``: counted

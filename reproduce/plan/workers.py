@@ -249,7 +249,7 @@ def _wait(procs: list[subprocess.Popen], share: Path | None, cores: int,
                     _write_share(share, max(1, codes.count(None)), cores)
         if None in codes:
             time.sleep(poll_seconds)
-    return [int(code) for code in codes]
+    return [int(code) for code in codes if code is not None]  # all set: the loop waited
 
 
 def _pump(k: int, proc: subprocess.Popen) -> None:

@@ -30,4 +30,5 @@ def settled(run: PlannedRun, results: Path) -> tuple[str, dict[str, int]] | None
     runs than ``run`` itself, with ``precision: auto``): (the precision most of them trained in,
     how many trained in each), or None without such records."""
     counts = trained_in(load_records(run.table, results, move=False), run.scale, run.run_id)
-    return (most_common(counts), counts) if counts else None
+    most = most_common(counts)
+    return (most, counts) if most is not None else None

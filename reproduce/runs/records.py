@@ -19,7 +19,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -62,7 +62,7 @@ def read_record(path: Path) -> Record | None:
         raise DamagedRecord(path, f"not a run's record: a JSON {type(record).__name__}")
     if wrong := problems(record):
         raise DamagedRecord(path, "not a run's record: " + "; ".join(wrong))
-    return record
+    return cast(Record, record)  # problems() checked its keys against Record
 
 
 def set_aside(path: Path) -> Path:
@@ -84,10 +84,11 @@ def load_records(table: str, results: Path, damaged: list[str] | None = None,
     """Every record of ``table``. Damaged files are set aside, and a line saying which and where
     they went is appended to ``damaged`` (logged as a warning when no list is given); with
     ``move=False`` (a dry run, which changes nothing) they are only skipped."""
-    records = []
+    records: list[Record] = []
     for path in sorted((results / table).glob("*.json")):
         try:
-            records.append(read_record(path))
+            if (record := read_record(path)) is not None:  # None: removed since listed
+                records.append(record)
         except DamagedRecord as e:
             if not move or (line := _moved_line(e)) is None:
                 continue
@@ -272,7 +273,9 @@ def migrate(results: Path) -> list[str]:
             record = read_record(path)
         except DamagedRecord:
             continue  # the sweep commands set it aside and redo its run
-        folder = (record or {}).get("wandb", {}).get("dir")
+        if record is None:
+            continue
+        folder = record.get("wandb", {}).get("dir")
         if not folder or not Path(folder).is_absolute() or "/runs/" not in folder:
             continue
         record["wandb"]["dir"] = "runs/" + folder.rsplit("/runs/", 1)[1]

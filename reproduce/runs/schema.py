@@ -9,7 +9,10 @@ changes from here on). Keys only some records carry (older runs, other tasks) ar
 
 from __future__ import annotations
 
-from typing import Any, TypedDict, get_type_hints
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, get_args, get_type_hints
+
+if TYPE_CHECKING:
+    from reproduce.config import Config
 
 SCHEMA_VERSION = 2
 
@@ -36,6 +39,16 @@ class Metrics(TypedDict, total=False):
     train_steps: int
     train_seconds: float
     train_cpu_seconds: float
+
+
+# A metric read by a name held in a variable (``record["metrics"][key]``): the type checker checks
+# the name only when it is one of these (tests/test_types.py keeps the list equal to Metrics's keys).
+MetricName = Literal["dev_ppl", "dev_nll", "train_sample_nll", "dev_bleu", "test_bleu",
+                     "dev_bleu_tokenized", "test_bleu_tokenized", "dev_f1", "dev_precision",
+                     "dev_recall", "test_f1", "test_precision", "test_recall", "dev_f1_free",
+                     "test_f1_free", "params", "train_steps", "train_seconds",
+                     "train_cpu_seconds"]
+METRIC_NAMES: tuple[MetricName, ...] = get_args(MetricName)
 
 
 class DataSummary(TypedDict, total=False):
@@ -96,7 +109,7 @@ class TrainedBy(TypedDict):
     table: str
     run_id: str
     record: str
-    commit: dict[str, Any] | None
+    commit: Commit | None
 
 
 class _Required(TypedDict):
@@ -144,6 +157,15 @@ class Record(_Required, total=False):
     evaluated_on: dict[str, Any]
     tuning: dict[str, Any]  # how --tune chose the settings
     set: dict[str, Any]  # --set on the command line, over the spec and scale
+
+
+def config_of(record: Record) -> Config:
+    """The record's resolved config as the typed ``Config`` (``Config.from_dict``): readers take
+    its fields by name (``config_of(r).train.train_steps``), so a renamed field fails the type
+    checker, not a table."""
+    from reproduce.config import Config  # config.py is below runs/; kept out of import time
+
+    return Config.from_dict(record["config"])
 
 
 REQUIRED = tuple(sorted(Record.__required_keys__))

@@ -17,33 +17,35 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from reproduce.config import Config
 from reproduce.paths import results_dir, runs_dir
 from reproduce.runs.checkpoints import LAST, NoCheckpoints, last_checkpoints, unreadable
 from reproduce.runs.claims import holder
 from reproduce.runs.records import every_table_records, finished, stored_config
+from reproduce.runs.schema import MetricName, Record, TrainedBy
 from reproduce.runs.sweep import PlannedRun, load_spec, shipped_specs
 
 # What a reused run's record takes from its donor's: everything about the training.
 TRAINING_FIELDS = ("precision", "precision_choice", "batch", "curve", "cost", "hardware",
                    "resumed", "resumed_from")
-TRAINING_METRICS = ("params", "train_steps", "train_seconds", "train_cpu_seconds")
+TRAINING_METRICS: tuple[MetricName, ...] = ("params", "train_steps", "train_seconds",
+                                            "train_cpu_seconds")
 
 
 @dataclass(frozen=True)
 class Donor:
     """A finished run whose training another run reuses: its record and checkpoint folder."""
 
-    record: dict[str, Any]
+    record: Record
     checkpoints: Path
 
     @property
     def last(self) -> Path:
         return self.checkpoints / LAST
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> TrainedBy:
         r = self.record
         return {"table": r["table"], "run_id": r["run_id"],
                 "record": f"{r['table']}/{r['run_id']}.json", "commit": r.get("commit")}
@@ -79,7 +81,7 @@ def _enough(folder: Path, config: Config) -> bool:
 
 
 def find_donor(run: PlannedRun, results: Path | None = None, runs: Path | None = None,
-               records: list[dict[str, Any]] | None = None) -> Donor | None:
+               records: list[Record] | None = None) -> Donor | None:
     """The finished run (of any table, with its checkpoints still under ``runs/``) whose training
     ``run`` would repeat, or None. Runs that themselves reused a training are not donors: the
     training's own run is. ``records``: every table's records, when the caller has read them."""
@@ -97,11 +99,14 @@ def find_donor(run: PlannedRun, results: Path | None = None, runs: Path | None =
     return None
 
 
-def training_fields(donor: Donor) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(record entries, metrics) a reused run's record takes from its donor's record."""
-    r = donor.record
-    return ({k: r[k] for k in TRAINING_FIELDS if k in r},
-            {k: r["metrics"][k] for k in TRAINING_METRICS if k in r["metrics"]})
+def take_training(record: Record, donor: Donor) -> None:
+    """Give a reused run's ``record`` what its training took, from its donor's record: the
+    entries of ``TRAINING_FIELDS`` and the metrics of ``TRAINING_METRICS``."""
+    theirs, ours = cast(dict[str, Any], donor.record), cast(dict[str, Any], record)
+    ours.update({k: theirs[k] for k in TRAINING_FIELDS if k in theirs})  # names: test_types
+    for k in TRAINING_METRICS:
+        if k in donor.record["metrics"]:
+            record["metrics"][k] = donor.record["metrics"][k]
 
 
 def twins(run: PlannedRun) -> tuple[list[PlannedRun], list[PlannedRun]]:
@@ -136,7 +141,7 @@ def twin_in_training(run: PlannedRun, runs: Path | None = None) -> PlannedRun | 
 
 
 def reuse(run: PlannedRun, runs: Path | None = None,
-          records: list[dict[str, Any]] | None = None) -> Donor | PlannedRun | None:
+          records: list[Record] | None = None) -> Donor | PlannedRun | None:
     """What ``run``, whose own training is not done, evaluates instead of training: a finished
     run's training (its ``Donor``), or a twin a live worker is training now (``run`` waits for
     it), or None (it trains). The runner acts on it; ``status`` says it."""
@@ -154,7 +159,7 @@ def reuse_line(reused: Donor | PlannedRun) -> str:
 
 
 def reuse_lines(runs: list[PlannedRun], folder: Path | None = None,
-                records: list[dict[str, Any]] | None = None) -> dict[str, str]:
+                records: list[Record] | None = None) -> dict[str, str]:
     """For each of ``runs`` (their own training not done) that will evaluate another's training
     instead of training, by run id: what it will do (``reuse_line``)."""
     return {run.run_id: reuse_line(reused) for run in runs

@@ -363,8 +363,9 @@ def load_knobs(data: Any, where: str, varied: set[str]) -> dict[str, Knob]:
             knobs[name] = Knob(name, choices=tuple(choices))
             continue
         low, high, log = raw.get("low"), raw.get("high"), raw.get("log", False)
-        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (low, high)) \
-                or not low < high or not isinstance(log, bool) or (log and low <= 0):
+        if not (isinstance(low, (int, float)) and isinstance(high, (int, float))) \
+                or isinstance(low, bool) or isinstance(high, bool) or not isinstance(log, bool) \
+                or not low < high or (log and low <= 0):
             raise SpecError(f"{at}: needs numbers low < high (both > 0 with log: true) or choices")
         _overrides({name: low}, at)
         _overrides({name: high}, at)

@@ -94,12 +94,12 @@ def draw(run_id: str, sentence: str | None, layer: int | None, results: Path, ru
                           c.decode.alpha, c.decode.max_len_offset)[0]
     tgt_in = torch.tensor([[tokenizer.bos_id] + out])
     weights = attention_weights(model, src, tgt_in)
-    source = [tokenizer.piece(i) for i in ids[:-1]] + ["</s>"]
+    pieces = [tokenizer.piece(i) for i in ids[:-1]] + ["</s>"]
     target = ["<s>"] + [tokenizer.piece(i) for i in out]
     n = len(weights["encoder self"])
     layer = min(layer or max(n - 1, 1), n)  # 1-based; Figure 3 shows layer 5 of 6
-    panels = [(f"encoder self L{layer}", weights["encoder self"][layer - 1], source, source),
-              (f"decoder cross L{n}", weights["decoder cross"][-1], source, target),
+    panels = [(f"encoder self L{layer}", weights["encoder self"][layer - 1], pieces, pieces),
+              (f"decoder cross L{n}", weights["decoder cross"][-1], pieces, target),
               (f"decoder self L{n}", weights["decoder self"][-1], target, target)]
     path = results / f"attention-{run_id}.png"
     plot_attention(panels, path)

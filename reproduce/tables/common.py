@@ -8,6 +8,7 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
+from reproduce.runs.schema import Record
 from reproduce.train.devices import Layout
 
 CORPUS_NOTES = {
@@ -21,7 +22,7 @@ CORPUS_NOTES = {
 }
 
 
-def corpus_note(records: list[dict[str, Any]]) -> str:
+def corpus_note(records: list[Record]) -> str:
     """What the runs were trained on: a shipped corpus by its note; local files (``data_dir``)
     as what they are, whatever the spec called them."""
     notes = []
@@ -33,8 +34,8 @@ def corpus_note(records: list[dict[str, Any]]) -> str:
              for r in records if r["data"].get("files")}
     for (corpus, where, _), r in sorted(local.items()):
         d = r["data"]
-        sizes = ", ".join(f"{split} {d[f'{split}_pairs']} pairs (sha256 "
-                          f"{d['files'][split]['sha256'][:12]})" for split in ("dev", "test"))
+        sizes = ", ".join(f"{split} {pairs} pairs (sha256 {d['files'][split]['sha256'][:12]})"
+                          for split, pairs in (("dev", d["dev_pairs"]), ("test", d["test_pairs"])))
         called = ("" if corpus.startswith("local-") else
                   f" The spec calls it `{corpus}`; these files were not checked to be that "
                   "corpus, so the paper's numbers beside them compare with other data.")
@@ -44,7 +45,7 @@ def corpus_note(records: list[dict[str, Any]]) -> str:
     return " ".join(notes)
 
 
-def _train_pairs(records: list[dict[str, Any]]) -> str:
+def _train_pairs(records: list[Record]) -> str:
     """How many training pairs the runs used, and how they were taken where not all
     (``data.train_every``, ``data.max_train_pairs``)."""
     used = sorted({r["data"]["train_pairs"] for r in records if r["data"].get("train_pairs")})
@@ -72,7 +73,14 @@ def mean_std(values: list[float], digits: int) -> str:
             f"(n={len(values)})")
 
 
-def cost_line(records: list[dict[str, Any]]) -> str:
+def mean_paper_flops(records: list[Record]) -> float | None:
+    """The mean training cost of ``records`` by the paper's method; None when there are none, or
+    one trained on a device whose peak is unknown (its cost is None)."""
+    flops = [f for r in records if (f := r["cost"].get("paper_method_flops")) is not None]
+    return statistics.mean(flops) if flops and len(flops) == len(records) else None
+
+
+def cost_line(records: list[Record]) -> str:
     """What the table's runs took, and where: worker-hours per CPU or GPU kind, with the CPU
     flags that decide its speed (our machines differ)."""
     by_where: dict[str, list[float]] = defaultdict(list)
@@ -101,7 +109,7 @@ def cost_line(records: list[dict[str, Any]]) -> str:
     return "Cost: " + "; ".join(parts) + "."
 
 
-def reference_line(records: list[dict[str, Any]]) -> list[str]:
+def reference_line(records: list[Record]) -> list[str]:
     """What count models score on the same dev pieces: a run near them has not learned to
     translate yet (records from before these were kept have none)."""
     refs = {json.dumps(r["data"]["reference_ppl"], sort_keys=True) for r in records
@@ -127,7 +135,7 @@ def fmt(value: Any, digits: int | None = None) -> str:
     return str(value) if digits is None else f"{value:.{digits}f}"
 
 
-def layouts(records: list[dict[str, Any]]) -> str:
+def layouts(records: list[Record]) -> str:
     """How the runs were spread over devices: devices x accumulation x micro-batch = tokens/step
     (records made before layouts were recorded trained on one device)."""
     counts: dict[str, int] = defaultdict(int)
@@ -143,12 +151,12 @@ def layouts(records: list[dict[str, Any]]) -> str:
     return "; ".join(f"{k} ({v} run{'s' if v > 1 else ''})" for k, v in sorted(counts.items()))
 
 
-def devices_line(records: list[dict[str, Any]]) -> list[str]:
+def devices_line(records: list[Record]) -> list[str]:
     spread = layouts(records)
     return [f"Devices: {spread}."] if spread else []
 
 
-def hours_note(record: dict[str, Any]) -> str:
+def hours_note(record: Record) -> str:
     """What to say after a run's training hours: " (H200)" for a GPU's (not a CPU run's hours),
     " (table2's training)" for a run evaluated from another run's training (``sharing``)."""
     gpus = record["hardware"].get("gpus") or []
@@ -163,7 +171,7 @@ def gpus_label(h: dict[str, Any]) -> str:
     return f"{len(h['gpus'])}x {h['gpus'][0]}"
 
 
-def hardware(records: list[dict[str, Any]]) -> str:
+def hardware(records: list[Record]) -> str:
     return "; ".join(sorted({r["hardware"]["cpu"] if not r["hardware"]["gpus"]
                              else gpus_label(r["hardware"]) for r in records}))
 

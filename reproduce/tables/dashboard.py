@@ -15,16 +15,18 @@ import os
 from pathlib import Path
 from typing import Any
 
+from reproduce.runs.schema import Record
 from reproduce.runs.sweep import Spec
 from reproduce.util.files import write_atomic
 from reproduce.util.tracking import init_run, wandb_mode
 
 # wandb is imported where it is used: 1.3 s that rendering without logging never needs.
-COLUMNS = ["variant", "scale", "seed", "dev_ppl", "dev_bleu", "test_bleu", "test_bleu_tokenized",
-           "params", "train_steps", "train_seconds", "paper_ppl", "paper_bleu", "run_id"]
+COLUMNS: list[str | int] = [
+    "variant", "scale", "seed", "dev_ppl", "dev_bleu", "test_bleu", "test_bleu_tokenized",
+    "params", "train_steps", "train_seconds", "paper_ppl", "paper_bleu", "run_id"]
 
 
-def table_rows(spec: Spec, records: list[dict[str, Any]]) -> list[list[Any]]:
+def table_rows(spec: Spec, records: list[Record]) -> list[list[Any]]:
     """One row per record, the paper's figures beside ours (None where a value is missing)."""
     rows = []
     for r in sorted(records, key=lambda r: (r["scale"], r["variant"], r["seed"])):
@@ -37,7 +39,7 @@ def table_rows(spec: Spec, records: list[dict[str, Any]]) -> list[list[Any]]:
     return rows
 
 
-def log_table(spec: Spec, records: list[dict[str, Any]], markdown: Path, figures: list[Path],
+def log_table(spec: Spec, records: list[Record], markdown: Path, figures: list[Path],
               directory: Path) -> dict[str, Any]:
     """Log the rendered table, its rows and figures as one W&B run; returns where it went."""
     import wandb
@@ -56,11 +58,11 @@ def log_table(spec: Spec, records: list[dict[str, Any]], markdown: Path, figures
     return info
 
 
-def _record_hash(record: dict[str, Any]) -> str:
+def _record_hash(record: Record) -> str:
     return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def publish(spec: Spec, records: list[dict[str, Any]], markdown: Path, figures: list[Path],
+def publish(spec: Spec, records: list[Record], markdown: Path, figures: list[Path],
             directory: Path) -> dict[str, Any]:
     """Log every record as its own W&B run (config, learning curve, metrics, example outputs,
     cost; grouped by table/row, tagged with scale and seed), then the table and figures.
@@ -91,7 +93,7 @@ def publish(spec: Spec, records: list[dict[str, Any]], markdown: Path, figures: 
                     "scale": r["scale"], "precision": r.get("precision"),
                     "commit": r.get("commit", {}).get("sha"), "hardware": r.get("hardware"),
                     # another run's training, evaluated (sharing): its curve and cost are that run's
-                    "trained_by": (r.get("trained_by") or {}).get("run_id")},
+                    "trained_by": r["trained_by"]["run_id"] if "trained_by" in r else None},
             reinit="finish_previous")
         curve = r.get("curve", {})
         for step, seconds, loss in curve.get("train_loss", []):

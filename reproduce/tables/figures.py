@@ -11,11 +11,12 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
 
+from reproduce.runs.schema import Record
 from reproduce.runs.sweep import Spec
+from reproduce.tables.common import mean_paper_flops
 from reproduce.tables.noise import difference_noise
-from reproduce.tables.table3 import compare_to_base
+from reproduce.tables.table3 import COMPARED, compare_to_base
 
 
 # matplotlib is imported when a figure is drawn: 1.0 s that status and --dry-run never need.
@@ -28,14 +29,14 @@ def pyplot():
     return plt
 
 
-def _by_scale(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
+def _by_scale(records: list[Record]) -> dict[str, list[Record]]:
+    out: dict[str, list[Record]] = defaultdict(list)
     for r in records:
         out[r["scale"]].append(r)
     return out
 
 
-def plot_table(spec: Spec, records: list[dict[str, Any]], directory: Path) -> list[Path]:
+def plot_table(spec: Spec, records: list[Record], directory: Path) -> list[Path]:
     """The figures of a table, per scale with records; returns the files written. Table 3:
     ``table3-<scale>.png`` (changes from base, ``plot_changes``) and ``table3-<scale>-curves.png``;
     Table 2: ``table2-<scale>.png`` (BLEU against parameters, and the curves); Table 4: none.
@@ -58,13 +59,13 @@ VERDICT_MARKS = {"yes": "✓ agrees", "no": "✗ opposite", "no effect": "≈ wi
                  "n/a": "? no verdict"}
 
 
-def plot_changes(spec: Spec, records: list[dict[str, Any]], path: Path, scale: str) -> Path:
+def plot_changes(spec: Spec, records: list[Record], path: Path, scale: str) -> Path:
     """One panel per row that has run (A, B, ...; ``rows_with_runs``; every row when none has)
     and metric (PPL left, BLEU right): each variant's change from base in % of base, the paper's
     (grey) above ours (colour, mean over seeds; error bar: the 95% interval of the difference,
     as the verdict uses), the verdict at the right. The title names the rows left out."""
     plt = pyplot()
-    runs: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    runs: dict[str, list[Record]] = defaultdict(list)
     for r in records:
         runs[r["variant"]].append(r)
     shown = dict(rows_with_runs(spec, records))
@@ -75,8 +76,7 @@ def plot_changes(spec: Spec, records: list[dict[str, Any]], path: Path, scale: s
     heights = [max(1, len(names)) for _, names in rows]
     fig, axes = plt.subplots(len(rows), 2, figsize=(12, 1.2 + 0.62 * sum(heights)),
                              squeeze=False, gridspec_kw={"height_ratios": heights})
-    for m, (key, paper_key, label) in enumerate((("dev_ppl", "ppl", "dev PPL"),
-                                                 ("dev_bleu", "bleu", "dev BLEU"))):
+    for m, ((key, paper_key), label) in enumerate(zip(COMPARED, ("dev PPL", "dev BLEU"), strict=True)):
         base_ours = [r["metrics"][key] for r in runs.get("base", [])]
         base_paper = spec.variants["base"].paper.get(paper_key) if "base" in spec.variants else None
         for k, (row, names) in enumerate(rows):
@@ -128,7 +128,7 @@ def plot_changes(spec: Spec, records: list[dict[str, Any]], path: Path, scale: s
     return path
 
 
-def rows_with_runs(spec: Spec, records: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
+def rows_with_runs(spec: Spec, records: list[Record]) -> list[tuple[str, list[str]]]:
     """The rows with a run of their own among ``records`` (base is drawn in each), or base alone
     when none has one: a panel of base's curve alone, or of the paper's bars alone, says nothing
     of ours (the table lists what has not run)."""
@@ -136,7 +136,7 @@ def rows_with_runs(spec: Spec, records: list[dict[str, Any]]) -> list[tuple[str,
     return [(row, names) for row, names in spec.rows.items() if ran & set(names)] or [("base", [])]
 
 
-def _plot_curves(spec: Spec, records: list[dict[str, Any]], path: Path, scale: str) -> Path:
+def _plot_curves(spec: Spec, records: list[Record], path: Path, scale: str) -> Path:
     """Dev PPL during training, one line per run, one panel per row of ``rows_with_runs``."""
     plt = pyplot()
     rows = rows_with_runs(spec, records)
@@ -175,35 +175,35 @@ def _paper_points(spec: Spec) -> list[tuple[str, str, float, float]]:
             for lang in ("en_de", "en_fr") if row.get(f"bleu_{lang}") and row.get(f"flops_{lang}")]
 
 
-def _plot_bleu_params(spec: Spec, records: list[dict[str, Any]], directory: Path) -> list[Path]:
+def _plot_bleu_params(spec: Spec, records: list[Record], directory: Path) -> list[Path]:
     """Table 2: test BLEU (the paper's convention) against training cost (the paper's method), ours
     (mean over seeds, error bars = std) beside the paper's systems, and the dev-PPL curves."""
     plt = pyplot()
     written = []
     marks = {"en_de": "o", "en_fr": "^"}
     for scale, recs in sorted(_by_scale(records).items()):
-        per_variant: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        per_variant: dict[str, list[Record]] = defaultdict(list)
         for r in recs:
             per_variant[r["variant"]].append(r)
         fig, (ax_bleu, ax_paper, ax_curve) = plt.subplots(1, 3, figsize=(16, 4.8))
         for name, runs in per_variant.items():
-            cost = statistics.mean(r["cost"]["paper_method_flops"] for r in runs)
             bleu = [r["metrics"]["test_bleu_tokenized"] for r in runs]
-            std = statistics.stdev(bleu) if len(bleu) > 1 else 0
             lang = name.split("-", 1)[-1].replace("-", "_")
-            ax_bleu.errorbar(cost, statistics.mean(bleu), yerr=std, fmt=marks.get(lang, "o"),
-                             capsize=3)
-            ax_bleu.annotate(f"{name} (n={len(runs)})", (cost, statistics.mean(bleu)),
-                             textcoords="offset points", xytext=(4, 4), fontsize=8)
+            if (cost := mean_paper_flops(runs)) is not None:  # None: a device of unknown peak
+                std = statistics.stdev(bleu) if len(bleu) > 1 else 0
+                ax_bleu.errorbar(cost, statistics.mean(bleu), yerr=std,
+                                 fmt=marks.get(lang, "o"), capsize=3)
+                ax_bleu.annotate(f"{name} (n={len(runs)})", (cost, statistics.mean(bleu)),
+                                 textcoords="offset points", xytext=(4, 4), fontsize=8)
             for r in runs:
                 curve = r.get("curve", {}).get("dev_ppl") or []
                 if curve:
                     ax_curve.plot([c[0] for c in curve], [c[2] for c in curve], marker=".",
                                   label=f"{name} s{r['seed']}")
-        for model, lang, flops, bleu in _paper_points(spec):
-            ax_paper.plot(flops, bleu, marks[lang],
+        for model, lang, flops, paper_bleu in _paper_points(spec):
+            ax_paper.plot(flops, paper_bleu, marks[lang],
                           color="black" if model.startswith("Transformer") else "grey")
-            ax_paper.annotate(model, (flops, bleu), textcoords="offset points", xytext=(3, 3),
+            ax_paper.annotate(model, (flops, paper_bleu), textcoords="offset points", xytext=(3, 3),
                               fontsize=6)
         for ax, title in ((ax_bleu, f"ours, scale `{scale}` (o EN-DE, ^ EN-FR)"),
                           (ax_paper, "paper: WMT14 newstest2014 (o EN-DE, ^ EN-FR)")):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from reproduce.runs.records import load_records
 from reproduce.runs.sweep import load_spec
-from reproduce.tables.table3 import compare_to_base, configuration
+from reproduce.tables.table3 import COMPARED, compare_to_base, configuration
 
 START, END = "<!-- results: start -->", "<!-- results: end -->"
 SCALE = "cpu"
@@ -32,15 +32,15 @@ def summary(results: Path) -> str:
     for row, names in spec.rows_at(SCALE).items():
         for name in (n for n in names if runs.get(n)):
             ppl, bleu = (compare_to_base(spec, runs, name, key, paper_key)
-                         for key, paper_key in (("dev_ppl", "ppl"), ("dev_bleu", "bleu")))
+                         for key, paper_key in COMPARED)
             lines.append(f"| {row} | {name}: {configuration(spec, name)} | {ppl.paper_cell or '–'} "
                          f"| {ppl.ours_cell} | {bleu.paper_cell or '–'} | {bleu.ours_cell} | "
                          f"{ppl.verdict}; {bleu.verdict} | {len(runs[name])} |")
     table2 = load_spec("table2")
-    bleu = {r["variant"]: r["metrics"].get("test_bleu_tokenized")
-            for r in load_records("table2", results, move=False) if r["scale"] == SCALE}
+    test_bleu = {r["variant"]: r["metrics"].get("test_bleu_tokenized")
+                 for r in load_records("table2", results, move=False) if r["scale"] == SCALE}
     cells = [f"{name} {table2.variants[name].paper.get('bleu')} / "
-             + (f"{bleu[name]:.2f}" if bleu.get(name) is not None else "not yet")
+             + (f"{score:.2f}" if (score := test_bleu.get(name)) is not None else "not yet")
              for name in table2.variants]
     lines += ["", f"Table 2 at `{SCALE}`, test BLEU paper / ours (the paper's tokenized "
               "convention; `results/table2.md`): " + "; ".join(cells) + "."]

@@ -3,11 +3,10 @@ and EN-FR, beside the paper's and the systems it cites."""
 
 from __future__ import annotations
 
-import statistics
 from collections import defaultdict
-from typing import Any
 
 from reproduce.runs.checkpoints import STEP_NAME
+from reproduce.runs.schema import Record
 from reproduce.runs.sweep import Spec
 from reproduce.tables.common import (
     corpus_note,
@@ -16,6 +15,7 @@ from reproduce.tables.common import (
     fmt,
     hardware,
     hours_note,
+    mean_paper_flops,
     mean_std,
     scale_note,
     sci,
@@ -24,7 +24,7 @@ from reproduce.tables.common import (
 LANGS = ("en_de", "en_fr")
 
 
-def render_table2(spec: Spec, records: list[dict[str, Any]]) -> str:
+def render_table2(spec: Spec, records: list[Record]) -> str:
     """The paper's Table 2 with our Transformer rows added, then the details of our runs.
 
     In the main table our BLEU is the paper's convention (tokenized, compound-split) and our cost
@@ -39,13 +39,13 @@ def render_table2(spec: Spec, records: list[dict[str, Any]]) -> str:
         lines.append(f"| {row['model']} | {fmt(row.get('bleu_en_de'))} | "
                      f"{fmt(row.get('bleu_en_fr'))} | {sci(row.get('flops_en_de'))} | "
                      f"{sci(row.get('flops_en_fr'))} |")
-    by_scale: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    by_scale: dict[str, list[Record]] = defaultdict(list)
     for r in records:
         by_scale[r["scale"]].append(r)
     details = []
     for scale, recs in by_scale.items():
         for size in ("base", "big"):
-            cells: dict[str, list[dict[str, Any]]] = defaultdict(list)
+            cells: dict[str, list[Record]] = defaultdict(list)
             for r in recs:
                 if r["variant"].startswith(size + "-"):
                     cells[r["variant"].split("-", 1)[1].replace("-", "_")].append(r)
@@ -53,8 +53,8 @@ def render_table2(spec: Spec, records: list[dict[str, Any]]) -> str:
                 continue
             bleu = [mean_std([c["metrics"]["test_bleu_tokenized"] for c in cells[lang]], 2)
                     for lang in LANGS]
-            cost = [sci(statistics.mean(c["cost"]["paper_method_flops"] for c in cells[lang]))
-                    if cells[lang] else "" for lang in LANGS]
+            cost = [sci(f) if (f := mean_paper_flops(cells[lang])) is not None else ""
+                    for lang in LANGS]
             corpora = {c["data"]["corpus"].split("-")[0] for rs in cells.values() for c in rs}
             where = "" if corpora == {"wmt14"} else f" on {'/'.join(sorted(corpora))}, not WMT"
             lines.append(f"| Transformer ({size}), ours, scale `{scale}`{where} | {bleu[0]} | {bleu[1]} | "
@@ -69,7 +69,7 @@ def render_table2(spec: Spec, records: list[dict[str, Any]]) -> str:
     return "\n".join(lines + details) + "\n"
 
 
-def _table2_details(spec: Spec, scale: str, records: list[dict[str, Any]]) -> list[str]:
+def _table2_details(spec: Spec, scale: str, records: list[Record]) -> list[str]:
     ran = {r["variant"] for r in records}
     missing = [v for v in spec.variants if v not in ran]
     out = [f"## Our runs at scale `{scale}`", "", scale_note(spec.scales.get(scale), "model "
@@ -106,7 +106,7 @@ def _averaged(names: list[str]) -> str:
     return f"{len(names)}" + (f" (steps {steps[0]}-{steps[-1]})" if len(steps) == len(names) else "")
 
 
-def _averaging_gain(record: dict[str, Any]) -> str:
+def _averaging_gain(record: Record) -> str:
     """Dev PPL of the final weights (the learning curve's point at the last step, before
     averaging) beside the record's, measured on the averaged weights: what averaging bought."""
     curve = record.get("curve", {}).get("dev_ppl") or []

@@ -6,8 +6,8 @@ from __future__ import annotations
 import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass
-from typing import Any
 
+from reproduce.runs.schema import MetricName, Record, config_of
 from reproduce.runs.sweep import Spec
 from reproduce.tables.common import (
     corpus_note,
@@ -53,14 +53,14 @@ def _shape_cells(spec: Spec, variant: str) -> list[str]:
     return cells
 
 
-def render_table3(spec: Spec, records: list[dict[str, Any]]) -> str:
+def render_table3(spec: Spec, records: list[Record]) -> str:
     """The paper's Table 3 with our PPL, BLEU and params beside its own, one table per scale."""
     lines = [f"# Table 3: {spec.caption}", "",
              "Rendered by `python -m reproduce table3` from the run records in "
              f"`results/{spec.table}/`; never edited by hand. *paper* columns are the paper's published "
              "figures (EN-DE newstest2013 dev); *ours* come from our runs. Empty cells: no record.",
              ""]
-    by_scale: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    by_scale: dict[str, list[Record]] = defaultdict(list)
     for r in records:
         by_scale[r["scale"]].append(r)
     if not by_scale:
@@ -82,7 +82,7 @@ def configuration(spec: Spec, variant: str) -> str:
                      for h, c in zip(headers, cells, strict=False) if c)
 
 
-def _scale_table(spec: Spec, scale: str, records: list[dict[str, Any]]) -> list[str]:
+def _scale_table(spec: Spec, scale: str, records: list[Record]) -> list[str]:
     sc = spec.scales.get(scale)
     runs = defaultdict(list)
     for r in records:
@@ -103,7 +103,7 @@ def _scale_table(spec: Spec, scale: str, records: list[dict[str, Any]]) -> list[
             label = name if row == "base" or i else f"({row}) {name}"
             metric = [[r["metrics"][k] for r in ours] for k in ("dev_ppl", "dev_bleu", "test_bleu")]
             verdicts = [compare_to_base(spec, runs, name, key, paper_key)
-                        for key, paper_key in (("dev_ppl", "ppl"), ("dev_bleu", "bleu"))]
+                        for key, paper_key in COMPARED]
             for v in verdicts:
                 tally[v.metric][v.verdict] += name != "base"
             delta = ["" if name == "base" else f"{v.paper_cell or '–'} / {v.ours_cell or '–'}"
@@ -114,19 +114,19 @@ def _scale_table(spec: Spec, scale: str, records: list[dict[str, Any]]) -> list[
                      "" if name == "base" else "; ".join(v.verdict for v in verdicts)]
             out.append("| " + " | ".join(cells) + " |")
             if ours:
-                m = ours[0]["config"]["model"]
+                m = config_of(ours[0]).model
                 details.append(
                     f"| {name} | {', '.join(str(r['seed']) for r in ours)} | "
                     f"{mean_std(metric[2], 1)} | {fmt(paper.get('params_m')) or '–'} / "
                     f"{_params([r['metrics']['params'] for r in ours])} | "
-                    f"{m['d_model']}, {m['d_ff']}, {m['h']}, {m['d_k']}, {m['d_v']} | "
+                    f"{m.d_model}, {m.d_ff}, {m.h}, {m.d_k}, {m.d_v} | "
                     + ", ".join(f"{r['metrics']['train_seconds'] / 3600:.2f}" + hours_note(r)
                                 for r in ours)
                     + " |")
     out += [""]
-    for metric, counts in tally.items():
+    for name, counts in tally.items():
         judged = sum(counts[k] for k in ("yes", "no", "no effect"))
-        out.append(f"- {metric}, verdicts on {judged} variant(s): `yes` {counts['yes']} (a change "
+        out.append(f"- {name}, verdicts on {judged} variant(s): `yes` {counts['yes']} (a change "
                    f"in the paper's direction), `no` {counts['no']} (the other way), `no effect` "
                    f"{counts['no effect']} (within our seed noise); `n/a` {counts['n/a']} (no "
                    "record of them or of base at this scale, or one seed, which gives no noise "
@@ -161,7 +161,7 @@ class GapRow:
     train_nll: list[float]  # final weights on the training sample, variant - base
 
 
-def gap_over_training(spec: Spec, runs: dict[str, list[dict[str, Any]]],
+def gap_over_training(spec: Spec, runs: dict[str, list[Record]],
                       scale: str) -> list[str]:
     """Each variant's dev PPL against base's at every evaluation, in % of base, with seeds paired
     (a variant's seed s against base's seed s): whether a gap closes as training goes on, which
@@ -226,34 +226,34 @@ def gap_over_training(spec: Spec, runs: dict[str, list[dict[str, Any]]],
     return out + [""]
 
 
-def _row_label(name: str, pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> str:
+def _row_label(name: str, pairs: list[tuple[Record, Record]]) -> str:
     """A variant's row label: one trained for other steps than base (big: 3x) says so, since the
     step columns are base's and its end is not theirs."""
-    def steps(r: dict[str, Any]) -> int | None:
-        return r.get("config", {}).get("train", {}).get("train_steps")
+    def steps(r: Record) -> int:
+        return config_of(r).train.train_steps
 
     ours, base = {steps(v) for v, _ in pairs}, {steps(b) for _, b in pairs}
-    if len(ours) == 1 and len(base) == 1 and ours != base and None not in ours | base:
+    if len(ours) == 1 and len(base) == 1 and ours != base:
         return f"{name} ({ours.pop()} steps; base {base.pop()})"
     return name
 
 
-def _paired(pairs: list[tuple[dict[str, Any], dict[str, Any]]], key: str) -> list[float]:
+def _paired(pairs: list[tuple[Record, Record]], key: MetricName) -> list[float]:
     """Variant minus base of metric ``key`` for each (variant, base) pair that both record."""
     return [v["metrics"][key] - b["metrics"][key] for v, b in pairs
             if key in v["metrics"] and key in b["metrics"]]
 
 
-def same_loss(a: dict[str, Any], b: dict[str, Any]) -> bool:
+def same_loss(a: Record, b: Record) -> bool:
     """Whether two records' training losses measure the same thing: the same label smoothing and
     dropout (D1, D3, D4 and big change what the training loss is, not only how well it fits)."""
-    def what(r: dict[str, Any]) -> tuple[Any, Any]:
-        c = r.get("config", {})
-        return c.get("train", {}).get("eps_ls"), c.get("model", {}).get("p_drop")
+    def what(r: Record) -> tuple[float, float]:
+        c = config_of(r)
+        return c.train.eps_ls, c.model.p_drop
     return what(a) == what(b)
 
 
-def late_train_loss(record: dict[str, Any], fraction: float = 0.2) -> float | None:
+def late_train_loss(record: Record, fraction: float = 0.2) -> float | None:
     """The mean training loss logged over the last ``fraction`` of a record's steps (points are
     [step, seconds, loss]); None without a curve. One batch's loss is noisy: a mean over the
     last fifth compares runs, a last point does not."""
@@ -265,9 +265,13 @@ def late_train_loss(record: dict[str, Any], fraction: float = 0.2) -> float | No
     return statistics.mean(late)
 
 
-def dev_ppl_curve(record: dict[str, Any]) -> dict[int, float]:
+def dev_ppl_curve(record: Record) -> dict[int, float]:
     """{step: dev PPL} of a record's learning curve (points are [step, seconds, PPL])."""
     return {int(step): ppl for step, _, ppl in record.get("curve", {}).get("dev_ppl") or []}
+
+
+# Our metric beside the paper's key for it (the spec's `paper:` figures): what a verdict compares.
+COMPARED: tuple[tuple[MetricName, str], ...] = (("dev_ppl", "ppl"), ("dev_bleu", "bleu"))
 
 
 @dataclass(frozen=True)
@@ -278,7 +282,7 @@ class Verdict:
     verdict: str  # yes | no | no effect | n/a
 
 
-def compare_to_base(spec: Spec, runs: dict[str, list[dict[str, Any]]], variant: str, key: str,
+def compare_to_base(spec: Spec, runs: dict[str, list[Record]], variant: str, key: MetricName,
                     paper_key: str) -> Verdict:
     """Our change from base beside the paper's, and whether the two agree in sign.
 

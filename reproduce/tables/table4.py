@@ -4,9 +4,9 @@ paper's rows."""
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
 
 from reproduce.data import missing_input
+from reproduce.runs.schema import Record, config_of
 from reproduce.runs.sweep import Spec
 from reproduce.tables.common import cost_line, fmt, hardware, mean_std, scale_note
 
@@ -17,13 +17,13 @@ TREEBANKS = {"nltk-sample": "NLTK WSJ sample", "wsj": "WSJ"}
 TARGETS = {"tags": "POS-tag targets", "xx": "XX targets", "words": "word targets (not the paper's)"}
 
 
-def _settings(record: dict[str, Any]) -> str:
+def _settings(record: Record) -> str:
     tuning = record.get("tuning")
-    targets = TARGETS[record["config"]["data"].get("linearization", "xx")]
+    targets = TARGETS[config_of(record).data.linearization]
     return (f"tuned on dev ({tuning['n_trials']} trials)" if tuning else "untuned") + f", {targets}"
 
 
-def render_table4(spec: Spec, records: list[dict[str, Any]]) -> str:
+def render_table4(spec: Spec, records: list[Record]) -> str:
     """The paper's Table 4 (every cited parser, its training data and F1) with our rows under the
     paper's Transformer rows, then the details of our runs, by scale and treebank."""
     lines = [f"# Table 4: {spec.caption}", "",
@@ -31,7 +31,7 @@ def render_table4(spec: Spec, records: list[dict[str, Any]]) -> str:
              "never edited by hand. Rows without *ours* are the published figures as the paper "
              "cites them (WSJ section 23).", "",
              "| Parser | Training | WSJ 23 F1 |", "|---|---|---|"]
-    ours: dict[str, dict[tuple[str, str, str], list[dict[str, Any]]]] = defaultdict(dict)
+    ours: dict[str, dict[tuple[str, str, str], list[Record]]] = defaultdict(dict)
     for r in records:
         key = (r["scale"], r["treebank"]["kind"], _settings(r))
         ours[r["variant"]].setdefault(key, []).append(r)
@@ -61,7 +61,7 @@ def render_table4(spec: Spec, records: list[dict[str, Any]]) -> str:
               "not comparable with the paper's**.", ""]
     if not records:
         lines.append("No runs recorded yet.")
-    by_data: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    by_data: dict[tuple[str, str], list[Record]] = defaultdict(list)
     for r in records:
         by_data[(r["scale"], r["treebank"]["kind"])].append(r)
     for (scale, kind), recs in by_data.items():
@@ -69,7 +69,7 @@ def render_table4(spec: Spec, records: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _table4_details(spec: Spec, scale: str, kind: str, records: list[dict[str, Any]]) -> list[str]:
+def _table4_details(spec: Spec, scale: str, kind: str, records: list[Record]) -> list[str]:
     first = records[0]
     out = [f"## Our runs at scale `{scale}` on the {TREEBANKS.get(kind, kind)}", "",
            scale_note(spec.scales.get(scale), "model sizes as named"), "",
@@ -80,8 +80,7 @@ def _table4_details(spec: Spec, scale: str, kind: str, records: list[dict[str, A
            "(dev, test) | well-formed outputs (test) | dev PPL | vocabulary | params ×10⁶ | steps "
            "| training time | beam, alpha, max length |", "|" + "---|" * 16]
     for r in sorted(records, key=lambda r: r["run_id"]):
-        m, c, ev = r["metrics"], r["config"], r["evalb"]
-        d = c["decode"]
+        m, d, ev = r["metrics"], config_of(r).decode, r["evalb"]
         out.append(
             f"| {r['run_id']} | {_settings(r)} | {m['dev_precision']:.2f} | {m['dev_recall']:.2f} | "
             f"{m['dev_f1']:.2f} | {m['test_precision']:.2f} | {m['test_recall']:.2f} | "
@@ -91,8 +90,8 @@ def _table4_details(spec: Spec, scale: str, kind: str, records: list[dict[str, A
             + (f" (free: {ev['test']['free']['well_formed']})" if "free" in ev["test"] else "")
             + f" | {m['dev_ppl']:.2f} | "
             f"{r['data']['vocab_size']} | {m['params'] / 1e6:.2f} | {m['train_steps']} | "
-            f"{m['train_seconds'] / 60:.1f} min | {d['beam']}, {d['alpha']}, input + "
-            f"{d['max_len_offset']}{', constrained' if d.get('constrained') else ''} |")
+            f"{m['train_seconds'] / 60:.1f} min | {d.beam}, {d.alpha}, input + "
+            f"{d.max_len_offset}{', constrained' if d.constrained else ''} |")
     for r in records:
         t = r.get("tuning")
         if t:
@@ -106,7 +105,7 @@ def _table4_details(spec: Spec, scale: str, kind: str, records: list[dict[str, A
             "each word: its POS tag (as the paper's tensor2tensor data), XX (Vinyals & Kaiser et "
             "al.) or the word itself, as its source pieces (`data.linearization`, "
             "reproduce/paper/parsing.py)."]
-    if any(r["config"]["decode"].get("constrained") for r in records):
+    if any(config_of(r).decode.constrained for r in records):
         out.append("*constrained*: beam search could only write well-formed trees with one word "
                    "slot per input word (`decode.constrained`, `decoding.TreeConstraint`); the "
                    "paper decodes freely and its outputs may need the repair ours never do. "

@@ -9,6 +9,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
@@ -408,7 +409,7 @@ def _flat(config: Config) -> dict[str, Any]:
             for k, v in values.items()}
 
 
-def finish_wandb(logger, metrics: dict[str, Any]) -> dict[str, Any]:
+def finish_wandb(logger, metrics: Mapping[str, Any]) -> dict[str, Any]:
     if not logger:  # WANDB_MODE=disabled
         return {"id": None, "mode": "disabled", "dir": None, "url": None}
     experiment = logger.experiment

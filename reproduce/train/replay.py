@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from reproduce import paths
 from reproduce.config import Config
 from reproduce.errors import ConfigError, SpecError
 from reproduce.runs import records
+from reproduce.runs.schema import Record
 from reproduce.runs.sweep import PlannedRun, load_spec
 from reproduce.train import fit as training
 from reproduce.train import runner
@@ -51,7 +53,7 @@ def _scratch(folder: Path):
                 os.environ[key] = value
 
 
-def _run_of(record: dict[str, Any], config: Config) -> PlannedRun:
+def _run_of(record: Record, config: Config) -> PlannedRun:
     prefix = f"{record['table']}-{record['variant']}-{record['scale']}-seed{record['seed']}"
     tag = record["run_id"][len(prefix) + 1:] if record["run_id"] != prefix else ""
     return PlannedRun(record["table"], record["row"], record["variant"], record["scale"],
@@ -59,7 +61,7 @@ def _run_of(record: dict[str, Any], config: Config) -> PlannedRun:
                       overridden=record.get("scale_overrode", {}), sets=record.get("set", {}))
 
 
-def _spec_line(record: dict[str, Any]) -> str:
+def _spec_line(record: Record) -> str:
     """Whether the shipped spec still resolves this run to the recorded config."""
     try:
         spec = load_spec(record["table"])
@@ -72,7 +74,7 @@ def _spec_line(record: dict[str, Any]) -> str:
             "this run); the record's own config is used")
 
 
-def _environment_differences(record: dict[str, Any]) -> list[str]:
+def _environment_differences(record: Record) -> list[str]:
     """What differs between where the record was made and here (reasons numbers may differ)."""
     now = {"commit": machine.commit(), "hardware": machine.hardware()}
     out = []
@@ -98,7 +100,7 @@ def _environment_differences(record: dict[str, Any]) -> list[str]:
     return out
 
 
-def _hash_lines(record: dict[str, Any], fresh: dict[str, Any]) -> list[str]:
+def _hash_lines(record: Record, fresh: Record) -> list[str]:
     lines = []
     for name, old, new in (("data", record["data"].get("sha256"), fresh["data"].get("sha256")),
                            ("vocabulary", record["data"].get("vocab_sha256"),
@@ -120,7 +122,7 @@ def _relative(old: float, new: float) -> float:
     return abs(new - old) / abs(old) if old else (0.0 if new == old else float("inf"))
 
 
-def _compare(old: dict[str, Any], new: dict[str, Any], tolerance: float = 0.0
+def _compare(old: Mapping[str, Any], new: Mapping[str, Any], tolerance: float = 0.0
              ) -> tuple[list[str], bool]:
     """A line per number (recorded, re-run, difference); whether all are equal (within
     ``tolerance``, relative)."""
@@ -176,9 +178,9 @@ def verify(path: Path, steps: int | None = None, scratch: Path | None = None,
     try:
         with _scratch(folder):
             if steps is None:
-                fresh = runner.execute(run, record["split"], f"verify {path}")
-                if isinstance(fresh, str):  # not run (a scratch folder holds no other worker)
-                    raise RuntimeError(f"{run.run_id}: {fresh}")
+                outcome = runner.execute(run, record["split"], f"verify {path}")
+                if (fresh := outcome.record) is None:  # a scratch folder holds no other worker
+                    raise RuntimeError(f"{run.run_id}: {outcome.why}")
                 lines, same = _compare(record["metrics"], fresh["metrics"], tolerance)
                 lines += _hash_lines(record, fresh)
                 old_curve, new_curve = record.get("curve", {}), fresh["curve"]
@@ -214,7 +216,7 @@ def verify(path: Path, steps: int | None = None, scratch: Path | None = None,
     return 1
 
 
-def _without_outputs(record: dict[str, Any]) -> str:
+def _without_outputs(record: Record) -> str:
     """The line for a translation record made before every hypothesis was kept beside records:
     its BLEU cannot be recomputed from files, and this re-run writes them."""
     bleu = record.get("bleu") or {}

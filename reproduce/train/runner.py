@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytorch_lightning as pl
 import torch
@@ -26,8 +26,16 @@ from reproduce.runs.averaging import average_checkpoints
 from reproduce.runs.checkpoints import last_checkpoints, steps_left, unreadable
 from reproduce.runs.claims import claim, rank, worker_id
 from reproduce.runs.records import finished, load_record, record_path, retire_stale, write_record
-from reproduce.runs.schema import SCHEMA_VERSION, Record
-from reproduce.runs.sharing import Donor, reuse, training_fields
+from reproduce.runs.schema import (
+    SCHEMA_VERSION,
+    Batch,
+    Commit,
+    Cost,
+    DataSummary,
+    Metrics,
+    Record,
+)
+from reproduce.runs.sharing import Donor, reuse, take_training
 from reproduce.runs.sweep import PlannedRun
 from reproduce.train import devices
 from reproduce.train.compiling import choose_compile
@@ -41,17 +49,26 @@ from reproduce.util.machine import commit, gpu_share, hardware, measured_tflops,
 log = logging.getLogger("reproduce")
 
 
-class Failed(str):
-    """Why a run was not recorded, where that is a failure the command's exit status reports
-    (a diverged run), not a skip (another worker has it, it waits for a twin)."""
+Precision = tuple[str, dict[str, Any]]  # the precision a run trains in, and how it was chosen
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What ``execute`` did with a run: its record (trained now or earlier), or why it has none.
+    ``failed``: a failure the command's exit status reports (a diverged run), not a skip (another
+    worker has it, it waits for a twin, this rank's part is done)."""
+
+    record: Record | None = None
+    why: str = ""
+    failed: bool = False
 
 
 def execute(run: PlannedRun, split: str, command: str, extra: dict[str, Any] | None = None,
-            layout: Layout = ONE_DEVICE) -> Record | str:
-    """Train, evaluate and record one run on ``layout``'s devices; return its record (also if it
-    had already finished), or why it is not run now: another live worker is on it (``claims``:
-    many workers may share one sweep), or on a twin whose training it will evaluate once that
-    has finished (``sharing``). More than one device: the run's own process group trains it
+            layout: Layout = ONE_DEVICE) -> Outcome:
+    """Train, evaluate and record one run on ``layout``'s devices; its record (also if it had
+    already finished), or why it is not run now: another live worker is on it (``claims``: many
+    workers may share one sweep), or on a twin whose training it will evaluate once that has
+    finished (``sharing``). More than one device: the run's own process group trains it
     (``devices``).
 
     ``extra`` entries are added to the record (e.g. ``tuning``: how the settings were chosen)."""
@@ -59,9 +76,9 @@ def execute(run: PlannedRun, split: str, command: str, extra: dict[str, Any] | N
     if devices.external_ranks() and rank() != 0:  # one of a cluster's tasks: as rank 0 decides
         precision = devices.Decision(work).wait()
         if precision is None:
-            return "rank 0 trains nothing now"
+            return Outcome(why="rank 0 trains nothing now")
         run_here(run, split, command, work, extra, layout, precision)
-        return "this rank's part is done; rank 0 records it"
+        return Outcome(why="this rank's part is done; rank 0 records it")
     decision = devices.Decision(work) if devices.external_ranks() else None
     try:
         return _execute(run, split, command, work, extra, layout, decision)
@@ -71,22 +88,22 @@ def execute(run: PlannedRun, split: str, command: str, extra: dict[str, Any] | N
 
 
 def _execute(run: PlannedRun, split: str, command: str, work: Path, extra: dict[str, Any] | None,
-             layout: Layout, decision: devices.Decision | None) -> Record | str:
+             layout: Layout, decision: devices.Decision | None) -> Outcome:
     path = record_path(run)
     record = finished(run)
     if record is not None:
         log.info("%s: finished earlier (%s), skipped", run.run_id, path)
-        return record
+        return Outcome(record)
     with claim(work) as mine:
         if not mine:
-            return "another worker is training it, skipped"
+            return Outcome(why="another worker is training it, skipped")
         record = finished(run)  # finished by another worker since we looked
         if record is not None:
             log.info("%s: finished by another worker (%s), skipped", run.run_id, path)
-            return record
+            return Outcome(record)
         retire_stale(run, work)
         if why := diverged.refusal(work, run.config):
-            return Failed(why)
+            return Outcome(why=why, failed=True)
         reused = reuse(run) if steps_left(run) else None  # none once its own is done
         if isinstance(reused, Donor):  # its weights are trained: evaluate them here, on one device
             log.info("%s: the same training as %s (its checkpoints in %s); evaluating those",
@@ -94,18 +111,21 @@ def _execute(run: PlannedRun, split: str, command: str, work: Path, extra: dict[
             if decision is not None:  # a cluster's other tasks: nothing for them, end now (not
                 decision.publish(None)  # after an evaluation longer than their wait)
             r = reused.record
-            return run_here(run, split, command, work, extra, replace(layout, devices=1),
-                            (r["precision"], r.get("precision_choice", {})), donor=reused)
+            return Outcome(run_here(run, split, command, work, extra, replace(layout, devices=1),
+                                    (r["precision"], r.get("precision_choice", {})),
+                                    donor=reused))
         if reused is not None:
-            return (f"the same training as {reused.run_id}, which a worker is training now: left "
-                    "to evaluate that once it has finished (run this command again then)")
+            return Outcome(why=f"the same training as {reused.run_id}, which a worker is training "
+                           "now: left to evaluate that once it has finished (run this command "
+                           "again then)")
         disk.check(run.run_id, run.config, work / "checkpoints")  # before hours of training
         precision = choose_precision(run, layout)
         if layout.devices > 1 or decision is not None:  # timed here, once, before the ranks
             choose_compile(run, precision[0], layout, say=False)  # start (they read the cache)
         if layout.devices > 1 and decision is None:
             devices.train_on_ranks(run, split, command, work, extra, layout, precision)
-            return load_record(path) or "its ranks ended without writing a record"
+            record = load_record(path)
+            return Outcome(record, "" if record else "its ranks ended without writing a record")
         if decision is not None:
             decision.publish(precision)
         try:
@@ -117,125 +137,154 @@ def _execute(run: PlannedRun, split: str, command: str, work: Path, extra: dict[
         except Diverged as e:  # nothing evaluated, nothing recorded; the marker stops a rerun
             marker = diverged.write_marker(work, e, run.config.to_dict())
             log.warning("%s; not evaluated, not recorded (%s)", e, marker)
-            return Failed(f"diverged at step {e.step}: not evaluated, not recorded; the same "
-                          "command will not train it again with this config (" + str(marker)
-                          + ")")
-        return record if record is not None else "this rank's part is done; rank 0 records it"
+            return Outcome(why=f"diverged at step {e.step}: not evaluated, not recorded; the same "
+                           f"command will not train it again with this config ({marker})",
+                           failed=True)
+        return Outcome(record, "" if record else "this rank's part is done; rank 0 records it")
+
+
+class Phases(dict[str, float]):
+    """Seconds of each phase of this process's part of a run (the record's ``phases``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started = time.time()
+
+    def lap(self, phase: str) -> None:
+        """``phase`` took the seconds since the previous phase ended."""
+        self[phase] = time.time() - self.started - sum(self.values())
+
+    def rounded(self) -> dict[str, float]:
+        return {k: round(v, 1) for k, v in self.items()}
 
 
 def run_here(run: PlannedRun, split: str, command: str, work: Path,
-             extra: dict[str, Any] | None, layout: Layout,
-             precision: tuple[str, dict[str, Any]],
+             extra: dict[str, Any] | None, layout: Layout, precision: Precision,
              donor: Donor | None = None) -> Record | None:
     """This process's part of ``run``: alone, all of it; one rank of several (``devices``), its
     shard of training and of the dev perplexity, and on rank 0 the decoding and the record.
     ``donor``: the finished run whose training this is (``sharing``): its weights are evaluated."""
-    started = time.time()
-    phases: dict[str, float] = {}  # seconds of each phase, in the record
-
-    def lap(phase: str) -> None:  # the seconds since the previous phase ended
-        phases[phase] = time.time() - started - sum(phases.values())
+    phases = Phases()
     c = run.config
-    precision, chosen = precision
     zero = rank() == 0
     compiled = ((bool(donor.record.get("compile")), donor.record.get("compile_choice", {}))
-                if donor is not None else choose_compile(run, precision, layout, say=zero))
+                if donor is not None else choose_compile(run, precision[0], layout, say=zero))
     if c.train.compile == "auto":
-        lap("compile_choice")  # timing eager against compiled, unless cached
+        phases.lap("compile_choice")  # timing eager against compiled, unless cached
     pl.seed_everything(c.train.seed, workers=True, verbose=False)
     tokenizer, data = build_data(c)
     data.setup("fit")  # the corpus mapped (encoded first, if no run has): this phase, not fit's
-    lap("data")
-    logger = wandb_logger(run, work, precision) if zero else False
+    phases.lap("data")
+    logger = wandb_logger(run, work, precision[0]) if zero else None
     try:
         try:
             trainer, module, clock, resumed, accumulate = fit(
-                run, work, data, logger, precision, layout=layout,
+                run, work, data, logger or False, precision[0], layout=layout,
                 resume_from=donor.last if donor is not None else None, compiled=compiled[0])
         except torch.OutOfMemoryError as e:  # one line: what to lower, and that it resumes
             raise OutOfMemory(run.run_id, _device_name(layout), data.micro_batch_tokens,
                               str(e)) from None
         work_done = module.total_work()  # a collective: every rank
-        lap("fit")
+        phases.lap("fit")
         share_cores()  # decoding too uses the cores of workers that have ended
         weights = _final_weights(module, donor.checkpoints if donor is not None
                                  else work / "checkpoints", c.train.average_last)
-        lap("average")
+        phases.lap("average")
         trainer.limit_val_batches = 1.0
         dev = trainer.validate(module, datamodule=data, verbose=False)[0]  # shards, gathered
         module.eval_name = "train_sample"  # the same weights on training pairs: fit against dev
         sample = trainer.validate(module, dataloaders=data.train_sample_dataloader(), verbose=False)[0]
         module.eval_name = "dev"
-        lap("dev_ppl")
+        phases.lap("dev_ppl")
         if not zero:
             return None  # rank 0 decodes every sentence and writes the record
         scores, headline = task_scores(module.model, tokenizer, data, c,
                                        outputs=(record_path(run).parent, run.run_id))
-        lap("decode")
-
-        metrics = {
+        phases.lap("decode")
+        metrics = cast(Metrics, {
             "dev_ppl": round(float(dev["dev/ppl"]), 3),
             "dev_nll": round(float(dev["dev/nll"]), 4),
             "train_sample_nll": round(float(sample["train_sample/nll"]), 4),
-            **headline,
+            **headline,  # the task's: BLEU or F1 (evaluate.task_scores)
             "params": count_parameters(module.model),
             "train_steps": trainer.global_step,
             "train_seconds": round(clock.seconds, 1),
             "train_cpu_seconds": round(clock.cpu_seconds, 1),
-        }
+        })
         wandb_run = finish_wandb(logger, metrics)
     except BaseException:
         if logger:  # the W&B run ends as failed, not left open for the next one
             logger.experiment.finish(exit_code=1)
         raise
-    micro = data.micro_batch_tokens
     record: Record = {
         "schema": SCHEMA_VERSION, "run_id": run.run_id, "table": run.table, "row": run.row,
-        "variant": run.variant,
-        "scale": run.scale, "seed": c.train.seed, "split": split,
+        "variant": run.variant, "scale": run.scale, "seed": c.train.seed, "split": split,
         "config": c.to_dict(), "scale_overrode": run.overridden,
-        "precision": precision, "precision_choice": chosen,
+        "precision": precision[0], "precision_choice": precision[1],
         "compile": compiled[0] and module.compile_failed is None,
         "compile_choice": ({**compiled[1], "failed_in_training": module.compile_failed}
                            if module.compile_failed else compiled[1]),
-        "metrics": metrics, **scores, "paper": run.paper,
-        "data": {"corpus": c.data.corpus, "train_pairs": data.num_train_pairs,
-                 "dropped_train_pairs": data.dropped, "dev_pairs": len(data.dev_pairs),
-                 "train_sample_pairs": data.train_sample_pairs,
-                 "test_pairs": len(data.test_pairs), "vocab_size": tokenizer.vocab_size,
-                 "sha256": data.sha256, "vocab_sha256": tokenizer.sha256,
-                 "reference_ppl": data.reference_perplexities(), **local_data(c),
-                 "fingerprint": data.source.fingerprint,
-                 **({"encoded": data.cache_folder.name} if data.cache_folder else {}),
-                 "loader_workers": data.loader_workers},
-        "batch": {"accelerator": layout.accelerator, "strategy": layout.strategy,
-                  "devices": layout.devices, "nodes": layout.nodes, "world_size": trainer.world_size,
-                  "accumulate": accumulate,
-                  "device_batch_tokens": micro,
-                  "effective_tokens_per_step": micro * trainer.world_size * accumulate,
-                  "measured_tgt_tokens_per_step": round(work_done["real_tgt_tokens"]
-                                                        / max(trainer.global_step, 1))},
+        "metrics": metrics, **_task_entries(scores), "paper": run.paper,
+        "data": _data_summary(c, data, tokenizer),
+        "batch": _batch_summary(layout, trainer.world_size, accumulate, data.micro_batch_tokens,
+                                work_done["real_tgt_tokens"], trainer.global_step),
         "averaged_checkpoints": weights, "curve": clock.curve,
         "cost": _cost(c, work_done, clock.seconds, trainer.world_size),
-        "resumed": resumed, "resumed_from": module.resumed_from, "commit": commit(),
+        "resumed": resumed, "resumed_from": module.resumed_from, "commit": _commit(),
         "hardware": hardware(), "worker": worker_id(),
-        "wall_seconds": round(time.time() - started, 1), "command": command,
-        "phases": {k: round(v, 1) for k, v in phases.items()},
+        "wall_seconds": round(time.time() - phases.started, 1), "command": command,
+        "phases": phases.rounded(),
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "wandb": wandb_run,
     }
     if donor is not None:  # the training is the donor's: what it took is in its record
-        fields, trained = training_fields(donor)
-        record.update(fields, trained_by=donor.describe(), evaluated_on=hardware())
-        record["metrics"].update(trained)
+        take_training(record, donor)
+        record["trained_by"], record["evaluated_on"] = donor.describe(), hardware()
     if run.sets:  # --set on the command line, over the spec and scale
         record["set"] = run.sets
-    record.update(extra or {})
-    path = record_path(run)
+    cast(dict[str, Any], record).update(extra or {})  # e.g. tuning: keys of Record
     if trainer.is_global_zero:  # one record per run, however many processes trained it
-        write_record(path, record)
-        log.info("%s: recorded %s", run.run_id, path)
+        write_record(record_path(run), record)
+        log.info("%s: recorded %s", run.run_id, record_path(run))
     return record
+
+
+def _task_entries(scores: dict[str, Any]) -> Record:
+    """The task's own entries of a record (``evaluate.task_scores``): ``bleu``, or ``evalb`` and
+    ``treebank``."""
+    return cast(Record, scores)
+
+
+def _commit() -> Commit:
+    return cast(Commit, commit())
+
+
+def _data_summary(c: Config, data, tokenizer) -> DataSummary:
+    """The record's ``data``: the corpus as trained on (pairs kept and dropped, hashes, the
+    vocabulary, n-gram reference perplexities, a user's own files, the encoded cache)."""
+    summary: DataSummary = {
+        "corpus": c.data.corpus, "train_pairs": data.num_train_pairs,
+        "dropped_train_pairs": data.dropped, "dev_pairs": len(data.dev_pairs),
+        "train_sample_pairs": data.train_sample_pairs, "test_pairs": len(data.test_pairs),
+        "vocab_size": tokenizer.vocab_size, "sha256": data.sha256,
+        "vocab_sha256": tokenizer.sha256, "reference_ppl": data.reference_perplexities()}
+    if files := local_data(c):
+        summary["data_dir"], summary["files"] = files["data_dir"], files["files"]
+    summary["fingerprint"] = data.source.fingerprint
+    if data.cache_folder:
+        summary["encoded"] = data.cache_folder.name
+    summary["loader_workers"] = data.loader_workers
+    return summary
+
+
+def _batch_summary(layout: Layout, world_size: int, accumulate: int, micro: int,
+                   real_tgt_tokens: int, steps: int) -> Batch:
+    """The record's ``batch``: the devices and how a step's tokens were split over them."""
+    return {"accelerator": layout.accelerator, "strategy": layout.strategy,
+            "devices": layout.devices, "nodes": layout.nodes, "world_size": world_size,
+            "accumulate": accumulate, "device_batch_tokens": micro,
+            "effective_tokens_per_step": micro * world_size * accumulate,
+            "measured_tgt_tokens_per_step": round(real_tgt_tokens / max(steps, 1))}
 
 
 def _device_name(layout: Layout) -> str:
@@ -260,7 +309,7 @@ def _final_weights(module, directory: Path, k: int) -> list[str]:
     return [p.name for p in paths]
 
 
-def _cost(c: Config, work: dict[str, int], seconds: float, devices: int) -> dict[str, Any]:
+def _cost(c: Config, work: dict[str, int], seconds: float, devices: int) -> Cost:
     """Training cost two ways: the paper's (time x devices x sustained TFLOPS) and counted FLOPs."""
     share = 1
     if torch.cuda.is_available():
