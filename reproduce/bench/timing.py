@@ -7,20 +7,22 @@ import statistics
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
+K = TypeVar("K", bound=Hashable)  # what names a contender
 
-def interleaved(contenders: dict[Hashable, Callable[[], float | None]], rounds: int,
-                warmup: int = 1) -> dict[Hashable, list[float]]:
+
+def interleaved(contenders: dict[K, Callable[[], float | None]], rounds: int,
+                warmup: int = 1) -> dict[K, list[float]]:
     """Seconds per round of each contender. A contender returns None (its wall time is used) or
     the seconds it measured itself. Round r starts at contender r (mod count): the order rotates."""
     names = list(contenders)
     for _ in range(warmup):
         for name in names:
             contenders[name]()
-    times: dict[str, list[float]] = {name: [] for name in names}
+    times: dict[K, list[float]] = {name: [] for name in names}
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
             start = time.perf_counter()

@@ -180,7 +180,7 @@ class TranslationData(pl.LightningDataModule):
 
     def source_batches(
         self, sources: list[str], batch_tokens: int
-    ) -> Iterator[tuple[list[int], torch.LongTensor]]:
+    ) -> Iterator[tuple[list[int], torch.Tensor]]:
         """(indices into ``sources``, padded source tensor) batches, grouped by length to decode."""
         packed = Packed.encode(self.tokenizer, sources)
         lengths = np.stack([packed.lengths + 1, np.zeros_like(packed.lengths)], axis=1)

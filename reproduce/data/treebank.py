@@ -8,6 +8,7 @@ import os
 import re
 from collections.abc import Iterator, Sequence
 from functools import lru_cache
+from typing import Any
 
 import nltk
 from nltk.corpus.reader import BracketParseCorpusReader
@@ -103,6 +104,7 @@ def read_trees(path: str) -> Iterator[Tree]:
 
 def treebank_description(wsj_dir: str | None = None, extra_trees: str | None = None) -> dict:
     """What a run's trees were, for its record and the rendered table."""
+    info: dict[str, Any]
     if wsj_dir:
         info = {"kind": "wsj", "path": os.path.realpath(wsj_dir),
                 "about": "Penn Treebank WSJ: train sections 02-21, dev 22, test 23 (as the paper)"}

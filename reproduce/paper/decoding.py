@@ -213,7 +213,7 @@ class TreeConstraint:
                      "is_word"):
             setattr(self, name, getattr(self, name).to(device))
         self.copy = self.batch_src is not None
-        if self.copy:  # the pieces to write, -1 after them; slots then count pieces
+        if self.batch_src is not None:  # copy: the pieces to write, -1 after them; slots then
             src = self.batch_src.long().repeat_interleave(beam, dim=0)
             real = (src != self.eos) & (src != 0)  # 0: padding
             n = real.sum(dim=1)

@@ -100,7 +100,7 @@ def fit(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=(),
         dirpath=work / "checkpoints", filename="step{step}", auto_insert_metric_name=False,
         save_last=True, save_top_k=c.train.average_last, monitor="step", mode="max", **every)
     trainer = pl.Trainer(
-        max_steps=c.train.train_steps, max_epochs=-1, precision=precision,
+        max_steps=c.train.train_steps, max_epochs=-1, precision=precision,  # type: ignore[arg-type]
         accelerator=layout.accelerator, devices=layout.devices, num_nodes=layout.nodes,
         strategy=_strategy(layout), logger=logger, callbacks=[diverged, ckpt, clock, stop, *callbacks],
         plugins=[AtomicCheckpointIO(), *devices.cluster_plugins()],
@@ -299,13 +299,13 @@ class StopOnDivergence(pl.Callback):
             self._bad, self._last = ~finite, torch.where(finite, loss, torch.full_like(loss, -1))
         else:
             self._bad = self._bad | ~finite
-            self._last = torch.where(finite, loss, self._last)
+            self._last = torch.where(finite, loss, self._last)  # type: ignore[arg-type]  # set with _bad
         if trainer.global_step % self.every == 0:
             self.check(trainer)
 
     def check(self, trainer) -> None:
         """Read the flags (a host synchronization); raise ``Diverged`` if a loss was not finite."""
-        if self._bad is not None and bool(self._bad):
+        if self._bad is not None and bool(self._bad) and self._last is not None:
             last = float(self._last)
             raise Diverged(self.run_id, trainer.global_step, last if last >= 0 else None)
 
@@ -330,7 +330,8 @@ class TrainClock(pl.Callback):
         self.curve_every = curve_every  # default: about 20 points or more over the run
         self.before = 0.0
         self.start: float | None = None
-        self.cpu_before, self.cpu_start = 0.0, None
+        self.cpu_before = 0.0
+        self.cpu_start: float | None = None
         self.every = every
         # The learning curve kept in the record: (step, seconds, train loss or dev PPL).
         self.curve: dict[str, list[list[float]]] = {"train_loss": [], "dev_ppl": []}

@@ -12,6 +12,7 @@ import math
 import numpy as np
 import pytorch_lightning as pl
 import torch
+from torch.optim.lr_scheduler import LRScheduler
 
 from reproduce.config import Config
 from reproduce.data import PAD_BATCH
@@ -86,7 +87,9 @@ class TranslationModule(pl.LightningModule):
             self.work[key] += value
         self.log("train/loss", loss, prog_bar=True)
         self.log("train/nll", nll / n)
-        self.log("train/lr", self.lr_schedulers().get_last_lr()[0])
+        scheduler = self.lr_schedulers()
+        assert isinstance(scheduler, LRScheduler)  # one, configure_optimizers's
+        self.log("train/lr", scheduler.get_last_lr()[0])
         self.log("train/tgt_tokens", n.float(), reduce_fx="sum")
         return loss
 
@@ -100,9 +103,7 @@ class TranslationModule(pl.LightningModule):
         self._dev += torch.stack([nll.double(), n.double()])
 
     def on_validation_epoch_end(self) -> None:
-        total = self.all_gather(self._dev)
-        if total.dim() > 1:  # (world, 2) under DDP
-            total = total.sum(0)
+        total = self._summed(self._dev)
         nll = (total[0] / total[1].clamp(min=1)).item()
         # Already the total over ranks (all_gather above); sync_dist averages equal values.
         self.log(f"{self.eval_name}/nll", nll, sync_dist=True)
@@ -119,13 +120,17 @@ class TranslationModule(pl.LightningModule):
         self.resumed_from = {"step": checkpoint.get("global_step"),
                              **checkpoint.get("layout", {"world_size": 1})}
 
+    def _summed(self, local: torch.Tensor) -> torch.Tensor:
+        """``local`` summed over every rank (one process: itself)."""
+        gathered = self.all_gather(local)
+        assert isinstance(gathered, torch.Tensor)  # a tensor in, a tensor out
+        return gathered.sum(0) if gathered.dim() > local.dim() else gathered  # (world, ...) in DDP
+
     def total_work(self) -> dict[str, int]:
         """`work` summed over all devices (each rank counts its own batches)."""
         local = torch.tensor([self.work[k] for k in WORK_KEYS], dtype=torch.float64,
                              device=self.device)
-        total = self.all_gather(local)
-        if total.dim() > 1:
-            total = total.sum(0)
+        total = self._summed(local)
         return {k: int(v) for k, v in zip(WORK_KEYS, total.tolist(), strict=True)}
 
     def configure_optimizers(self):

@@ -71,6 +71,7 @@ def choose(config: Config, micro_tokens: int, cache: Path | None,
     known = _read(cache).get(key) if cache else None
     if known:
         return known["chosen"], {**known, "cached": True}
+    entry: dict[str, Any]
     if not bf16_matmul_not_slower():
         entry = {"chosen": "32-true", "asked": asked, "how": "bf16 matmul slower than fp32 here "
                  "(no native bf16): fp32 without timing a step", "seconds_per_step": None}

@@ -61,6 +61,7 @@ def suggest(trial, knobs: dict[str, Knob]) -> dict[str, Any]:
         if knob.choices:
             params[name] = trial.suggest_categorical(name, list(knob.choices))
         elif FIELDS[name][1] is int:  # e.g. warmup_steps
+            assert knob.low is not None and knob.high is not None  # a range: checked by the spec
             params[name] = trial.suggest_int(name, int(knob.low), int(knob.high), log=knob.log)
         else:
             params[name] = trial.suggest_float(name, knob.low, knob.high, log=knob.log)
@@ -126,7 +127,7 @@ def _storage(url: str):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             if hasattr(storages, "RetryHeartbeatStaleTrialCallback"):  # optuna >= 4.9
-                retry = {"heartbeat_stale_trial_callback":
+                retry: dict[str, Any] = {"heartbeat_stale_trial_callback":
                          storages.RetryHeartbeatStaleTrialCallback(max_retry=2)}
             else:
                 retry = {"failed_trial_callback": storages.RetryFailedTrialCallback(max_retry=2)}
@@ -151,7 +152,8 @@ def tune(run: PlannedRun, tuning: Tuning, trials: int, storage: str | None = Non
     check_trials(trials)
     url = storage or default_storage()
     study = optuna.create_study(
-        study_name=run.run_id, storage=_storage(url), direction=tuning.direction,
+        study_name=run.run_id, storage=_storage(url),
+        direction=tuning.direction,  # type: ignore[arg-type]  # minimize/maximize: the spec checks
         load_if_exists=True, pruner=optuna.pruners.MedianPruner(n_startup_trials=2))
     # Seeded by the trials already run, so a resumed study does not repeat its first suggestions;
     # workers sharing a database (an explicit --storage) draw apart.
