@@ -21,7 +21,7 @@ class Verify(Command):
         parser.add_argument("--tolerance", type=float, default=0.0, metavar="REL",
                             help="numbers agree within this relative difference (default 0: "
                             "equal); a run replayed on other hardware or in another precision "
-                            "needs one (docs/records.md)")
+                            "needs one (docs/devices.md)")
         parser.add_argument("--precision", choices=("32-true", "bf16-mixed"),
                             help="re-run in this precision instead of the record's")
 
