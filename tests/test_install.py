@@ -95,9 +95,9 @@ def test_own_results_and_set_values_stay_apart_from_the_projects(tmp_path):
     assert "python -m reproduce verify" in again.stdout
 
 
+# attention_dropout.yaml runs in tests/test_first_steps.py, as docs/first-steps.md uses it
 @pytest.mark.parametrize("spec, table, variants", [
     ("local_corpus", "local-tiny", ["N2", "N8", "base"]),
-    ("attention_dropout", "attention-dropout", ["P1", "P3", "base"]),
 ])
 def test_the_example_specs_run_at_smoke_scale(tmp_path, spec, table, variants):
     # run from the repository root, as docs/specs.md says (local_corpus's data_dir is relative)
