@@ -1,5 +1,5 @@
 """What a checkpoint save at the paper's size costs a run: the seconds training stands still while
-the files are written, as ``train.fit.AtomicCheckpointIO`` writes them.
+the files are written, as ``train.callbacks.AtomicCheckpointIO`` writes them.
 
     python benchmarks/checkpoint_save.py [--folder runs/ckpt-bench] [--rounds 3] [--out FILE.md]
 
@@ -27,7 +27,7 @@ import torch
 from reproduce.config import BASE, BIG
 from reproduce.paper.model import Transformer
 from reproduce.paper.optim import adam_with_schedule
-from reproduce.train.fit import AtomicCheckpointIO
+from reproduce.train.callbacks import AtomicCheckpointIO
 from reproduce.util.machine import cpu_name
 
 EVERY_MINUTES = 10
@@ -89,7 +89,7 @@ def main() -> None:
     finally:
         shutil.rmtree(args.folder, ignore_errors=True)
     lines.append("\nEach save is a step file and `last.ckpt`, streamed to a temporary file, fsynced "
-                 "and renamed (`train.fit.AtomicCheckpointIO`); `benchmarks/checkpoint_save.py` "
+                 "and renamed (`train.callbacks.AtomicCheckpointIO`); `benchmarks/checkpoint_save.py` "
                  "says what is timed.")
     if args.out:
         args.out.write_text("\n".join(lines) + "\n")

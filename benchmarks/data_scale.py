@@ -93,14 +93,16 @@ def rank_main(data_dir: str, cache: str, rank: int, world: int, started: float) 
     """One rank of a later run: the data path of ``fit.build_data`` then one epoch's batches."""
     from types import SimpleNamespace
 
+    from reproduce.config import Config
     from reproduce.data.module import TranslationData
     from reproduce.data.source import CorpusSource
     from reproduce.data.vocabulary import corpus_tokenizer
 
     source = CorpusSource("local-en-de", data_dir)
     tokenizer = corpus_tokenizer(source, VOCAB, cache)
-    data = TranslationData("local-en-de", tokenizer, BATCH_TOKENS, data_dir=data_dir,
-                           cache_dir=cache, source=source)
+    config = Config().overrides(corpus="local-en-de", batch_tokens=BATCH_TOKENS,
+                                data_dir=str(data_dir))
+    data = TranslationData(config, tokenizer, cache_dir=cache, source=source)
     # What the Trainer tells the data module: this process's rank, the epoch, the step.
     data.trainer = SimpleNamespace(global_rank=rank, world_size=world, current_epoch=0,
                                    accumulate_grad_batches=1, global_step=0)

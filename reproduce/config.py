@@ -115,6 +115,17 @@ class TrainConfig:
     # "auto": taken where a timed step says it pays over the run (reproduce.train.compiling)
     compile: str = "off"
 
+    def split_batch(self, devices: int) -> tuple[int, int]:
+        """(micro-batches accumulated per step, tokens per micro-batch per device) so that
+        devices x accumulated x micro-batch tokens reaches ``batch_tokens`` (the paper's tokens
+        per step, section 5.1) on any device count.
+
+        Pitfall this avoids: fewer GPUs than the paper's 8 silently train with smaller batches."""
+        per_device = -(-self.batch_tokens // devices)  # ceil
+        limit = self.device_batch_tokens or per_device
+        accumulate = -(-per_device // limit)
+        return accumulate, -(-per_device // accumulate)
+
     def __post_init__(self) -> None:
         for name in ("train_steps", "warmup_steps", "batch_tokens", "max_tokens_per_sentence",
                      "average_last"):

@@ -36,7 +36,7 @@ class RankFailure(RuntimeError):
 
 class Diverged(RuntimeError):
     """A run's training loss turned non-finite: it stops there, with nothing evaluated or
-    recorded (``train.fit.StopOnDivergence``, ``runs.diverged``)."""
+    recorded (``train.callbacks.StopOnDivergence``, ``runs.diverged``)."""
 
     def __init__(self, run_id: str, step: int, last_finite: float | None):
         self.run_id, self.step, self.last_finite = run_id, step, last_finite

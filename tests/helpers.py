@@ -48,3 +48,15 @@ def inject(env: dict[str, str], folder: Path, code: str) -> dict[str, str]:
     (folder / "sitecustomize.py").write_text(code)
     return {**env, "PYTHONPATH": os.pathsep.join(p for p in (str(folder), env.get("PYTHONPATH"))
                                                  if p)}
+
+
+def data_module(corpus: str, tokenizer, cache_dir=None, **fields):
+    """A ``TranslationData`` of ``corpus`` from a config with ``fields`` (config field names:
+    batch_tokens, max_train_pairs, data_dir, seed, ...), as a run builds it."""
+    from reproduce.config import Config
+    from reproduce.data.module import TranslationData
+
+    if "data_dir" in fields:
+        fields["data_dir"] = str(fields["data_dir"])
+    return TranslationData(Config().overrides(corpus=corpus, **fields), tokenizer,
+                           cache_dir=cache_dir)

@@ -126,3 +126,14 @@ def test_each_module_name_once():
         if path.name != "__init__.py":
             seen.setdefault(path.stem, []).append(_name(path))
     assert {stem: names for stem, names in seen.items() if len(names) > 1} == {}
+
+
+def test_no_function_over_80_lines():
+    # a function longer than a screen does several jobs: name them as functions of their own
+    long = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if (lines := node.end_lineno - node.lineno + 1) > 80:
+                    long.append(f"{_name(path)}.{node.name}: {lines} lines")
+    assert long == []

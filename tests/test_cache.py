@@ -18,10 +18,11 @@ import torch
 from reproduce.data import encoded_cache as encoded_cache
 from reproduce.data import load_bible_verses
 from reproduce.data.encoded_cache import encoded_corpus, read_cache
-from reproduce.data.module import LOADER_WORKERS_ENV, TranslationData
+from reproduce.data.module import LOADER_WORKERS_ENV
 from reproduce.data.source import CorpusSource
 from reproduce.data.vocabulary import corpus_tokenizer
 from reproduce.errors import DataError
+from tests.helpers import data_module
 
 FORK = multiprocessing.get_context("fork")
 
@@ -78,8 +79,8 @@ def test_a_corpus_is_encoded_once_and_mapped_by_every_later_run_and_table(tmp_pa
     assert np.array_equal(again.train.tgt.tokens, first.train.tgt.tokens)
     assert again.dev_pairs == first.dev_pairs and again.sha256 == first.sha256
     # Another table's data module (its own batch and length limit) maps the same folder.
-    dm = TranslationData("local-en-de", tokenizer, batch_tokens=700, max_tokens_per_sentence=40,
-                         data_dir=corpus, cache_dir=cache)
+    dm = data_module("local-en-de", tokenizer, batch_tokens=700, max_tokens_per_sentence=40,
+                     data_dir=corpus, cache_dir=cache)
     dm.setup()
     assert len(calls) == 1 and dm.cache_folder == first.folder
     assert dm.num_train_pairs + dm.dropped == 400
@@ -211,7 +212,7 @@ def test_batches_from_loader_workers_are_the_batches_of_the_training_process(tmp
 
     def batches(workers: int, resume: tuple[int, int] | None = None) -> list[torch.Tensor]:
         monkeypatch.setenv(LOADER_WORKERS_ENV, str(workers))
-        dm = TranslationData("local-en-de", tokenizer, batch_tokens=600, data_dir=corpus,
+        dm = data_module("local-en-de", tokenizer, batch_tokens=600, data_dir=corpus,
                              cache_dir=cache)
         dm.setup()
         loader = dm.train_dataloader()
@@ -229,7 +230,7 @@ def test_batches_from_loader_workers_are_the_batches_of_the_training_process(tmp
     skipped = batches(2, resume=(0, 5))  # a run resumed after 5 batches of epoch 0
     assert all(torch.equal(a, b) for a, b in zip(plain[5:], skipped, strict=True))
     monkeypatch.setenv(LOADER_WORKERS_ENV, "many")
-    dm = TranslationData("local-en-de", tokenizer, batch_tokens=600, data_dir=corpus)
+    dm = data_module("local-en-de", tokenizer, batch_tokens=600, data_dir=corpus)
     with pytest.raises(DataError, match="REPRODUCE_LOADER_WORKERS='many'"):
         _ = dm.loader_workers
 

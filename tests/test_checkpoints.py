@@ -66,7 +66,7 @@ def test_a_save_that_fails_midway_leaves_the_previous_checkpoint_whole(tmp_path)
     part of it is written leaves the previous file as it was, and no temporary file."""
     import pytest
 
-    from reproduce.train.fit import AtomicCheckpointIO
+    from reproduce.train.callbacks import AtomicCheckpointIO
 
     io = AtomicCheckpointIO()
     path = tmp_path / "last.ckpt"

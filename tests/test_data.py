@@ -26,10 +26,11 @@ from reproduce.data import (
     load_pairs,
 )
 from reproduce.data.module import TranslationData
-from reproduce.errors import DataError
+from reproduce.errors import ConfigError, DataError
 from reproduce.paper import tokenizer
 from reproduce.paper.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
 from reproduce.paths import cache_dir
+from tests.helpers import data_module
 
 torch.set_num_threads(1)
 
@@ -125,7 +126,7 @@ def test_unknown_corpus_and_split_list_the_allowed_values():
         load_pairs("bible-en-de", "validation")
     assert all(split in str(error.value) for split in SPLITS)
     with pytest.raises(DataError, match="unknown corpus"):
-        TranslationData("nope", tokenizer=None, batch_tokens=100)
+        data_module("nope", tokenizer=None, batch_tokens=100)
 
 
 @pytest.fixture
@@ -309,8 +310,7 @@ def test_cache_dir_defaults_to_repo_and_follows_env(monkeypatch):
 
 @pytest.fixture(scope="module")
 def module(small_tokenizer) -> TranslationData:
-    dm = TranslationData(
-        "bible-en-de", small_tokenizer, batch_tokens=1200, max_train_pairs=300, max_eval_pairs=40
+    dm = data_module("bible-en-de", small_tokenizer, batch_tokens=1200, max_train_pairs=300, max_eval_pairs=40
     )
     dm.setup()
     return dm
@@ -371,7 +371,7 @@ def test_data_module_reshuffles_each_epoch_and_shards_by_rank(module):
 
 def test_the_training_sample_is_fixed_training_pairs_as_many_as_dev(module, small_tokenizer):
     # seed 7's module scores the same 40 training pairs as seed 0's: variants and seeds compare
-    other = TranslationData("bible-en-de", small_tokenizer, batch_tokens=1200, max_train_pairs=300,
+    other = data_module("bible-en-de", small_tokenizer, batch_tokens=1200, max_train_pairs=300,
                             max_eval_pairs=40, seed=7)
     other.setup()
 
@@ -392,7 +392,7 @@ def test_train_every_keeps_every_kth_training_pair_from_all_books(module, small_
     from reproduce.data.corpora import pairs_sha256
     from reproduce.data.loading import load_pairs
 
-    every = TranslationData("bible-en-de", small_tokenizer, batch_tokens=1200, max_train_pairs=300,
+    every = data_module("bible-en-de", small_tokenizer, batch_tokens=1200, max_train_pairs=300,
                             max_eval_pairs=40, train_every=4)
     with caplog.at_level("INFO", logger="reproduce"):
         every.setup()
@@ -402,13 +402,12 @@ def test_train_every_keeps_every_kth_training_pair_from_all_books(module, small_
     assert every.sha256["train"] == pairs_sha256(train[::4][:300]) != module.sha256["train"]
     assert every.num_train_pairs == 300 and every.dev_pairs == module.dev_pairs
     assert every.sha256["test"] == module.sha256["test"]
-    with pytest.raises(DataError, match="train_every must be at least 1"):
-        TranslationData("bible-en-de", small_tokenizer, batch_tokens=1200, train_every=0)
+    with pytest.raises(ConfigError, match="data.train_every = 0: must be >= 1"):
+        data_module("bible-en-de", small_tokenizer, batch_tokens=1200, train_every=0)
 
 
 def test_data_module_drops_long_training_pairs(small_tokenizer):
-    dm = TranslationData(
-        "bible-en-de", small_tokenizer, batch_tokens=400, max_tokens_per_sentence=30,
+    dm = data_module("bible-en-de", small_tokenizer, batch_tokens=400, max_tokens_per_sentence=30,
         max_train_pairs=200, max_eval_pairs=10,
     )  # fmt: skip
     dm.setup()
@@ -494,7 +493,7 @@ def _fit_recording_batches(dm: TranslationData, work: Path, max_steps: int, stop
 @pytest.mark.parametrize("accumulate", [1, 2])
 def test_a_run_resumed_mid_epoch_sees_the_batches_an_uninterrupted_run_sees(
         small_tokenizer, tmp_path, accumulate):
-    dm = TranslationData("bible-en-de", small_tokenizer, batch_tokens=1200, max_train_pairs=300)
+    dm = data_module("bible-en-de", small_tokenizer, batch_tokens=1200, max_train_pairs=300)
     dm.setup()
     per_epoch = len(dm.train_dataloader())
     steps_per_epoch = -(-per_epoch // accumulate)

@@ -6,7 +6,7 @@ import socket
 import pytest
 
 from reproduce.__main__ import main
-from reproduce.paper.optim import accumulation
+from reproduce.config import TrainConfig
 from reproduce.plan import step_probe as cost
 from reproduce.runs.sweep import load_spec
 from reproduce.tables.table2 import render_table2
@@ -30,7 +30,7 @@ def test_spec_reads_scientific_figures_as_numbers():
     (4096, 4096, 3, (1, 1366)),
 ])
 def test_accumulation_reaches_the_papers_batch(batch, limit, devices, expected):
-    accumulate, micro = accumulation(batch, limit, devices)
+    accumulate, micro = TrainConfig(batch_tokens=batch, device_batch_tokens=limit).split_batch(devices)
     assert (accumulate, micro) == expected
     assert devices * accumulate * micro >= batch           # never smaller than asked
     assert devices * accumulate * (micro - 1) < batch      # and not a micro-batch more

@@ -19,7 +19,6 @@ from reproduce.bench.training import bench_training
 from reproduce.config import Config, parse_sets
 from reproduce.errors import ConfigError
 from reproduce.paper.model import Transformer
-from reproduce.paper.optim import accumulation
 from reproduce.paths import runs_dir
 from reproduce.runs.sweep import load_spec
 from reproduce.train.lit import TranslationModule
@@ -122,7 +121,7 @@ def _precisions(asked: str) -> list[str]:
 def _runs_take(config: Config) -> str:
     """The precision a run of ``config`` trains in on this machine, and how it was decided:
     ``precision.choose``, the timed step runs use (cached in runs/precision.json), never a matmul."""
-    micro = accumulation(config.train.batch_tokens, config.train.device_batch_tokens, 1)[1]
+    micro = config.train.split_batch(1)[1]
     chosen, how = choose(config, micro, runs_dir() / "precision.json",
                          model="table3's base at this scale")
     seconds = how.get("seconds_per_step") or {}

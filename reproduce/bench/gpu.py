@@ -44,7 +44,7 @@ from reproduce.errors import one_line
 from reproduce.paper.decoding import beam_search
 from reproduce.paper.flops import BF16_DENSE_TFLOPS, analytic_flops, lookup
 from reproduce.paper.model import Transformer
-from reproduce.paper.optim import accumulation, adam_with_schedule
+from reproduce.paper.optim import adam_with_schedule
 from reproduce.runs.sweep import load_spec
 from reproduce.train.step_time import step_loss, synthetic_batch, train_step
 
@@ -59,7 +59,7 @@ def measure(config: Config, device: str, precision: str, steps: int, warmup: int
     """Seconds per optimizer step (micro-batches accumulated as one device of ``config`` would),
     target tokens per second, counted FLOPs per step and peak memory."""
     m, t = config.model, config.train
-    accumulate, micro = accumulation(t.batch_tokens, t.device_batch_tokens, 1)
+    accumulate, micro = t.split_batch(1)
     torch.manual_seed(0)
     model = Transformer(m).to(device).train()
     optimizer, schedule = adam_with_schedule(model.parameters(), t, m.d_model)
@@ -97,7 +97,7 @@ def largest_micro_batch(config: Config, precision: str) -> dict[str, Any]:
     """The largest micro-batch (tokens per side) of ``config``'s model whose forward and backward
     fit in this GPU's memory, doubling from the config's own up to ``MICRO_CAP`` times it."""
     m, t = config.model, config.train
-    micro = accumulation(t.batch_tokens, t.device_batch_tokens, 1)[1]
+    micro = t.split_batch(1)[1]
     model = Transformer(m).cuda().train()
     fits, tried = None, micro
     while tried <= MICRO_CAP * micro:
@@ -170,25 +170,30 @@ class Report:
         self.out.write_text(render(data))
 
 
+def _where(cuda: bool, steps: int, out: str, budget: float
+           ) -> tuple[str, str, str, float | None, int, Report]:
+    """(device, scale, precision, dense bf16 peak, steps timed, report) of ``run``: the paper's
+    sizes on the GPU, written to ``out``; without one, a tiny model on the CPU, nothing written."""
+    if not cuda:
+        print(f"no GPU: torch {torch.__version__} sees none. The same parts on a tiny model on the "
+              "CPU (smoke widths, half-size micro-batches: accumulation too), nothing written:")
+        return "cpu", "smoke", "32-true", None, 2, Report(None, {})
+    name = torch.cuda.get_device_name(0)
+    precision = "bf16-mixed" if torch.cuda.is_bf16_supported() else "32-true"
+    peak = lookup(name, BF16_DENSE_TFLOPS) if precision == "bf16-mixed" else None
+    return "cuda", "paper", precision, peak, steps, Report(Path(out), {
+        "gpu": name, "gpus_visible": torch.cuda.device_count(), "precision": precision,
+        "bf16_dense_peak_tflops": peak, "torch": torch.__version__, "steps_timed": steps,
+        "budget_seconds": budget,
+        "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+
+
 def run(steps: int = 10, out: str = "results/gpu.md", budget: float = 420.0) -> int:
     """Every part in order while ``budget`` seconds last; 0."""
     spec = load_spec("table2")
     started = time.perf_counter()
     cuda = torch.cuda.is_available()
-    if cuda:
-        device, scale, name = "cuda", "paper", torch.cuda.get_device_name(0)
-        precision = "bf16-mixed" if torch.cuda.is_bf16_supported() else "32-true"
-        peak = lookup(name, BF16_DENSE_TFLOPS) if precision == "bf16-mixed" else None
-        report = Report(Path(out), {
-            "gpu": name, "gpus_visible": torch.cuda.device_count(), "precision": precision,
-            "bf16_dense_peak_tflops": peak, "torch": torch.__version__, "steps_timed": steps,
-            "budget_seconds": budget,
-            "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
-    else:
-        print(f"no GPU: torch {torch.__version__} sees none. The same parts on a tiny model on the "
-              "CPU (smoke widths, half-size micro-batches: accumulation too), nothing written:")
-        device, scale, name, precision, peak, steps = "cpu", "smoke", "the CPU", "32-true", None, 2
-        report = Report(None, {})
+    device, scale, precision, peak, steps, report = _where(cuda, steps, out, budget)
 
     def config(variant: str) -> Config:
         c = spec.resolve(variant, scale)

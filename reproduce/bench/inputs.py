@@ -6,12 +6,12 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
-from reproduce.config import ModelConfig
+from reproduce.config import Config, ModelConfig
 from reproduce.data import batch_by_tokens, load_pairs
 from reproduce.data.module import TranslationData
 from reproduce.paper.flops import analytic_flops
@@ -90,13 +90,14 @@ class Bible:
         pairs = load_pairs("bible-en-de", "train")
         self.tokenizer = train_tokenizer("bible-en-de", vocab, (s for p in pairs for s in p),
                                          cache_dir())
-        self.data = TranslationData("bible-en-de", self.tokenizer, 4096, max_tokens_per_sentence,
-                                    seed=seed)
+        config = Config().overrides(corpus="bible-en-de", batch_tokens=4096, seed=seed,
+                                    max_tokens_per_sentence=max_tokens_per_sentence)
+        self.data = TranslationData(config, self.tokenizer)
         self.data.setup()
 
     def batches(self, batch_tokens: int, count: int) -> tuple[list[dict[str, torch.Tensor]], float]:
         """The first `count` shuffled training batches, and the seconds the data module took per batch."""
-        self.data.batch_tokens = batch_tokens
+        self.data.train_config = replace(self.data.train_config, batch_tokens=batch_tokens)
         loader = iter(self.data.train_dataloader())
         next(loader)  # plans the epoch
         start = time.perf_counter()

@@ -103,55 +103,67 @@ def render(info: dict[str, Any], sections: list[dict[str, Any]], command: str) -
         lines += ["", f"## Scale `{s['scale']}`: N={c.N}, d_model={c.d_model}, d_ff={c.d_ff}, "
                   f"h={c.h}, d_k=d_v={c.d_k}, vocabulary {c.vocab_size}", ""]
         lines += _training(s, peak)
-        if s.get("decode"):
-            dec = s["decode"]
-            lines += ["", f"Decoding: {s['decode_about']}; interleaved rounds: "
-                      f"{len(dec[0].seconds)}; median sentences per second.", "",
-                      "| search | contender | sentences/s | min–max | vs ours, cached |",
-                      "|---|---|---:|---:|---:|"]
-            for r in dec:
-                search, who = r.name.split(" | ")
-                base = next(x for x in dec if x.name == f"{search} | ours, cached")
-                lines.append(f"| {search} | {who} | {fmt_rate(r.rate)} | {spread(r.seconds, r.work)} "
-                             f"| {r.rate / base.rate:.2f}x |")
-            lines += ["", "Checks: " + "; ".join(f"{k}: {v}" for k, v in s["checks"].items()) + "."]
-            rate = {r.name: r.rate for r in dec}
-            for search in dict.fromkeys(r.name.split(" | ")[0] for r in dec):
-                cached = rate[f"{search} | ours, cached"]
-                line = (f"{search}: cached {cached / rate[f'{search} | ours, uncached']:.1f}x "
-                        "uncached")
-                if f"{search} | MarianMT generate" in rate:
-                    line += f", {cached / rate[f'{search} | MarianMT generate']:.2f}x MarianMT"
-                lines += ["", line + "."]
-    lines += ["", "## Notes", "",
-              "- Every contender computes the same function: the peers are built by "
-              "`reproduce/bench/peers.py` with our weights copied in (nn.Transformer without its final "
-              "LayerNorms, which the paper lacks; Marian with our interleaved sinusoid table). "
-              "The FLOP count (`reproduce/paper/flops.py`: matmuls only, padded shapes, training = "
-              "3 x forward) is the same for all, so `model GFLOP/s` is useful work.",
-              "- Loss: ours is `optim.output_loss` (the tied output projection, one log-softmax, "
-              "the smoothed loss and the unsmoothed NLL for perplexity, in chunks over the real "
-              "target tokens, gradients written out); the peers project to logits and use "
-              "`F.cross_entropy(label_smoothing)`, the same formula.",
-              "- Precision: each contender runs in fp32 and, where bf16 is native (its matmul "
-              "no slower than fp32's), in bf16-mixed (autocast, fp32 weights and optimizer). "
-              "`Runs at this scale train in` is what a run of the table's base decides here "
-              "(`train/precision.py`: timed training steps of both, cached), not a matmul.",
-              "- `ours, torch.compile` (`--compile`) is `torch.compile` of our training loss, "
-              "the whole forward (encoder, decoder, tied projection, loss) and so its backward, "
-              "on a copy of our weights. Its graphs are counted from cleared dynamo counters "
-              "(several graphs for one function: graph breaks); each precision compiles its own.",
-              "- `ours, Lightning loop` is the time between the Trainer's `on_train_start` and "
-              "`on_train_end` over the same batches: what a real run pays per step, with logging "
-              "and hooks; the Trainer's set-up (a few tenths of a second per run) is left out.",
-              "- MarianMT `generate` (HF `transformers`) is run with beam 4, `length_penalty` = "
-              "alpha, `early_stopping=True` (stop once 4 hypotheses ended, as ours), EOS forced "
-              "after input + 50 tokens, PAD/BOS suppressed. HF's length penalty divides by "
-              "|Y|^alpha; ours (GNMT, as the paper's tensor2tensor) by ((5 + |Y|) / 6)^alpha, so "
-              "beam outputs can differ at alpha 0.6; with alpha 0 on both they rank alike. HF "
-              "limits length per batch, we per sentence.",
-              "- Untrained weights almost never emit EOS, so outputs run to the maximum length "
-              "(input + 50): the worst case for the uncached search, whose step cost grows with the "
-              "prefix. With `--checkpoint` the `cpu` scale decodes Bible dev sentences with trained "
-              "weights, at realistic lengths."]
+        lines += _decoding(s)
+    lines += ["", "## Notes", ""] + NOTES
     return "\n".join(lines) + "\n"
+
+
+def _decoding(s: dict[str, Any]) -> list[str]:
+    """A scale's decoding table: each search's contenders in sentences per second, and checks."""
+    if not s.get("decode"):
+        return []
+    dec = s["decode"]
+    lines = ["", f"Decoding: {s['decode_about']}; interleaved rounds: "
+             f"{len(dec[0].seconds)}; median sentences per second.", "",
+             "| search | contender | sentences/s | min–max | vs ours, cached |",
+             "|---|---|---:|---:|---:|"]
+    for r in dec:
+        search, who = r.name.split(" | ")
+        base = next(x for x in dec if x.name == f"{search} | ours, cached")
+        lines.append(f"| {search} | {who} | {fmt_rate(r.rate)} | {spread(r.seconds, r.work)} "
+                     f"| {r.rate / base.rate:.2f}x |")
+    lines += ["", "Checks: " + "; ".join(f"{k}: {v}" for k, v in s["checks"].items()) + "."]
+    rate = {r.name: r.rate for r in dec}
+    for search in dict.fromkeys(r.name.split(" | ")[0] for r in dec):
+        cached = rate[f"{search} | ours, cached"]
+        line = (f"{search}: cached {cached / rate[f'{search} | ours, uncached']:.1f}x "
+                "uncached")
+        if f"{search} | MarianMT generate" in rate:
+            line += f", {cached / rate[f'{search} | MarianMT generate']:.2f}x MarianMT"
+        lines += ["", line + "."]
+    return lines
+
+
+# What every report says of how its contenders are built and timed.
+NOTES = [
+    "- Every contender computes the same function: the peers are built by "
+    "`reproduce/bench/peers.py` with our weights copied in (nn.Transformer without its final "
+    "LayerNorms, which the paper lacks; Marian with our interleaved sinusoid table). "
+    "The FLOP count (`reproduce/paper/flops.py`: matmuls only, padded shapes, training = "
+    "3 x forward) is the same for all, so `model GFLOP/s` is useful work.",
+    "- Loss: ours is `optim.output_loss` (the tied output projection, one log-softmax, "
+    "the smoothed loss and the unsmoothed NLL for perplexity, in chunks over the real "
+    "target tokens, gradients written out); the peers project to logits and use "
+    "`F.cross_entropy(label_smoothing)`, the same formula.",
+    "- Precision: each contender runs in fp32 and, where bf16 is native (its matmul "
+    "no slower than fp32's), in bf16-mixed (autocast, fp32 weights and optimizer). "
+    "`Runs at this scale train in` is what a run of the table's base decides here "
+    "(`train/precision.py`: timed training steps of both, cached), not a matmul.",
+    "- `ours, torch.compile` (`--compile`) is `torch.compile` of our training loss, "
+    "the whole forward (encoder, decoder, tied projection, loss) and so its backward, "
+    "on a copy of our weights. Its graphs are counted from cleared dynamo counters "
+    "(several graphs for one function: graph breaks); each precision compiles its own.",
+    "- `ours, Lightning loop` is the time between the Trainer's `on_train_start` and "
+    "`on_train_end` over the same batches: what a real run pays per step, with logging "
+    "and hooks; the Trainer's set-up (a few tenths of a second per run) is left out.",
+    "- MarianMT `generate` (HF `transformers`) is run with beam 4, `length_penalty` = "
+    "alpha, `early_stopping=True` (stop once 4 hypotheses ended, as ours), EOS forced "
+    "after input + 50 tokens, PAD/BOS suppressed. HF's length penalty divides by "
+    "|Y|^alpha; ours (GNMT, as the paper's tensor2tensor) by ((5 + |Y|) / 6)^alpha, so "
+    "beam outputs can differ at alpha 0.6; with alpha 0 on both they rank alike. HF "
+    "limits length per batch, we per sentence.",
+    "- Untrained weights almost never emit EOS, so outputs run to the maximum length "
+    "(input + 50): the worst case for the uncached search, whose step cost grows with the "
+    "prefix. With `--checkpoint` the `cpu` scale decodes Bible dev sentences with trained "
+    "weights, at realistic lengths.",
+]

@@ -28,9 +28,9 @@ from reproduce.data.encoded_cache import EncodedCorpus, encoded_corpus
 from reproduce.data.ngram import ngram_perplexities
 from reproduce.data.source import CorpusSource
 from reproduce.errors import DataError
-from reproduce.paper.optim import accumulation
 
 if TYPE_CHECKING:
+    from reproduce.config import Config
     from reproduce.paper.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -50,56 +50,31 @@ class TranslationData(pl.LightningDataModule):
     dev pairs are all kept. ``dev_pairs`` and ``test_pairs`` hold the raw strings for BLEU.
     """
 
-    def __init__(
-        self,
-        corpus: str,
-        tokenizer: Tokenizer,
-        batch_tokens: int,
-        max_tokens_per_sentence: int = 256,
-        max_train_pairs: int | None = None,
-        max_eval_pairs: int | None = None,
-        data_dir: str | None = None,
-        seed: int = 0,
-        extra_trees: str | None = None,
-        linearization: str = "xx",
-        device_batch_tokens: int = 0,
-        train_every: int = 1,
-        cache_dir: str | Path | None = None,
-        source: CorpusSource | None = None,
-    ):
+    def __init__(self, config: Config, tokenizer: Tokenizer, cache_dir: str | Path | None = None,
+                 source: CorpusSource | None = None):
         super().__init__()
-        corpus_spec(corpus)
-        if batch_tokens < 1:
-            raise DataError(f"batch_tokens must be a positive number of tokens, got {batch_tokens}")
-        if max_tokens_per_sentence < 2:
+        d, t = config.data, config.train  # checked by the config; what it cannot know is below
+        corpus_spec(d.corpus)
+        if t.max_tokens_per_sentence < 2:
             raise DataError(
                 f"max_tokens_per_sentence must be at least 2 (a piece and EOS), got"
-                f" {max_tokens_per_sentence}"
+                f" {t.max_tokens_per_sentence}"
             )
-        limits = {"max_train_pairs": max_train_pairs, "max_eval_pairs": max_eval_pairs}
-        for name, limit in limits.items():
-            if limit is not None and limit < 1:
-                raise DataError(f"{name} must be None (all pairs) or at least 1, got {limit}")
-        if train_every < 1:
-            raise DataError(f"train_every must be at least 1 (1 = every pair), got {train_every}")
         if tokenizer.pad_id != 0:
             raise DataError(
                 f"tokenizer pad_id must be 0 (batches are padded with 0); it is {tokenizer.pad_id}"
             )
-        self.corpus = corpus
+        self.corpus = d.corpus
         self.tokenizer = tokenizer
-        self.batch_tokens = batch_tokens
-        self.max_tokens_per_sentence = max_tokens_per_sentence
-        self.max_train_pairs = max_train_pairs
-        self.max_eval_pairs = max_eval_pairs
-        self.train_every = train_every
-        self.data_dir = data_dir
-        self.extra_trees = extra_trees
-        self.linearization = linearization
-        self.device_batch_tokens = device_batch_tokens
-        self.seed = seed
+        self.train_config = t  # its batch: micro_batch_tokens
+        self.max_tokens_per_sentence = t.max_tokens_per_sentence
+        self.seed = t.seed
+        self.max_train_pairs = d.max_train_pairs or None  # 0 in a config: all
+        self.max_eval_pairs = d.max_eval_pairs or None
+        self.train_every = d.train_every
         self.cache_dir = cache_dir
-        self.source = source or CorpusSource(corpus, data_dir, extra_trees, linearization)
+        self.source = source or CorpusSource(d.corpus, d.data_dir or None, d.extra_trees or None,
+                                             d.linearization)
         self.dropped = 0
         self.sha256: dict[str, str] = {}  # per split, of the pairs used (``pairs_sha256``)
         self.dev_pairs: list[tuple[str, str]] = []
@@ -258,7 +233,7 @@ class TranslationData(pl.LightningDataModule):
         past ``device_batch_tokens``, over accumulated micro-batches (``optim.accumulation``, as
         the Trainer accumulates them)."""
         world_size = self._rank()[1]
-        return accumulation(self.batch_tokens, self.device_batch_tokens, world_size)[1]
+        return self.train_config.split_batch(world_size)[1]
 
     def _rank(self) -> tuple[int, int]:
         if self.trainer is None:

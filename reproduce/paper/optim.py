@@ -33,17 +33,6 @@ def adam_with_schedule(params, train: TrainConfig, d_model: int):
     return optimizer, schedule
 
 
-def accumulation(batch_tokens: int, device_batch_tokens: int, devices: int) -> tuple[int, int]:
-    """(micro-batches accumulated per step, tokens per micro-batch per device) so that
-    devices x accumulated x micro-batch tokens reaches the paper's tokens per step (5.1).
-
-    Pitfall this avoids: fewer GPUs than the paper's 8 silently train with smaller batches."""
-    per_device = -(-batch_tokens // devices)  # ceil
-    limit = device_batch_tokens or per_device
-    accumulate = -(-per_device // limit)
-    return accumulate, -(-per_device // accumulate)
-
-
 def _minus_q_(probs: Tensor, target: Tensor, eps_ls: float) -> Tensor:
     """The smoothed loss's gradient with respect to the logits, softmax - q (q: 1 - eps_ls on the
     target, eps_ls / V everywhere), written over the softmax ``probs`` (.., V) in place."""

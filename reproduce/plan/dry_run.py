@@ -8,7 +8,6 @@ import dataclasses
 
 import torch
 
-from reproduce.paper.optim import accumulation
 from reproduce.paths import results_dir, runs_dir
 from reproduce.plan import estimates, workers
 from reproduce.runs import disk
@@ -16,6 +15,7 @@ from reproduce.runs.checkpoints import steps_left
 from reproduce.runs.precision_history import most_common, trained_in
 from reproduce.runs.records import every_table_records, load_records, plan_state
 from reproduce.runs.sharing import reuse_lines, twins
+from reproduce.runs.sweep import PlannedRun
 from reproduce.train.devices import TIMEOUT_ENV, Layout, timeout_seconds
 from reproduce.util import machine
 
@@ -80,21 +80,7 @@ def print_plan(spec, runs: list, layout: Layout, on: str | None = None,
         serial += e.hours
         need = disk.need(run.config)
         largest = max(largest or (0, "", need), (need.peak, run.run_id, need))
-        t = run.config.train
-        accumulate, micro = accumulation(t.batch_tokens, t.device_batch_tokens, e.devices)
-        print(f"  {run.run_id}: {e.steps} steps x {micro * e.devices * accumulate} tokens/step "
-              f"({e.devices} device(s) x {accumulate} accumulated x {micro}), "
-              f"{e.seconds_per_step:.3g} s/step -> {hours(e.hours)}, {e.device_hours:.3g} "
-              f"device-hours; {e.flops:.2g} FLOPs counted"
-              + (f", {paper:.2g} by the paper's method" if paper else "") + f" [{e.source}]; "
-              f"checkpoints up to {disk.size(need.peak)} on disk")
-        fed_by, feeds = twins(run)
-        if fed_by:
-            print(f"    the same training as {', '.join(t.run_id for t in fed_by)}: run that "
-                  "table first and this run only evaluates its checkpoints")
-        elif feeds:
-            print(f"    {', '.join(t.run_id for t in feeds)}, run after this one, will evaluate its "
-                  "training instead of training again")
+        _print_run(run, e, paper, need)
     wall = serial / (n if target.kind == "cpu" else 1)
     print(f"total: {total:.3g} device-hours, about {hours(wall)} of wall clock "
           + (f"with {n} worker(s)" if target.kind == "cpu" else "one run after another"))
@@ -106,6 +92,26 @@ def print_plan(spec, runs: list, layout: Layout, on: str | None = None,
         checked = estimates.check_against_records(runs, records, here.model, here.rate)
         print("  " + estimates.error_line(checked))
     return {"device_hours": total, "wall_hours": wall}
+
+
+def _print_run(run: PlannedRun, e: estimates.Estimate, paper: float | None,
+               need: disk.Need) -> None:
+    """A run's line of the plan: steps, batch, time, FLOPs and disk; and the twin whose training
+    it would share (``sharing``)."""
+    accumulate, micro = run.config.train.split_batch(e.devices)
+    print(f"  {run.run_id}: {e.steps} steps x {micro * e.devices * accumulate} tokens/step "
+          f"({e.devices} device(s) x {accumulate} accumulated x {micro}), "
+          f"{e.seconds_per_step:.3g} s/step -> {hours(e.hours)}, {e.device_hours:.3g} "
+          f"device-hours; {e.flops:.2g} FLOPs counted"
+          + (f", {paper:.2g} by the paper's method" if paper else "") + f" [{e.source}]; "
+          f"checkpoints up to {disk.size(need.peak)} on disk")
+    fed_by, feeds = twins(run)
+    if fed_by:
+        print(f"    the same training as {', '.join(t.run_id for t in fed_by)}: run that "
+              "table first and this run only evaluates its checkpoints")
+    elif feeds:
+        print(f"    {', '.join(t.run_id for t in feeds)}, run after this one, will evaluate its "
+              "training instead of training again")
 
 
 def hours(h: float) -> str:

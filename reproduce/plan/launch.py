@@ -9,7 +9,7 @@ on several GPUs is one SLURM task per GPU, on one node or on ``--nodes N``; Ligh
 SLURM environment and connects them (DDP), and rank 0 decides for all (``devices.Decision``).
 
 Preemption has one owner, here. SLURM sends USR2 ahead of the time limit (submitit's
-``--signal``): every task saves a checkpoint at the step it is at (``fit.SaveOnStop``, the ranks
+``--signal``): every task saves a checkpoint at the step it is at (``callbacks.SaveOnStop``, the ranks
 agreeing on the step), rank 0 requeues the job through ``scontrol requeue`` (submitit's job id)
 and the tasks exit; the requeued job resumes from that checkpoint. SIGTERM (``scancel``, a node
 going away) saves the same way and exits without requeueing. Lightning's own requeue on USR1 is
@@ -92,7 +92,7 @@ def run_one(spec_path: str, variant: str, scale: str, seed: int, split: str, com
     plan the run afresh from the spec (with the command's ``--set`` values) and execute it."""
 
     quiet_libraries()
-    # USR2 (the time limit is near): while fitting, fit.SaveOnStop takes it (the run stops at the
+    # USR2 (the time limit is near): while fitting, callbacks.SaveOnStop takes it (the run stops at the
     # step's end, saved there, and requeues below); before or after, there is nothing a requeued
     # start would not redo, so requeue at once.
     signal.signal(signal.SIGUSR2, lambda signum, frame: requeue())

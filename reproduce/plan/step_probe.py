@@ -10,7 +10,7 @@ import torch
 
 from reproduce.config import Config
 from reproduce.paper.model import Transformer
-from reproduce.paper.optim import accumulation, adam_with_schedule
+from reproduce.paper.optim import adam_with_schedule
 from reproduce.train.precision import resolve_precision
 from reproduce.train.step_time import synthetic_batch, train_step
 
@@ -44,7 +44,7 @@ def step_seconds(config: Config, probe_tokens: int = 256, devices: int = 1,
     the real micro-batch, times the accumulated micro-batches per step (precision as in
     ``measure_step_seconds``)."""
     t = config.train
-    accumulate, micro = accumulation(t.batch_tokens, t.device_batch_tokens, devices)
+    accumulate, micro = t.split_batch(devices)
     probe = min(probe_tokens, micro)
     small = measure_step_seconds(config, probe, repeats=3, precision_of=precision_of)
     per_micro = small

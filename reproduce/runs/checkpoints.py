@@ -1,6 +1,6 @@
 """Checkpoint files a run can always resume from.
 
-Written atomically (``train.fit.AtomicCheckpointIO``: a temporary file in the same folder, fsync,
+Written atomically (``train.callbacks.AtomicCheckpointIO``: a temporary file in the same folder, fsync,
 rename, fsync of the folder), so a kill or a full disk during a save leaves the previous
 checkpoint whole. Before a run resumes, ``newest_readable`` checks its checkpoints (the zip's
 index and every member's CRC: a truncated or corrupted file fails it) and sets aside the ones that
@@ -21,7 +21,7 @@ from reproduce.util.files import DAMAGED, move_aside
 log = logging.getLogger("reproduce")
 
 LAST = "last.ckpt"
-# Saved at the step a SIGTERM stopped the run (train.fit.SaveOnStop): resumed from, never averaged.
+# Saved at the step a SIGTERM stopped the run (train.callbacks.SaveOnStop): resumed from, never averaged.
 PREEMPTED = "preempted.ckpt"
 # ModelCheckpoint(filename="step{step}") writes step1200.ckpt, and step1200-v1.ckpt when that name
 # is taken (a resumed run saving the same step again).

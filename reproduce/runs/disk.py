@@ -4,7 +4,7 @@ A run keeps ``average_last`` step checkpoints (``step<N>.ckpt``) to average, ``l
 resume from and, after a stop signal, ``preempted.ckpt``. A full checkpoint holds the weights and
 Adam's two moments: 3 x 4 bytes per parameter (the weights stay fp32 in bf16-mixed too). Step
 checkpoints kept only for averaging (``average_last`` > 1) hold the weights alone
-(``train.fit.StepCheckpoint``); with ``average_last`` 1 the one step file is full, a second
+(``train.callbacks.StepCheckpoint``); with ``average_last`` 1 the one step file is full, a second
 checkpoint to resume from. Saves are atomic (a temporary file beside the one it replaces), and a
 new step file is written before the oldest goes, so at the peak there is one more of each.
 

@@ -1,4 +1,4 @@
-"""A run whose training loss turned non-finite (``train.fit.StopOnDivergence`` stops it): its
+"""A run whose training loss turned non-finite (``train.callbacks.StopOnDivergence`` stops it): its
 folder keeps a marker (``diverged.json``: the step, the last finite loss, the config), so the
 next command refuses that run while its config is the same and trains it from the start once a
 setting changed (``--set``) or the marker is removed; ``status`` shows it as diverged. Reading

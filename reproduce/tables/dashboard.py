@@ -1,6 +1,6 @@
 """The sweep's page on Weights & Biases: the rendered table as a W&B table, the figures as images.
 
-Each training run logs itself (``train.fit.wandb_logger``: grouped by table/row, tagged with scale
+Each training run logs itself (``train.wandb_run.wandb_logger``: grouped by table/row, tagged with scale
 and seed). After a sweep renders its Markdown, one more W&B run of job type ``table`` logs the
 same rows so that the project page shows the table. Offline unless an API key is set; offline runs
 sync later with ``wandb sync <dir>``; nothing with ``WANDB_MODE=disabled`` (``tracking``; the

@@ -22,7 +22,6 @@ from typing import Any
 import torch
 
 from reproduce.errors import one_line
-from reproduce.paper.optim import accumulation
 from reproduce.paths import runs_dir
 from reproduce.runs.sweep import PlannedRun
 from reproduce.train import step_time
@@ -110,8 +109,7 @@ def choose_compile(run: PlannedRun, precision: str, layout: Layout = ONE_DEVICE,
     if run.precision_from is not None:
         reference = run.precision_from.overrides(compile=c.train.compile)
         model = f"{run.table}'s base at `{run.scale}`"
-    accumulate, micro = accumulation(reference.train.batch_tokens,
-                                     reference.train.device_batch_tokens, layout.world)
+    accumulate, micro = reference.train.split_batch(layout.world)
     with threads_of_one_rank(layout):
         chosen, how = choose(reference, micro, c.train.train_steps * accumulate, precision,
                              layout.accelerator, runs_dir() / CACHE, model=model)

@@ -25,7 +25,6 @@ from typing import Any
 import torch
 
 from reproduce.config import Config
-from reproduce.paper.optim import accumulation
 from reproduce.paths import results_dir, runs_dir
 from reproduce.runs.precision_history import settled
 from reproduce.runs.sweep import PlannedRun
@@ -92,7 +91,7 @@ def choose(config: Config, micro_tokens: int, cache: Path | None,
 
 def timed(config: Config, threads: int, cache: Path | None = None) -> dict[str, Any] | None:
     """What ``choose`` cached for ``config``'s model on this machine at ``threads``, if anything."""
-    micro = accumulation(config.train.batch_tokens, config.train.device_batch_tokens, 1)[1]
+    micro = config.train.split_batch(1)[1]
     return _read(cache or runs_dir() / "precision.json").get(_key(config, micro, threads))
 
 
@@ -135,8 +134,7 @@ def choose_precision(run: PlannedRun, layout: Layout = ONE_DEVICE) -> tuple[str,
     if run.precision_from is not None:
         reference = run.precision_from.overrides(precision=c.train.precision)
         model = f"{run.table}'s base at `{run.scale}` (one precision for all its variants)"
-    micro = accumulation(reference.train.batch_tokens, reference.train.device_batch_tokens,
-                         layout.world)[1]
+    micro = reference.train.split_batch(layout.world)[1]
     with threads_of_one_rank(layout):
         precision, chosen = choose(reference, micro, runs_dir() / "precision.json", model=model)
     if c.train.precision == "auto":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -41,8 +42,9 @@ from reproduce.train import devices
 from reproduce.train.compiling import choose_compile
 from reproduce.train.devices import ONE_DEVICE, Layout
 from reproduce.train.evaluate import task_scores
-from reproduce.train.fit import build_data, finish_wandb, fit, local_data, wandb_logger
+from reproduce.train.fit import build_data, fit, local_data
 from reproduce.train.precision import choose_precision
+from reproduce.train.wandb_run import finish_wandb, wandb_logger
 from reproduce.util.files import DAMAGED, DISK_ERRNOS, move_aside
 from reproduce.util.machine import commit, gpu_share, hardware, measured_tflops, share_cores
 
@@ -190,27 +192,15 @@ def run_here(run: PlannedRun, split: str, command: str, work: Path,
         weights = _final_weights(module, donor.checkpoints if donor is not None
                                  else work / "checkpoints", c.train.average_last)
         phases.lap("average")
-        trainer.limit_val_batches = 1.0
-        dev = trainer.validate(module, datamodule=data, verbose=False)[0]  # shards, gathered
-        module.eval_name = "train_sample"  # the same weights on training pairs: fit against dev
-        sample = trainer.validate(module, dataloaders=data.train_sample_dataloader(), verbose=False)[0]
-        module.eval_name = "dev"
+        dev, sample = _perplexities(trainer, module, data)
         phases.lap("dev_ppl")
         if not zero:
             return None  # rank 0 decodes every sentence and writes the record
         scores, headline = task_scores(module.model, tokenizer, data, c,
                                        outputs=(record_path(run).parent, run.run_id))
         phases.lap("decode")
-        metrics = cast(Metrics, {
-            "dev_ppl": round(float(dev["dev/ppl"]), 3),
-            "dev_nll": round(float(dev["dev/nll"]), 4),
-            "train_sample_nll": round(float(sample["train_sample/nll"]), 4),
-            **headline,  # the task's: BLEU or F1 (evaluate.task_scores)
-            "params": count_parameters(module.model),
-            "train_steps": trainer.global_step,
-            "train_seconds": round(clock.seconds, 1),
-            "train_cpu_seconds": round(clock.cpu_seconds, 1),
-        })
+        metrics = _metrics(dev, sample, headline, count_parameters(module.model),
+                           trainer.global_step, clock)
         wandb_run = finish_wandb(logger, metrics)
     except BaseException:
         if logger:  # the W&B run ends as failed, not left open for the next one
@@ -247,6 +237,32 @@ def run_here(run: PlannedRun, split: str, command: str, work: Path,
         write_record(record_path(run), record)
         log.info("%s: recorded %s", run.run_id, record_path(run))
     return record
+
+
+def _perplexities(trainer: pl.Trainer, module, data) -> tuple[Mapping[str, float], Mapping[str, float]]:
+    """The final weights' dev perplexity (every rank its shard, gathered) and their NLL on a sample
+    of training pairs: fit against dev."""
+    trainer.limit_val_batches = 1.0
+    dev = trainer.validate(module, datamodule=data, verbose=False)[0]
+    module.eval_name = "train_sample"
+    sample = trainer.validate(module, dataloaders=data.train_sample_dataloader(), verbose=False)[0]
+    module.eval_name = "dev"
+    return dev, sample
+
+
+def _metrics(dev: Mapping[str, float], sample: Mapping[str, float], headline: dict[str, Any],
+             params: int, steps: int, clock) -> Metrics:
+    """The record's ``metrics``: perplexities, the task's headline scores (BLEU or F1:
+    ``evaluate.task_scores``), size and training time."""
+    return cast(Metrics, {
+        "dev_ppl": round(float(dev["dev/ppl"]), 3),
+        "dev_nll": round(float(dev["dev/nll"]), 4),
+        "train_sample_nll": round(float(sample["train_sample/nll"]), 4),
+        **headline,
+        "params": params, "train_steps": steps,
+        "train_seconds": round(clock.seconds, 1),
+        "train_cpu_seconds": round(clock.cpu_seconds, 1),
+    })
 
 
 def _task_entries(scores: dict[str, Any]) -> Record:

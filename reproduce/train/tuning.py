@@ -29,6 +29,7 @@ from reproduce.paths import runs_dir
 from reproduce.runs.sweep import Knob, PlannedRun, Tuning
 from reproduce.train import evaluate, precision
 from reproduce.train import fit as training
+from reproduce.train.wandb_run import wandb_logger
 from reproduce.util.secrets import mask
 
 # optuna is imported where it is used: 0.5 s that only --tune needs.
@@ -97,7 +98,7 @@ def train_and_score(run: PlannedRun, callbacks=()) -> dict[str, Any]:
     pl.seed_everything(c.train.seed, workers=True, verbose=False)
     tokenizer, data = training.build_data(c)
     work = paths.runs_dir() / run.table / run.run_id
-    logger = training.wandb_logger(run, work, chosen)
+    logger = wandb_logger(run, work, chosen)
     try:
         try:
             trainer, module, *_ = training.fit(run, work, data, logger, chosen, callbacks)

@@ -138,7 +138,7 @@ def gpu_share() -> int:
 def share_cores() -> int | None:
     """In a CPU worker: take this worker's share of the cores as it is now (the cores split between
     the workers still running). Returns the new thread count when it changed, else None. Cheap:
-    training calls it every few steps (``fit.ShareCores``)."""
+    training calls it every few steps (``callbacks.ShareCores``)."""
     path = os.environ.get(SHARE_ENV)
     if not path:
         return None
