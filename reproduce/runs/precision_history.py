@@ -3,20 +3,23 @@ follow it (``train.precision.choose_precision``), and plans and status estimate 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 from reproduce.runs.records import load_records
+from reproduce.runs.schema import Record, config_of
 from reproduce.runs.sweep import PlannedRun
 
 
-def trained_in(records, scale: str, exclude: str | None = None) -> dict[str, int]:
+def trained_in(records: Iterable[Record], scale: str, exclude: str | None = None
+               ) -> dict[str, int]:
     """How many of ``records`` at ``scale`` with ``precision: auto`` (other than the run
     ``exclude``) trained in each precision."""
     counts: dict[str, int] = {}
     for r in records:
-        if (r.get("scale") == scale and r.get("run_id") != exclude and r.get("precision")
-                and (r.get("config") or {}).get("train", {}).get("precision") == "auto"):
-            counts[r["precision"]] = counts.get(r["precision"], 0) + 1
+        if (r.get("scale") == scale and r["run_id"] != exclude and (precision := r.get("precision"))
+                and config_of(r).train.precision == "auto"):
+            counts[precision] = counts.get(precision, 0) + 1
     return counts
 
 

@@ -8,7 +8,7 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
-from reproduce.runs.schema import Record
+from reproduce.runs.schema import Record, config_of
 from reproduce.train.devices import Layout
 
 CORPUS_NOTES = {
@@ -53,13 +53,12 @@ def _train_pairs(records: list[Record]) -> str:
         return ""
     ways = set()
     for r in records:
-        d = r.get("config", {}).get("data", {})
-        if d.get("train_every", 1) > 1:
-            k = d["train_every"]
+        d = config_of(r).data
+        if (k := d.train_every) > 1:
             suffix = "th" if k % 100 in (11, 12, 13) else {1: "st", 2: "nd", 3: "rd"}.get(k % 10, "th")
             ways.add(f"every {k}{suffix} pair")
-        if d.get("max_train_pairs"):
-            ways.add(f"the first {d['max_train_pairs']}")
+        if d.max_train_pairs:
+            ways.add(f"the first {d.max_train_pairs}")
     return (f" Training pairs used: {', '.join(map(str, used))}"
             + (f" ({'; '.join(sorted(ways))} of the training split)" if ways else "") + ".")
 
