@@ -1,5 +1,6 @@
-"""Translation pairs through Hugging Face ``datasets``: a corpus on the Hub (failing at once when
-offline) or the same layout in local JSON-lines files (``data_dir``)."""
+"""Translation pairs through Hugging Face ``datasets``: a corpus on the Hub (failing within ~2 s
+when offline), a download of its repository on disk (``data_dir`` in the Hub's layout:
+``<pair>/<split>-*.parquet``), or the same rows in local JSON-lines files (``data_dir``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 import socket
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,6 +33,8 @@ def translation_dataset(
 
     spec = corpus_spec(corpus)
     file_split = FILE_SPLITS[split]
+    if data_dir is not None and (snapshot := hub_snapshot(corpus, data_dir)) is not None:
+        return snapshot.dataset(file_split), snapshot.origin(file_split)
     if data_dir is not None:
         path = _local_file(corpus, data_dir, file_split)
         if not path.read_bytes().strip():
@@ -67,14 +71,113 @@ def load_dataset(*args: Any, **kwargs: Any) -> datasets.Dataset:
     return datasets.load_dataset(*args, **kwargs)
 
 
+@dataclass(frozen=True)
+class Snapshot:
+    """A download of a corpus's Hub repository: ``folder`` holds ``<split>-*.parquet`` shards of
+    one configuration (``wmt/wmt14``'s ``de-en/``), as ``hf download REPO --repo-type dataset
+    --include 'de-en/*'`` leaves them (``--local-dir``, or the Hub cache's
+    ``snapshots/<revision>/``). The repository and revision are what the folder tells."""
+
+    folder: Path
+    repo: str
+    revision: str | None
+
+    def shards(self, file_split: str) -> list[Path]:
+        shards = sorted(self.folder.glob(f"{file_split}-*.parquet"))
+        if not shards:
+            have = sorted({p.name.split("-", 1)[0] for p in self.folder.glob("*.parquet")})
+            raise DataError(f"{self.folder}: no {file_split}-*.parquet shard (has {have}); a "
+                            f"download of {self.repo} holds train, validation and test")
+        return shards
+
+    def origin(self, file_split: str) -> str:
+        at = f"@{self.revision[:12]}" if self.revision else ""
+        return f"{self.repo}{at} ({self.folder.name}, {file_split}) in {self.folder}"
+
+    def dataset(self, file_split: str) -> datasets.Dataset:
+        """The split's shards through ``datasets``' parquet builder, as the Hub's are read."""
+        import datasets
+
+        shards = self.shards(file_split)
+        try:
+            return load_dataset("parquet", data_files={file_split: [str(p) for p in shards]},
+                                split=file_split)
+        except (datasets.exceptions.DatasetGenerationError, OSError, ValueError) as exc:
+            bad = next((p for p in shards if _unreadable_parquet(p)), shards[0].parent)
+            raise DataError(f"{bad}: not a readable parquet shard of {self.repo} "
+                            f"({exc.__cause__ or exc}); download it again") from exc
+
+
+def hub_snapshot(corpus: str, data_dir: str | Path) -> Snapshot | None:
+    """``data_dir`` as a download of ``corpus``'s Hub repository, or None when it holds no
+    parquet shards (then it is read as JSON lines). A download of the repository without this
+    corpus's language pair is refused in one line that says how to fetch it."""
+    spec = corpus_spec(corpus)
+    root = Path(data_dir)
+    if spec.hub is None or not root.is_dir():
+        return None
+    repo, config = spec.hub
+    pairs = sorted(p.name for p in root.iterdir() if p.is_dir() and any(p.glob("*.parquet")))
+    if not pairs:
+        return None
+    if config not in pairs:
+        raise DataError(f"{root}: a download of the Hub's layout with {pairs} but not {config}/, "
+                        f"which corpus {corpus!r} reads; fetch it with `hf download {repo} "
+                        f"--repo-type dataset --include '{config}/*' --local-dir {root}`")
+    cached = root.parent.name == "snapshots" and root.parent.parent.name.startswith("datasets--")
+    if cached:  # the Hub cache: <cache>/datasets--wmt--wmt14/snapshots/<revision>/
+        repo = root.parent.parent.name.removeprefix("datasets--").replace("--", "/")
+    return Snapshot(root / config, repo, root.name if cached else _local_dir_revision(root, config))
+
+
+def _local_dir_revision(root: Path, config: str) -> str | None:
+    """The commit a ``--local-dir`` download came from: the first line of the metadata
+    huggingface_hub keeps beside it (``.cache/huggingface/download/<file>.metadata``)."""
+    for meta in sorted((root / ".cache" / "huggingface" / "download" / config).glob("*.metadata")):
+        with contextlib.suppress(OSError, IndexError):
+            return meta.read_text().splitlines()[0].strip() or None
+    return None
+
+
+def _unreadable_parquet(path: Path) -> bool:
+    import pyarrow.parquet as pq
+
+    try:
+        pq.ParquetFile(path).metadata  # noqa: B018 - reads the footer: truncated files fail here
+    except Exception:  # noqa: BLE001 - any failure to read is the answer
+        return True
+    return False
+
+
 def local_files(corpus: str, data_dir: str) -> dict[str, dict[str, Any]]:
-    """What a run on local files read: per split, the file, its size and its SHA-256."""
+    """What a run on local files read: per split, the file, its size and its SHA-256 (a Hub
+    download: its shards, each with its SHA-256, which is its LFS id on the Hub, and the
+    SHA-256 of their list)."""
+    if (snapshot := hub_snapshot(corpus, data_dir)) is not None:
+        return _snapshot_files(snapshot)
     out = {}
     for split, file_split in FILE_SPLITS.items():
         path = _local_file(corpus, data_dir, file_split)
         stat = path.stat()
         out[split] = {"file": str(path), "bytes": stat.st_size,
                       "sha256": file_sha256(str(path.resolve()), stat.st_size, stat.st_mtime_ns)}
+    return out
+
+
+def _snapshot_files(snapshot: Snapshot) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for split, file_split in FILE_SPLITS.items():
+        shards: list[dict[str, Any]] = []
+        for path in snapshot.shards(file_split):
+            stat = path.stat()
+            shards.append({"name": path.name, "bytes": stat.st_size,
+                           "sha256": file_sha256(str(path.resolve()), stat.st_size,
+                                                 stat.st_mtime_ns)})
+        out[split] = {"file": str(snapshot.folder / f"{file_split}-*.parquet"),
+                      "bytes": sum(s["bytes"] for s in shards),
+                      "sha256": hashlib.sha256("\n".join(s["sha256"] for s in shards).encode())
+                      .hexdigest(),
+                      "shards": shards, "repo": snapshot.repo, "revision": snapshot.revision}
     return out
 
 
@@ -97,9 +200,12 @@ def _local_file(corpus: str, data_dir: str | Path, file_split: str) -> Path:
         path = folder / f"{file_split}{suffix}"
         if path.is_file():
             return path
+    hub = corpus_spec(corpus).hub
     raise DataError(
         f"missing file {folder / (file_split + '.jsonl')} for corpus {corpus!r} (data_dir needs"
-        " train.jsonl, validation.jsonl and test.jsonl)"
+        " train.jsonl, validation.jsonl and test.jsonl"
+        + (f", or a download of {hub[0]} in the Hub's layout: {hub[1]}/train-*.parquet, "
+           "validation-*.parquet and test-*.parquet" if hub else "") + ")"
     )
 
 

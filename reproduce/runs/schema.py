@@ -63,7 +63,8 @@ class DataSummary(TypedDict, total=False):
     vocab_sha256: str
     reference_ppl: dict[str, Any]  # n-gram models of the same dev pieces
     data_dir: str
-    files: dict[str, Any]  # per split: path, size, SHA-256 (a user's own files)
+    files: dict[str, Any]  # per split: path, size, SHA-256 (a user's own files; a Hub download:
+    # its shards with theirs, the repository and the revision, data.hub.Snapshot)
     fingerprint: str  # of the corpus's content: names its BPE model and encoded cache
     encoded: str  # the encoded corpus's cache folder (reproduce.data.encoded_cache)
     loader_workers: int  # DataLoader processes that collated the training batches

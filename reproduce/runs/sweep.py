@@ -139,7 +139,8 @@ class Spec:
     def select(self, rows: list[str] | None = None, variants: list[str] | None = None,
                scale: str | None = None) -> list[str]:
         """Variant names for the given rows (each row also runs base) or explicit variants; with
-        neither, base and every row's variants (a variant in no row runs only when named). At a
+        neither, base and every row's variants (a variant in no row runs only when named; a spec
+        without rows, every variant). At a
         scale that names its rows (``rows_at``), a row or variant outside them is an error."""
         kept = self.rows_at(scale)
         in_kept = {name for names in kept.values() for name in names}
@@ -159,8 +160,9 @@ class Spec:
             if restricted and name != "base" and name not in in_kept:
                 raise SpecError(self._outside(scale, f"variant {name} (row {self.row_of(name)})"))
             chosen.append(name)
-        if not rows and not variants:
-            chosen = [name for name in self.variants if name == "base" or name in in_kept]
+        if not rows and not variants:  # a spec without rows runs every variant (docs/specs.md)
+            chosen = [name for name in self.variants
+                      if name == "base" or name in in_kept or not self.rows]
         return list(dict.fromkeys(chosen))
 
     def _outside(self, scale: str | None, what: str) -> str:

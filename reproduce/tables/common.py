@@ -39,7 +39,13 @@ def corpus_note(records: list[Record]) -> str:
         called = ("" if corpus.startswith("local-") else
                   f" The spec calls it `{corpus}`; these files were not checked to be that "
                   "corpus, so the paper's numbers beside them compare with other data.")
-        notes.append(f"local files in `{where}` ({corpus.split('-', 1)[-1].upper()}: train "
+        what, train = f"local files in `{where}`", d["files"]["train"]
+        if repo := train.get("repo"):  # a download of the Hub's repository (data.hub.Snapshot)
+            at = f"@{train['revision'][:12]}" if train.get("revision") else " (revision unknown)"
+            called = (f" The spec calls it `{corpus}`; each shard's SHA-256 (its LFS id on the Hub) "
+                      "is in the records, not checked against the Hub here.")
+            what = f"a download of {repo}{at} in `{where}`"
+        notes.append(f"{what} ({corpus.split('-', 1)[-1].upper()}: train "
                      f"{d['train_pairs']} pairs used (sha256 {d['files']['train']['sha256'][:12]}),"
                      f" {sizes}).{called}")
     return " ".join(notes)
