@@ -230,8 +230,8 @@ class TranslationData(pl.LightningDataModule):
     @property
     def micro_batch_tokens(self) -> int:
         """Tokens per batch on one device: the config's ``batch_tokens`` split over the ranks and,
-        past ``device_batch_tokens``, over accumulated micro-batches (``optim.accumulation``, as
-        the Trainer accumulates them)."""
+        past ``device_batch_tokens``, over accumulated micro-batches (``TrainConfig.split_batch``,
+        as the Trainer accumulates them)."""
         world_size = self._rank()[1]
         return self.train_config.split_batch(world_size)[1]
 

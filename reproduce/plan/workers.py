@@ -11,7 +11,7 @@ an interrupted sweep resumes as always. What ``--workers`` adds:
   cores follow the work: once a worker has ended, those still training share its cores too (they
   read how many are left from a file this process keeps, ``share_cores``);
 * order: the runs without a record are split into N groups of about equal measured cost
-  (``cost.step_seconds`` x steps left), seed by seed (``by_seed``): each worker starts on its own
+  (``step_probe.step_seconds`` x steps left), seed by seed (``by_seed``): each worker starts on its own
   group, lower seeds first and costliest first within a seed, then helps with the others' (claimed
   runs are skipped). So no long run is left to start last, and a sweep stopped part way holds
   whole seeds (every variant at seed 0 before any at seed 1: the table fills row by row, and
