@@ -65,7 +65,8 @@ def bench_decoding(model, sources: list[torch.Tensor], rounds: int, beam: int, a
 
     times = interleaved({name: timed(name) for name in fns}, rounds, warmup=0 if rounds > 1 else 1)
     n = sum(src.shape[0] for src in sources)
-    results = [Result(name, trainable_parameters(mt if "Marian" in name else model), times[name], n)
+    results = [Result(name, trainable_parameters(mt if "Marian" in name and mt is not None
+                                                 else model), times[name], n)
                for name in fns]
     checks: dict[str, Any] = {}
     for search in searches:

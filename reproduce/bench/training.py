@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from functools import partial
+from typing import cast
 
 import torch
 
@@ -60,7 +62,7 @@ def module_loss(module: TranslationModule) -> Callable:
 def lightning_loop(module, precision: str):
     """The module trained by a Lightning ``Trainer`` over the batches; the loop's seconds."""
     import pytorch_lightning as pl
-    from torch.utils.data import DataLoader
+    from torch.utils.data import DataLoader, Dataset
 
     class Clock(pl.Callback):
         def on_train_start(self, trainer, pl_module) -> None:
@@ -72,10 +74,11 @@ def lightning_loop(module, precision: str):
     def run(batches: list[dict[str, torch.Tensor]]) -> float:
         clock = Clock()
         trainer = pl.Trainer(max_steps=len(batches), max_epochs=1, accelerator="cpu", devices=1,
-                             precision=precision, logger=False, enable_checkpointing=False,
+                             precision=precision,  # type: ignore[arg-type]  # one of PRECISIONS
+                             logger=False, enable_checkpointing=False,
                              enable_progress_bar=False, enable_model_summary=False,
                              num_sanity_val_steps=0, limit_val_batches=0, callbacks=[clock])
-        trainer.fit(module, train_dataloaders=DataLoader(batches, batch_size=None))
+        trainer.fit(module, train_dataloaders=DataLoader(cast(Dataset, batches), batch_size=None))
         return clock.seconds
     return run
 
@@ -106,7 +109,9 @@ def bench_training(config: Config, batches: list[dict[str, torch.Tensor]], plan:
                     (batch["tgt_out"] != c.pad_id).sum())
         return loss
 
-    models: dict[str, tuple[torch.nn.Module, Callable]] = {OURS: (module.model, our_loss(module))}
+    # a contender: its model, and its loss on a batch (None: the Lightning loop trains it)
+    models: dict[str, tuple[torch.nn.Module, Callable | None]] = {
+        OURS: (module.model, our_loss(module))}
     if lightning:
         models["ours, Lightning loop"] = (module.model, None)
     if use_compile:
@@ -132,9 +137,10 @@ def bench_training(config: Config, batches: list[dict[str, torch.Tensor]], plan:
                 total, n = loss(batches[0])
                 first_loss[name] = float(total / n)
 
-    runs = {(name, p): (lightning_loop(module, p) if loss is None
-                        else plain_step(model, loss, config, p))
-            for p in precisions for name, (model, loss) in models.items()}
+    runs: dict[tuple[str, str], Callable[[list[dict[str, torch.Tensor]]], float]] = {
+        (name, p): (lightning_loop(module, p) if loss is None
+                    else plain_step(model, loss, config, p))
+        for p in precisions for name, (model, loss) in models.items()}
     notes: dict[tuple[str, str], str] = {}
     if use_compile:
         from torch._dynamo.utils import counters
@@ -149,13 +155,12 @@ def bench_training(config: Config, batches: list[dict[str, torch.Tensor]], plan:
                                     "graphs so far" + ("" if stats["graphs"] else
                                                        ": NOT compiled, this row ran eager"))
         before = compile_stats()["recompiles"]
-    times = interleaved({key: (lambda run=run: run(batches)) for key, run in runs.items()},
-                        plan.rounds)
+    times = interleaved({key: partial(run, batches) for key, run in runs.items()}, plan.rounds)
     tokens = sum(real_tokens(b) for b in batches)
     flops = sum(batch_flops(c, b) for b in batches)
     results = []
-    for (name, p), seconds in times.items():
-        r = Result(name, trainable_parameters(models[name][0]), seconds, tokens, flops,
+    for (name, p), per_round in times.items():
+        r = Result(name, trainable_parameters(models[name][0]), per_round, tokens, flops,
                    precision=p)
         if name == COMPILED:
             r.note = (f"{notes[(name, p)]}; {compile_stats()['recompiles'] - before} recompiles "

@@ -227,6 +227,7 @@ class BatchStream(IterableDataset):
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         if self._pass is None:
             self.begin()
+        assert self._pass is not None  # begin() settles it
         (epoch, done), self._pass = self._pass, None
         batches = itertools.islice(self._plan(epoch), done, None)
         worker = get_worker_info()
@@ -245,6 +246,8 @@ class ResumableLoader(DataLoader):
     ``load_state_dict`` before it iterates again on resume). With ``workers`` > 0, batches are
     collated in that many worker processes (forked: the encoded corpus's pages are shared), two
     batches ahead each, and pinned when a GPU takes them."""
+
+    dataset: BatchStream
 
     def __init__(self, stream: BatchStream, done: Callable[[], tuple[int, int]], workers: int = 0):
         fork = "fork" if workers and "fork" in multiprocessing.get_all_start_methods() else None

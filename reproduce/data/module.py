@@ -82,7 +82,7 @@ class TranslationData(pl.LightningDataModule):
         self._train: Encoded | None = None
         self._dev: Encoded | None = None
         self._corpus: EncodedCorpus | None = None
-        self._batch_counts: dict[tuple[int, bool, int, int], int] = {}
+        self._batch_counts: dict[tuple[int, bool, int, int, int], int] = {}
 
     def setup(self, stage: str | None = None) -> None:
         """Map (or encode) the splits; later calls (one per Lightning stage) do nothing."""

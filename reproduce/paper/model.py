@@ -7,6 +7,7 @@ h heads, d_k / d_v per-head sizes. Masks are boolean, True where attention is al
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -94,6 +95,7 @@ def sinusoid_table(length: int, d_model: int) -> Tensor:
 
 
 class SinusoidalPositions(nn.Module):
+    table: Tensor  # (positions, d_model): a buffer, grown when a longer sequence comes
     def __init__(self, d_model: int, max_positions: int):
         super().__init__()
         self.d_model = d_model
@@ -285,7 +287,7 @@ class Transformer(nn.Module):
         rows, c = memory.shape[0] * beam, self.config
         caches = [LayerCache(memory.new_empty(rows, c.h, 0, c.d_k),
                              memory.new_empty(rows, c.h, 0, c.d_v),
-                             *layer.cross_attn.project_kv(memory), beam)
+                             *cast(DecoderLayer, layer).cross_attn.project_kv(memory), beam)
                   for layer in self.decoder]
         return DecoderState(memory, mask, caches)
 
@@ -315,6 +317,7 @@ class DecoderState:
         """Keep rows `index` of the previous step; with `sentences` (indices into the batch's
         sentences still searching), only those sentences' rows remain."""
         if self.caches is None:  # prefix, memory and mask per row
+            assert self.prefix is not None  # set by the first step, before any reorder
             self.prefix = self.prefix[index]
             if sentences is not None:
                 self.memory, self.mask = self.memory[index], self.mask[index]

@@ -72,11 +72,11 @@ class _OutputLoss(torch.autograd.Function):
                 logp = F.log_softmax((hc @ w.t()).to(acc), dim=-1)  # (rows, V)
                 nll -= logp.gather(-1, tc[:, None]).sum()
                 uniform -= logp.sum() / vocab
-                if grads:
+                if grad_h is not None and grad_w is not None:  # grads
                     g = _minus_q_(logp.exp_(), tc, eps_ls).to(dtype)
                     grad_h[start:start + rows] = g @ w
                     grad_w += (g.t() @ hc).to(acc)
-        if grads:
+        if grad_h is not None:  # grads
             full = torch.zeros_like(hidden, dtype=acc)
             full[keep] = grad_h
             ctx.save_for_backward(full, grad_w)

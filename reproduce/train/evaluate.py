@@ -5,7 +5,7 @@ EVALB (Table 4)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -38,7 +38,7 @@ def translate(model: Transformer, tokenizer, batches: Iterable[tuple[list[int], 
     for indices, src in batches:
         constraint = (tree.start(torch.tensor([words[i] for i in indices], device=device),
                                  src.to(device) if copy_words else None)
-                      if tree is not None else None)
+                      if tree is not None and words is not None else None)
         hyps = beam_search(model, src.to(device), tokenizer.bos_id, tokenizer.eos_id,
                            beam=decode.beam, alpha=decode.alpha,
                            max_len_offset=decode.max_len_offset, constraint=constraint)
@@ -61,7 +61,7 @@ def sacre_bleu(hypotheses: list[str], references: list[str]) -> dict:
 
 
 def parse_scores(model: Transformer, tokenizer, batches: Iterable[tuple[list[int], torch.Tensor]],
-                 pairs: list[tuple[str, str]], gold: list, decode: DecodeConfig,
+                 pairs: list[tuple[str, str]], gold: Sequence, decode: DecodeConfig,
                  linearization: str = "xx") -> dict:
     """Parse each sentence of ``pairs`` (its words, its linearized gold tree) by beam search, repair
     every output into a tree over the gold words with the gold POS tags (``delinearize``) and score
