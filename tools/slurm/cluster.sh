@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# A real two-node SLURM on this machine, for the tests and CI (issue 50): Debian's slurm-wlm and
+# munge, one slurmctld and two slurmd (nodes n1 and n2, each its own port, pid file and spool
+# through %n) on the loopback, with a private SLURM_CONF, state folder, munge socket and ports
+# outside 15000-24999 (where Lightning picks its DDP port from the job id). It never touches a
+# cluster it did not start.
+#
+#   tools/slurm/cluster.sh up      # install what is missing (as root), start, wait until both
+#                                  # nodes are idle; prints the SLURM_CONF line to export
+#   tools/slurm/cluster.sh down    # stop what `up` started
+#   tools/slurm/cluster.sh status  # sinfo of this cluster
+#
+# REPRODUCE_SLURM_DIR (default /tmp/reproduce-slurm) holds everything. `up` is idempotent.
+set -euo pipefail
+
+DIR=${REPRODUCE_SLURM_DIR:-/tmp/reproduce-slurm}
+CONF=$DIR/slurm.conf
+CTLD_PORT=6817
+NODE_PORTS=(6818 6819)
+NODES=(n1 n2)
+
+say() { echo "slurm cluster: $*" >&2; }
+
+install() {
+    command -v slurmctld >/dev/null && command -v munged >/dev/null && return
+    if [ "$(id -u)" != 0 ]; then
+        say "slurm-wlm and munge are not installed, and installing them needs root"
+        exit 1
+    fi
+    say "installing slurm-wlm and munge (Debian's packages)"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null
+}
+
+write_conf() {
+    local host cpus mem
+    host=$(hostname)
+    cpus=$(nproc)
+    # what slurmd -C reports for this machine, shared by both nodes (they are the same machine)
+    mem=$(slurmd -C | sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p')
+    cat >"$CONF" <<EOF
+ClusterName=reproduce
+SlurmctldHost=$host(127.0.0.1)
+SlurmctldPort=$CTLD_PORT
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=$DIR/munge/munge.socket,cred_expire=30
+StateSaveLocation=$DIR/state
+SlurmdSpoolDir=$DIR/spool/%n
+SlurmctldPidFile=$DIR/slurmctld.pid
+SlurmdPidFile=$DIR/slurmd-%n.pid
+SlurmctldLogFile=$DIR/log/slurmctld.log
+SlurmdLogFile=$DIR/log/slurmd-%n.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+MpiDefault=none
+SwitchType=switch/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerType=sched/backfill
+SchedulerParameters=sched_interval=2
+ReturnToService=2
+SlurmdTimeout=30
+SlurmctldTimeout=30
+KillWait=5
+MinJobAge=30
+InactiveLimit=0
+JobCompType=jobcomp/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+NodeName=${NODES[0]} NodeHostname=$host NodeAddr=127.0.0.1 Port=${NODE_PORTS[0]} CPUs=$cpus RealMemory=$mem State=UNKNOWN
+NodeName=${NODES[1]} NodeHostname=$host NodeAddr=127.0.0.1 Port=${NODE_PORTS[1]} CPUs=$cpus RealMemory=$mem State=UNKNOWN
+PartitionName=debug Nodes=${NODES[0]},${NODES[1]} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+EOF
+}
+
+start_munge() {
+    local m=$DIR/munge
+    if [ -S "$m/munge.socket" ] && munge -S "$m/munge.socket" -n </dev/null >/dev/null 2>&1; then
+        return
+    fi
+    mkdir -p "$m"
+    chmod 700 "$m"
+    [ -f "$m/munge.key" ] || dd if=/dev/urandom of="$m/munge.key" bs=1 count=1024 status=none
+    chmod 400 "$m/munge.key"
+    munged --force --socket="$m/munge.socket" --key-file="$m/munge.key" \
+        --pid-file="$m/munged.pid" --log-file="$m/munged.log" --seed-file="$m/munged.seed"
+}
+
+idle() {
+    local states
+    states=$(SLURM_CONF=$CONF sinfo -h -N -o '%N %t' 2>/dev/null | sort -u) || return 1
+    for n in "${NODES[@]}"; do
+        grep -q "^$n idle" <<<"$states" || return 1
+    done
+}
+
+resolve_nodes() {
+    # Tasks find each other by node name (SLURM_NODELIST: Lightning's MASTER_ADDR), as on a real
+    # cluster: n1 and n2 must resolve, here to the loopback.
+    local n
+    for n in "${NODES[@]}"; do
+        getent hosts "$n" >/dev/null && continue
+        if [ "$(id -u)" != 0 ]; then
+            say "node name $n does not resolve; add '127.0.0.1 ${NODES[*]}' to /etc/hosts"
+            exit 1
+        fi
+        echo "127.0.0.1 $n  # reproduce's test cluster (tools/slurm/cluster.sh)" >>/etc/hosts
+    done
+}
+
+up() {
+    install
+    resolve_nodes
+    mkdir -p "$DIR/state" "$DIR/log" "$DIR/spool/${NODES[0]}" "$DIR/spool/${NODES[1]}"
+    start_munge
+    [ -f "$CONF" ] || write_conf
+    export SLURM_CONF=$CONF
+    if ! { [ -f "$DIR/slurmctld.pid" ] && kill -0 "$(cat "$DIR/slurmctld.pid")" 2>/dev/null; }; then
+        slurmctld -f "$CONF"
+    fi
+    for n in "${NODES[@]}"; do
+        if ! { [ -f "$DIR/slurmd-$n.pid" ] && kill -0 "$(cat "$DIR/slurmd-$n.pid")" 2>/dev/null; }; then
+            slurmd -f "$CONF" -N "$n"
+        fi
+    done
+    for _ in $(seq 60); do
+        if idle; then
+            say "up: nodes ${NODES[*]} idle"
+            echo "export SLURM_CONF=$CONF"
+            return
+        fi
+        sleep 1
+    done
+    say "the nodes did not become idle in 60 s; logs in $DIR/log"
+    SLURM_CONF=$CONF sinfo -N >&2 || true
+    exit 1
+}
+
+down() {
+    for pid in "$DIR"/slurmd-*.pid "$DIR/slurmctld.pid" "$DIR/munge/munged.pid"; do
+        [ -f "$pid" ] && kill "$(cat "$pid")" 2>/dev/null || true
+    done
+    say "down"
+}
+
+case "${1:-}" in
+    up) up ;;
+    down) down ;;
+    status) SLURM_CONF=$CONF sinfo -N ;;
+    *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+esac
