@@ -76,3 +76,13 @@ def test_set_values_travel_with_each_array_task():
     [(fn, args)] = submitted
     assert fn is launch.run_one and args[-2:] == ({"warmup_steps": 5}, 1)
 
+
+
+def test_tuning_under_slurm_is_refused_not_dropped(capsys, tmp_path, monkeypatch):
+    # the array tasks would train the untuned runs and record them as such: refused before sbatch
+    monkeypatch.setenv("REPRODUCE_RESULTS", str(tmp_path / "results"))
+    monkeypatch.setenv("REPRODUCE_RUNS", str(tmp_path / "runs"))
+    assert main(["table3", "--variant", "base", "--scale", "smoke", "--launcher", "slurm",
+                 "--tune", "--trials", "1"]) == 2
+    assert "--tune with --launcher slurm is not supported yet" in capsys.readouterr().err
+    assert not (tmp_path / "runs" / "table3" / "slurm").exists()

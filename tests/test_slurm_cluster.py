@@ -67,3 +67,16 @@ def test_one_run_over_both_nodes_is_one_ddp_run(slurm_env, tmp_path):
     record = json.loads((tmp_path / "mine" / "table3" / "table3-base-smoke-seed0.json").read_text())
     assert (record["batch"]["nodes"], record["batch"]["world_size"]) == (2, 2)
     assert record["batch"]["strategy"].startswith("ddp")
+
+
+def test_a_request_the_cluster_refuses_is_one_line(slurm_env, tmp_path):
+    # a GPU on a partition without GPUs: sbatch's own reason, no traceback, nothing submitted
+    user = {k: v for k, v in slurm_env.items() if not k.startswith("REPRODUCE_")}
+    out = subprocess.run([sys.executable, "-m", "reproduce", "table3", "--scale", "smoke",
+                          "--launcher", "slurm", "--variant", "base", "--gpus-per-node", "1",
+                          "--results", str(tmp_path / "mine")], env=user, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "error: sbatch refused the array (sbatch: error: Invalid generic resource (gres) " \
+           "specification); nothing was submitted" in out.stderr
+    assert "Traceback" not in out.stderr

@@ -252,6 +252,11 @@ def _train_and_render(args: argparse.Namespace, argv: list[str], spec, runs: lis
                                  "shows the rest; the sweep command redoes their runs")
         return False
     if args.launcher == "slurm":
+        if tuning:
+            from reproduce.errors import ConfigError
+            raise ConfigError("--tune with --launcher slurm is not supported yet: the array "
+                              "tasks would train the untuned runs. Tune and train here (without "
+                              "--launcher slurm), or submit without --tune")
         _submit(args, argv, spec, runs, scale)
         return False
     if args.dry_run:

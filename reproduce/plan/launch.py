@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from reproduce.errors import Stopped
+from reproduce.errors import ConfigError, Stopped
 from reproduce.runs.records import finished
 from reproduce.runs.sweep import PlannedRun, load_spec, with_sets
 from reproduce.train.devices import Layout
@@ -178,6 +178,14 @@ def submit(executor, spec_path: str, runs: list[PlannedRun], split: str, command
         res = resources(r.scale, cluster, r.config.train.train_steps)
         args.append((spec_path, r.variant, r.scale, r.seed, split, command,
                      res["tasks_per_node"], r.sets, res["nodes"]))
-    with executor.batch():
-        jobs = [executor.submit(run_one, *a) for a in args]
+    from submitit.core.utils import FailedJobError
+
+    try:
+        with executor.batch():
+            jobs = [executor.submit(run_one, *a) for a in args]
+    except FailedJobError as e:  # sbatch refused it: its own words, one line
+        why = " ".join(str(e).split()) or "no reason given"
+        raise ConfigError(f"sbatch refused the array ({why}); nothing was submitted. Check "
+                          "--partition, --gpus-per-node (0 on a partition without GPUs) and "
+                          "--nodes against `sinfo`") from None
     return jobs
