@@ -86,6 +86,11 @@ class Table(Command):
         if tuning:
             from reproduce.train.tuning import check_trials
             check_trials(args.trials)
+            if args.launcher == "slurm":  # the array tasks would train the untuned runs
+                from reproduce.errors import ConfigError
+                raise ConfigError("--tune with --launcher slurm is not supported yet: the array "
+                                  "tasks would train the untuned runs. Tune and train here "
+                                  "(without --launcher slurm), or submit without --tune")
         print(f"{spec.table}: {len(runs)} run(s) at scale `{scale}`"
               f"{'' if args.scale else ' (default for this machine; --scale to change)'}: "
               f"{spec.scale(scale).about}")
@@ -252,11 +257,6 @@ def _train_and_render(args: argparse.Namespace, argv: list[str], spec, runs: lis
                                  "shows the rest; the sweep command redoes their runs")
         return False
     if args.launcher == "slurm":
-        if tuning:
-            from reproduce.errors import ConfigError
-            raise ConfigError("--tune with --launcher slurm is not supported yet: the array "
-                              "tasks would train the untuned runs. Tune and train here (without "
-                              "--launcher slurm), or submit without --tune")
         _submit(args, argv, spec, runs, scale)
         return False
     if args.dry_run:
