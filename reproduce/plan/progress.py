@@ -6,23 +6,27 @@ since); the next sweep command moves it to ``superseded/`` and redoes the run. *
 worker holds the run's claim. *stopped*: the run has a folder (and perhaps
 checkpoints) but no record and no live worker: crashed or interrupted; the next sweep command
 resumes it. *missing*: planned by the spec (at a scale and seed this table has been run at) but
-never started. A stopped or missing run whose training another finished run has done (``sharing``)
-is said to evaluate that run's training and counts no training time left (so does one whose twin
-a worker is training now, which it will evaluate); one that needs data
-only the user can provide (Table 4's silver trees) is said to wait for it, and is not counted.
+never started. *queued*: its SLURM array task waits in the queue (``queue``: the submission's
+ledger and ``squeue``); a task there that runs is *running* too, and one that left the queue
+without a record is shown with its log's last line and path. A stopped or missing run whose
+training another finished run has done (``sharing``) is said to evaluate that run's training and
+counts no training time left (so does one whose twin a worker is training now, which it will
+evaluate); one that needs data only the user can provide (Table 4's silver trees) is said to
+wait for it, and is not counted.
 """
 
 from __future__ import annotations
 
 import re
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from reproduce.data import missing_input
-from reproduce.plan import estimates
+from reproduce.plan import estimates, queue
 from reproduce.plan.workers import auto_count
 from reproduce.runs.checkpoints import steps_left
 from reproduce.runs.claims import holder
@@ -31,7 +35,7 @@ from reproduce.runs.precision_history import most_common, trained_in
 from reproduce.runs.records import device_hours, every_table_records, load_records, same_config
 from reproduce.runs.schema import Record
 from reproduce.runs.sharing import reuse_lines
-from reproduce.runs.sweep import load_spec, shipped_specs
+from reproduce.runs.sweep import PlannedRun, load_spec, shipped_specs
 from reproduce.util import machine
 
 
@@ -43,11 +47,12 @@ def table_status(table: str, results: Path, runs: Path,
     spec = load_spec(table)
     records = {r["run_id"]: r for r in load_records(spec.table, results, damaged)}
     folders = {p.name: p for p in (runs / spec.table).glob(f"{spec.table}-*") if p.is_dir()}
+    tasks = queue.tasks(runs / spec.table / "slurm")  # submitted to SLURM: queued, running, ended
     seen: dict[str, set[int]] = defaultdict(set)
     # <table>-<variant>-<scale>-seed<k>; variants and scales may hold hyphens (base-en-de, cpu-wide)
     named = re.compile("-(" + "|".join(map(re.escape, sorted(spec.scales, key=len, reverse=True)))
                        + r")-seed(\d+)$")
-    for run_id in set(records) | set(folders):
+    for run_id in set(records) | set(folders) | set(tasks):
         if match := named.search(run_id):
             seen[match.group(1)].add(int(match.group(2)))
     everything = every_table_records(results) if seen else []  # donors, cost model: all scales
@@ -55,27 +60,21 @@ def table_status(table: str, results: Path, runs: Path,
     for scale in sorted(seen):
         if scale not in spec.scales:
             continue
-        planned = spec.plan(spec.variants_at(scale), scale, sorted(seen[scale]))
-        state: dict[str, list[str]] = {"done": [], "stale": [], "running": [], "stopped": [],
-                                       "missing": [], "diverged": []}
+        planned = [_with_sets(run, records.get(run.run_id), tasks.get(run.run_id))
+                   for run in spec.plan(spec.variants_at(scale), scale, sorted(seen[scale]))]
+        state: dict[str, list[str]] = {"done": [], "stale": [], "queued": [], "running": [],
+                                       "stopped": [], "missing": [], "diverged": []}
+        ended: dict[str, queue.Task] = {}  # SLURM tasks gone from the queue without a record
         for run in planned:
-            run_id = run.run_id
-            if run_id in records and same_config(records[run_id].get("config"), run.config):
-                state["done"].append(run_id)
-            elif run_id in records:  # made under settings since changed: to be redone
-                state["stale"].append(run_id)
-            elif run_id in folders and diverged_with(folders[run_id], run.config):
-                state["diverged"].append(run_id)  # not trained again with this config
-            elif run_id in folders and holder(folders[run_id]) is not None:
-                state["running"].append(run_id)
-            elif run_id in folders:
-                state["stopped"].append(run_id)
-            else:
-                state["missing"].append(run_id)
+            run_id, task = run.run_id, tasks.get(run.run_id)
+            state[_state_of(run, records.get(run_id), folders.get(run_id), task)].append(run_id)
+            if task is not None and task.ended and run_id not in records:
+                ended[run_id] = task
         done = [records[i] for i in state["done"]]
         trained = [r for r in done if not r.get("trained_by")]  # each training counted once
         flops = [r.get("cost", {}).get("paper_method_flops") for r in trained]
-        unfinished = state["stale"] + state["running"] + state["stopped"] + state["missing"]
+        unfinished = (state["stale"] + state["queued"] + state["running"] + state["stopped"]
+                      + state["missing"])
         left = [run for run in planned if run.run_id in unfinished]
         # steps each still needs after the checkpoint it would resume from (read once: the
         # started ones' checkpoint steps and the time left both come from it)
@@ -83,7 +82,7 @@ def table_status(table: str, results: Path, runs: Path,
         # what the next command will evaluate instead of training (runner.execute's decision:
         # not for a run whose own training is done, nor one a worker holds)
         reuses = reuse_lines([run for run in left if to_go[run.run_id] and run.run_id not in
-                              state["running"] + state["stale"]], runs, everything)
+                              state["running"] + state["stale"] + state["queued"]], runs, everything)
         # what cannot start without data the user provides (Table 4's silver trees): not "left"
         blocked = {run.run_id: why for run in left
                    if (why := missing_input(run.config.data.corpus, run.config.data.extra_trees))}
@@ -99,13 +98,35 @@ def table_status(table: str, results: Path, runs: Path,
             shown[r.get("precision") or "unrecorded"] += 1
         rows.append({"table": spec.table, "scale": scale, "seeds": sorted(seen[scale]), **state,
                      "checkpoint_steps": saved, "precision": dict(shown), "reuses": reuses,
-                     "blocked": blocked,
+                     "blocked": blocked, "ended": ended,
+                     "jobs": {i: t.job_id for i, t in tasks.items() if t.queued or t.running},
                      "left": _time_left(left, to_go, everything, runs,
                                         settled=most_common(trained_in(done, scale))),
                      "train_hours": sum(r["metrics"]["train_seconds"] for r in trained) / 3600,
                      "device_hours": sum(device_hours(r) for r in done),
                      "paper_method_flops": sum(f for f in flops if f)})
     return rows
+
+
+def _state_of(run: PlannedRun, record: Record | None, folder: Path | None,
+              task: queue.Task | None) -> str:
+    """done, stale, diverged, queued, running, stopped or missing (the module's words)."""
+    if record is not None:  # stale: made under settings since changed, to be redone
+        return "done" if same_config(record.get("config"), run.config) else "stale"
+    if folder is not None and diverged_with(folder, run.config):
+        return "diverged"  # not trained again with this config
+    if task is not None and task.queued:
+        return "queued"
+    if (folder is not None and holder(folder) is not None) or (task is not None and task.running):
+        return "running"
+    return "stopped" if folder is not None else "missing"
+
+
+def _with_sets(run: PlannedRun, record: Record | None, task: queue.Task | None) -> PlannedRun:
+    """``run`` as it was trained or submitted: with the ``--set`` values its record holds, or
+    those of its last SLURM task (a run submitted with more steps counts its own steps)."""
+    sets = (record.get("set") if record else None) or (task.sets if task is not None else {})
+    return replace(run, config=run.config.overrides(**sets), sets=dict(sets)) if sets else run
 
 
 def _time_left(left: list, to_go: dict[str, int], records: list[Record],
@@ -141,8 +162,8 @@ def report(results: Path, runs: Path, verbose: bool = False,
             lines.append(f"{path.stem}: nothing run yet")
             continue
         for row in rows:
-            counts = ", ".join(f"{len(row[k])} {k}" for k in ("done", "stale", "running", "stopped",
-                                                              "missing"))
+            counts = ", ".join(f"{len(row[k])} {k}" for k in (
+                "done", "stale", "queued", "running", "stopped", "missing") if row[k] or k != "queued")
             if row["diverged"]:
                 counts += f", {len(row['diverged'])} diverged"
             lines.append(f"{row['table']} at `{row['scale']}` (seeds {row['seeds']}): {counts}; "
@@ -160,7 +181,10 @@ def report(results: Path, runs: Path, verbose: bool = False,
             for run_id in row["diverged"]:
                 lines.append(f"  diverged {run_id}: not trained again with this config "
                              "(docs/records.md, diverged runs)")
-            for key in ("stale", "running", "stopped") + (("missing",) if verbose else ()):
+            for run_id, task in row["ended"].items():
+                lines.append(f"  ended    {run_id}: its SLURM task {task.job_id} left the queue "
+                             f"without a record: {task.last_words()} (log {task.stderr})")
+            for key in ("stale", "queued", "running", "stopped") + (("missing",) if verbose else ()):
                 for run_id in row[key]:
                     if run_id in row["blocked"]:
                         continue  # said above
@@ -168,5 +192,6 @@ def report(results: Path, runs: Path, verbose: bool = False,
                     lines.append(f"  {key:8} {run_id}" + (
                         f": {row['reuses'][run_id]}" if run_id in row["reuses"] else
                         f" (checkpoint at step {step} of {steps})"
-                        if step else " (no checkpoint yet)" if step == 0 else ""))
+                        if step else " (no checkpoint yet)" if step == 0 else "")
+                        + (f" (SLURM job {row['jobs'][run_id]})" if run_id in row["jobs"] else ""))
     return "\n".join(lines)

@@ -44,7 +44,7 @@ from reproduce.train.devices import ONE_DEVICE, Layout
 from reproduce.train.evaluate import task_scores
 from reproduce.train.fit import build_data, fit, local_data
 from reproduce.train.precision import choose_precision
-from reproduce.train.wandb_run import finish_wandb, wandb_logger
+from reproduce.train.wandb_run import end_failed, finish_wandb, wandb_logger
 from reproduce.util.files import DAMAGED, DISK_ERRNOS, move_aside
 from reproduce.util.machine import commit, gpu_share, hardware, measured_tflops, share_cores
 
@@ -203,8 +203,7 @@ def run_here(run: PlannedRun, split: str, command: str, work: Path,
                            trainer.global_step, clock)
         wandb_run = finish_wandb(logger, metrics)
     except BaseException:
-        if logger:  # the W&B run ends as failed, not left open for the next one
-            logger.experiment.finish(exit_code=1)
+        end_failed(logger)  # as failed, not left open for the next one
         raise
     record: Record = {
         "schema": SCHEMA_VERSION, "run_id": run.run_id, "table": run.table, "row": run.row,

@@ -3,6 +3,7 @@ flattened; finished with the record's metrics (``train.runner``)."""
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import asdict
@@ -10,16 +11,17 @@ from pathlib import Path
 from typing import Any
 
 from reproduce.config import Config
+from reproduce.errors import one_line
 from reproduce.runs.records import wandb_folder
 from reproduce.runs.sweep import PlannedRun
 from reproduce.util.tracking import init_run, wandb_mode
+
+log = logging.getLogger("reproduce")
 
 
 def wandb_logger(run: PlannedRun, work: Path, precision: str):
     """W&B, offline unless an API key is set (sync later with `wandb sync`); False (no logger)
     with ``WANDB_MODE=disabled`` (``tracking.wandb_mode``)."""
-    from pytorch_lightning.loggers import WandbLogger  # imports wandb: 1.3 s, only when training
-
     mode = wandb_mode()
     if mode == "disabled":
         return False  # Lightning's "no logger"; the record says W&B was off
@@ -32,7 +34,35 @@ def wandb_logger(run: PlannedRun, work: Path, precision: str):
         dir=str(work), resume="allow",
         config={**_flat(run.config), "table": run.table, "row": run.row,
                 "variant": run.variant, "scale": run.scale, "precision": precision})
-    return WandbLogger(experiment=experiment, save_dir=str(work))
+    return _logger_class()(experiment=experiment, save_dir=str(work))
+
+
+def _logger_class():
+    """Lightning's WandbLogger, except that W&B failing mid-run (its service process killed with
+    a SLURM task's other processes, a full disk under its folder) stops the logging with one
+    warning instead of the training: the run goes on to its checkpoint and record."""
+    from pytorch_lightning.loggers import WandbLogger
+
+    class KeepTraining(WandbLogger):
+        lost: str | None = None
+
+        def log_metrics(self, metrics, step=None):
+            self._guarded(super().log_metrics, metrics, step)
+
+        def log_hyperparams(self, params, *args, **kwargs):
+            self._guarded(super().log_hyperparams, params, *args, **kwargs)
+
+        def _guarded(self, call, *args, **kwargs):
+            if self.lost is not None:
+                return
+            try:
+                call(*args, **kwargs)
+            except Exception as e:  # noqa: BLE001 - W&B's failure is not the run's
+                self.lost = one_line(e, 160)
+                log.warning("W&B stopped logging (%s); training goes on, and the record is "
+                            "written as usual", self.lost)
+
+    return KeepTraining
 
 
 def _flat(config: Config) -> dict[str, Any]:
@@ -44,10 +74,37 @@ def finish_wandb(logger, metrics: Mapping[str, Any]) -> dict[str, Any]:
     if not logger:  # WANDB_MODE=disabled
         return {"id": None, "mode": "disabled", "dir": None, "url": None}
     experiment = logger.experiment
-    for key, value in metrics.items():
-        experiment.summary[f"final/{key}"] = value
     info = {"id": experiment.id, "mode": "offline" if experiment.offline else "online",
             "dir": wandb_folder(Path(experiment.dir)),
             "url": None if experiment.offline else experiment.url}
-    experiment.finish()
-    return info
+    if getattr(logger, "lost", None) is None:
+        try:
+            for key, value in metrics.items():
+                experiment.summary[f"final/{key}"] = value
+            experiment.finish()
+            return info
+        except Exception as e:  # noqa: BLE001 - W&B's failure is not the run's
+            logger.lost = one_line(e, 160)
+    end_failed(logger)
+    return {**info, "lost": logger.lost}  # the record says W&B's log is incomplete, and why
+
+
+def end_failed(logger) -> None:
+    """End the W&B run of a run that failed or stopped (SIGTERM, SLURM's USR2) as failed, not left
+    open for the next one. SLURM signals every process of a task, W&B's service process too: then
+    there is nothing left to end, and W&B's exit hook is disarmed, or the task's log would end with
+    its ``ConnectionResetError: Connection lost`` traceback. What was logged stays in the run's
+    W&B folder (offline: ``wandb sync``), and the resumed run continues the same W&B run."""
+    if not logger:
+        return
+    import wandb
+
+    try:
+        logger.experiment.finish(exit_code=1)
+    except Exception as e:  # noqa: BLE001 - its service is gone with the task
+        log.info("W&B's service process stopped with the run (%s); its files so far stay in %s",
+                 one_line(e, 120), logger.save_dir)
+    try:  # W&B's exit hook unhooked (teardown does that first), then its service closed
+        wandb.teardown(exit_code=1)
+    except Exception:  # noqa: BLE001, S110 - the same lost service
+        pass

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from reproduce.errors import one_line
@@ -40,6 +43,25 @@ def init_run(what: str, **kwargs: Any):
     """``wandb.init(**kwargs)`` in ``wandb_mode()``'s mode (never ``disabled``): online within
     ``init_timeout()`` seconds, else offline, with one warning line, for the rest of this command
     too (``WANDB_MODE=offline``: no second wait). Returns the run."""
+
+    with _masked_argv():  # W&B keeps the command line in its run files (wandb-metadata.json)
+        return _init(what, **kwargs)
+
+
+@contextmanager
+def _masked_argv() -> Iterator[None]:
+    """``sys.argv`` with passwords and credentials masked (``secrets.mask``) while W&B reads it."""
+    from reproduce.util.secrets import mask
+
+    saved = sys.argv
+    sys.argv = [mask(arg) for arg in saved]
+    try:
+        yield
+    finally:
+        sys.argv = saved
+
+
+def _init(what: str, **kwargs: Any):
     import wandb
 
     if wandb_mode() == "online":
