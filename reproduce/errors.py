@@ -47,11 +47,11 @@ class Diverged(RuntimeError):
 
 class Stopped(SystemExit):
     """A run stopped by a signal (SIGTERM, SLURM's USR2) at the end of a step, saved there: exit 1
-    with the message; ``signal`` says which (``plan.launch`` requeues on USR2)."""
+    with the message; ``signal`` says which (``plan.launch`` requeues on USR2), ``step`` where."""
 
-    def __init__(self, message: str, signum: int):
+    def __init__(self, message: str, signum: int, step: int | None = None):
         super().__init__(message)
-        self.signal = signum
+        self.signal, self.step = signum, step
 
 
 class OutOfMemory(RuntimeError):

@@ -145,3 +145,29 @@ def test_the_docs_table_of_defaults_is_the_launcher_s():
         row = (f"| `{scale}` | {res['gpus_per_node']} | {res['cpus_per_task']} | {res['mem']} | "
                f"{res['timeout_min']} |")
         assert row in page, row
+
+
+def test_a_run_requeued_again_and_again_without_progress_is_not_requeued_a_fourth_time(tmp_path):
+    work = tmp_path / "table3-base-paper-seed0"
+    # stops at a new step each time: always requeued
+    assert [launch.stalled(work, "7_0", step) for step in (100, 250, 400, 400)] == [None] * 4
+    # then three stops before training (a data preparation longer than the time limit)
+    assert launch.stalled(work, "7_0", None) is None
+    assert launch.stalled(work, "7_0", None) is None
+    why = launch.stalled(work, "7_0", None)
+    assert why is not None and why.startswith(
+        "table3-base-paper-seed0 was stopped 3 times in a row before or after training")
+    assert "--slurm time=" in why
+    # at one step three times over: the same
+    other = tmp_path / "table3-A1-paper-seed0"
+    assert [launch.stalled(other, "8_1", 60) is None for _ in range(3)] == [True, True, False]
+
+
+def test_status_counts_the_steps_a_run_was_submitted_with(tmp_path):
+    # a run submitted with --set train.train_steps=1500 is 1500 steps long in `status`, not 30
+    from reproduce.plan import progress, queue
+
+    (run,) = load_spec("table3").plan(["base"], "smoke", [0])
+    task = queue.Task(run.run_id, "5_0", "", "", {"train_steps": 1500}, "RUNNING")
+    assert progress._with_sets(run, None, task).config.train.train_steps == 1500
+    assert progress._with_sets(run, None, None).config.train.train_steps == 30

@@ -18,11 +18,13 @@ off (``devices.cluster_plugins``).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
 import signal
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,7 @@ from typing import Any
 import torch
 
 from reproduce.errors import ConfigError, Stopped
+from reproduce.paths import runs_dir
 from reproduce.runs.records import finished
 from reproduce.runs.sweep import PlannedRun, load_spec, with_sets
 from reproduce.train.devices import Layout
@@ -159,18 +162,48 @@ def arrays(runs: list[PlannedRun], cluster: Cluster = Cluster()) -> list[list[Pl
     return list(groups.values())
 
 
-def requeue() -> None:
+def requeue(work: Path | None = None, step: int | None = None) -> None:
     """Rank 0 asks SLURM to requeue this job (submitit's job id: an array task's own); every rank
-    exits. The requeued start resumes from the newest checkpoint."""
+    exits. The requeued start resumes from the newest checkpoint. ``step``: where training
+    stopped (None: before or after training); a run requeued ``STALLED`` times in a row at the
+    same step is not requeued again (``stalled``), in one line, instead of looping."""
     import submitit
 
     from reproduce.runs.claims import rank
 
     if rank() == 0:
         job = submitit.JobEnvironment().job_id
+        if work is not None and (why := stalled(work, job, step)):
+            raise SystemExit(f"not requeued: {why}")
         log.warning("requeueing job %s: it resumes from its newest checkpoint", job)
         subprocess.run(["scontrol", "requeue", job], check=False, timeout=60)
     raise SystemExit("preempted: requeued")
+
+
+STALLED = 3  # requeues in a row without a step of training between them
+REQUEUES = "requeues.jsonl"  # in the run's folder: a line per requeue
+
+
+def stalled(work: Path, job: str, step: int | None) -> str | None:
+    """Note this requeue of the run in ``work`` (at ``step``); why not to requeue it, when the
+    last ``STALLED`` requeues, this one included, all stopped at the same step (or all before
+    training): the time limit is shorter than what the task does outside training."""
+    path = work / REQUEUES
+    try:
+        past = [json.loads(line)["step"] for line in path.read_text().splitlines() if line.strip()]
+    except (OSError, ValueError, KeyError, TypeError):
+        past = []
+    work.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as out:
+        out.write(json.dumps({"job": job, "step": step, "at": time.time()}) + "\n")
+    last = [*past, step][-STALLED:]
+    if len(last) < STALLED or len(set(last)) > 1:
+        return None
+    where = f"at step {step}" if step is not None else "before or after training"
+    return (f"{work.name} was stopped {STALLED} times in a row {where}, with no step trained in "
+            "between: its time limit is shorter than what the task does outside training (data "
+            "preparation, evaluation). Submit it again with a longer --slurm time=..., or "
+            "prepare its data first (a local run of the same command does)")
 
 
 def run_one(spec_path: str, variant: str, scale: str, seed: int, split: str, command: str,
@@ -187,6 +220,8 @@ def run_one(spec_path: str, variant: str, scale: str, seed: int, split: str, com
     signal.signal(signal.SIGUSR2, lambda signum, frame: requeue())
     spec = load_spec(spec_path)
     run = with_sets(spec.plan([variant], scale, [seed])[-1:], spec, sets or {})[0]
+    work = runs_dir() / run.table / run.run_id
+    signal.signal(signal.SIGUSR2, lambda signum, frame: requeue(work))
     if finished(run) is not None:
         return f"{run.run_id}: finished earlier"
     layout = Layout("gpu" if torch.cuda.is_available() else "cpu", devices, nodes)
@@ -194,7 +229,7 @@ def run_one(spec_path: str, variant: str, scale: str, seed: int, split: str, com
         outcome = execute(run, split, command, layout=layout)
     except Stopped as e:
         if e.signal == signal.SIGUSR2:  # saved at the step it stopped at
-            requeue()
+            requeue(work, e.step)
         raise
     if outcome.record is None:  # not run now, and why
         return f"{run.run_id}: {outcome.why}"
