@@ -2,6 +2,7 @@
 executor (there is no SLURM here)."""
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -77,18 +78,44 @@ def test_set_values_travel_with_each_array_task():
 
     launch.submit(Executor(), str(spec.path), runs, spec.split, "python -m reproduce test")
     [(fn, args)] = submitted
-    assert fn is launch.run_one and args[-2:] == ({"warmup_steps": 5}, 1)
+    assert fn is launch.run_one and args[-3:] == ({"warmup_steps": 5}, 1, 0)
 
 
 
-def test_tuning_under_slurm_is_refused_not_dropped(capsys, tmp_path, monkeypatch):
-    # the array tasks would train the untuned runs and record them as such: refused before sbatch
+def test_tuning_travels_with_each_array_task_and_its_storage_in_the_environment(
+        capsys, tmp_path, monkeypatch):
+    # --tune reaches every task (its trials); the storage URL, password and all, goes in the
+    # tasks' environment, never into the arguments submitit pickles into its folders
+    import contextlib
+
+    from reproduce.train.tuning import STORAGE_ENV
+
     monkeypatch.setenv("REPRODUCE_RESULTS", str(tmp_path / "results"))
     monkeypatch.setenv("REPRODUCE_RUNS", str(tmp_path / "runs"))
-    assert main(["table3", "--variant", "base", "--scale", "smoke", "--launcher", "slurm",
-                 "--tune", "--trials", "1"]) == 2
-    assert "--tune with --launcher slurm is not supported yet" in capsys.readouterr().err
-    assert not (tmp_path / "runs" / "table3" / "slurm").exists()
+    monkeypatch.delenv(STORAGE_ENV, raising=False)
+    submitted = []
+
+    class Executor:
+        def batch(self):
+            return contextlib.nullcontext()
+
+        def submit(self, fn, *args):
+            submitted.append(args)
+            return type("Job", (), {"job_id": f"9_{len(submitted) - 1}", "paths": type(
+                "Paths", (), {"stdout": "o", "stderr": "e"})})()
+
+    monkeypatch.setattr(launch, "executor_for", lambda *a, **k: Executor())
+    url = "postgresql://me:hunter2@db.example/optuna"
+    assert main(["table3", "--variant", "base", "--variant", "A1", "--scale", "smoke",
+                 "--launcher", "slurm", "--tune", "--trials", "3", "--storage", url]) == 0
+    out = capsys.readouterr().out
+    assert "--tune: 3 trial(s) per run" in out and "me:***@db.example" in out
+    assert "hunter2" not in out
+    assert [args[-1] for args in submitted] == [3, 3]
+    assert "hunter2" not in repr(submitted)
+    assert os.environ[STORAGE_ENV] == url
+    # a second --tune submits the runs again (more trials), unless their tasks are queued
+    assert (tmp_path / "runs" / "table3" / "slurm" / "submitted.jsonl").exists()
 
 
 def test_slurm_options_reach_the_sbatch_header_and_runs_of_other_needs_get_their_own_array():

@@ -201,3 +201,17 @@ def _comparable(record: dict) -> dict:
     return {"metrics": {k: m[k] for k in ("dev_ppl", "dev_nll", "train_sample_nll", "dev_bleu",
                                           "test_bleu", "train_steps")},
             "curve": {k: [[p[0], p[2]] for p in v] for k, v in record["curve"].items()}}
+
+
+def test_tuning_on_the_cluster_records_the_tuned_run_as_locally(slurm_env, tmp_path):
+    # each run's task adds its trials to the run's study (optuna's journal file in the shared runs
+    # folder: SQLite's locks are unsafe there), then trains the best settings
+    out = _submit(slurm_env, tmp_path, "--variant", "A1", "--tune", "--trials", "1")
+    assert "--tune: 1 trial(s) per run" in out
+    _wait_for_queue(slurm_env, out)
+    (path,) = (tmp_path / "mine" / "table3").glob("table3-A1-smoke-seed0-tuned-*.json")
+    record = json.loads(path.read_text())
+    tuning = record["tuning"]
+    assert tuning["storage"] == f"journal:{tmp_path / 'mine' / 'runs' / 'optuna.journal'}"
+    assert (tuning["n_trials"], tuning["complete"]) == (1, 1)
+    assert record["run_id"].endswith(path.stem.rsplit("-tuned-", 1)[1])

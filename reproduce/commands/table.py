@@ -91,11 +91,6 @@ class Table(Command):
         if tuning:
             from reproduce.train.tuning import check_trials
             check_trials(args.trials)
-            if args.launcher == "slurm":  # the array tasks would train the untuned runs
-                from reproduce.errors import ConfigError
-                raise ConfigError("--tune with --launcher slurm is not supported yet: the array "
-                                  "tasks would train the untuned runs. Tune and train here "
-                                  "(without --launcher slurm), or submit without --tune")
         print(f"{spec.table}: {len(runs)} run(s) at scale `{scale}`"
               f"{'' if args.scale else ' (default for this machine; --scale to change)'}: "
               f"{spec.scale(scale).about}")
@@ -262,7 +257,7 @@ def _train_and_render(args: argparse.Namespace, argv: list[str], spec, runs: lis
                                  "shows the rest; the sweep command redoes their runs")
         return False
     if args.launcher == "slurm":
-        _submit(args, argv, spec, runs, scale)
+        _submit(args, argv, spec, runs, scale, args.trials if tuning else 0)
         return False
     if args.dry_run:
         from reproduce.plan.dry_run import print_plan
@@ -357,13 +352,16 @@ def _check_cluster_options(args: argparse.Namespace) -> None:
                           "on this machine: --devices and --workers say how)")
 
 
-def _submit(args: argparse.Namespace, argv: list[str], spec, runs: list, scale: str) -> None:
+def _submit(args: argparse.Namespace, argv: list[str], spec, runs: list, scale: str,
+            trials: int = 0) -> None:
     """--launcher slurm: one array task per run without a record and without a task in the queue
-    (reproduce/plan/launch.py; queue.py), one array per resource set."""
+    (reproduce/plan/launch.py; queue.py), one array per resource set. ``trials`` (``--tune``):
+    each task adds them to its run's study first, as a local sweep does, then trains the best."""
     from reproduce.errors import ConfigError
     from reproduce.paths import runs_dir
     from reproduce.plan import launch, queue
     from reproduce.runs.records import finished, recorded_command
+    from reproduce.util.secrets import mask
 
     if args.nodes < 1 or (args.gpus is not None and args.gpus < 0):
         raise ConfigError(f"--nodes {args.nodes} --gpus-per-node {args.gpus}: nodes must be 1 or "
@@ -372,7 +370,7 @@ def _submit(args: argparse.Namespace, argv: list[str], spec, runs: list, scale: 
     folder = runs_dir() / spec.table / "slurm"
     submitted = queue.tasks(folder)
     todo = []
-    for run in (run for run in runs if finished(run) is None):
+    for run in (run for run in runs if trials or finished(run) is None):
         task = submitted.get(run.run_id)
         if task is not None and (task.queued or task.running):
             print(f"  {run.run_id}: job {task.job_id} is {str(task.state).lower()}; not submitted "
@@ -400,12 +398,20 @@ def _submit(args: argparse.Namespace, argv: list[str], spec, runs: list, scale: 
                 if line.startswith("#SBATCH"):
                     print("  " + line)
         return
+    if trials:
+        from reproduce.train.tuning import STORAGE_ENV, cluster_storage
+
+        # the storage reaches the tasks in their environment (sbatch passes it on), so a
+        # password in it is never written into submitit's folders
+        os.environ[STORAGE_ENV] = args.storage or cluster_storage()
+        print(f"--tune: {trials} trial(s) per run, in each run's task before it trains the best "
+              f"settings; studies in {mask(os.environ[STORAGE_ENV])}")
     done = 0
     for group in groups:
         executor = launch.executor_for(folder, scale, group, cluster)
         try:
             jobs = launch.submit(executor, str(spec.path), group, spec.split,
-                                 recorded_command(argv), cluster)
+                                 recorded_command(argv), cluster, trials)
         except launch.Refused as e:
             raise ConfigError(
                 f"sbatch refused the array ({e}); " + (f"{done} run(s) were submitted before it, "

@@ -207,9 +207,13 @@ def stalled(work: Path, job: str, step: int | None) -> str | None:
 
 
 def run_one(spec_path: str, variant: str, scale: str, seed: int, split: str, command: str,
-            devices: int = 1, sets: dict[str, Any] | None = None, nodes: int = 1) -> str:
+            devices: int = 1, sets: dict[str, Any] | None = None, nodes: int = 1,
+            trials: int = 0) -> str:
     """The body of one array task (one of ``nodes`` x ``devices`` tasks on a multi-device run):
-    plan the run afresh from the spec (with the command's ``--set`` values) and execute it."""
+    plan the run afresh from the spec (with the command's ``--set`` values) and execute it;
+    ``trials`` > 0 (``--tune``): add that many trials to its study first, as a local sweep does,
+    in the storage the submitting command named (``tuning.STORAGE_ENV``, in the task's
+    environment, not in its files) or the journal file in the runs folder."""
 
     quiet_libraries()
     if cpus := os.environ.get("SLURM_CPUS_PER_TASK"):  # the task's CPUs, not the node's
@@ -222,11 +226,18 @@ def run_one(spec_path: str, variant: str, scale: str, seed: int, split: str, com
     run = with_sets(spec.plan([variant], scale, [seed])[-1:], spec, sets or {})[0]
     work = runs_dir() / run.table / run.run_id
     signal.signal(signal.SIGUSR2, lambda signum, frame: requeue(work))
-    if finished(run) is not None:
+    if not trials and finished(run) is not None:
         return f"{run.run_id}: finished earlier"
     layout = Layout("gpu" if torch.cuda.is_available() else "cpu", devices, nodes)
+    extra = None
+    if trials and (tuning := spec.search_space(scale)):
+        from reproduce.train.tuning import STORAGE_ENV, cluster_storage, tune
+
+        storage = os.environ.get(STORAGE_ENV) or cluster_storage()
+        run, summary = tune(run, tuning, trials, storage, seed)
+        extra = {"tuning": summary}
     try:
-        outcome = execute(run, split, command, layout=layout)
+        outcome = execute(run, split, command, extra, layout=layout)
     except Stopped as e:
         if e.signal == signal.SIGUSR2:  # saved at the step it stopped at
             requeue(work, e.step)
@@ -314,13 +325,14 @@ def sbatch_script(folder: Path, scale: str, runs: list[PlannedRun], cluster: Clu
 
 
 def submit(executor, spec_path: str, runs: list[PlannedRun], split: str, command: str,
-           cluster: Cluster = Cluster()) -> list:
-    """One job per run (an array on SLURM: ``runs`` is one of ``arrays``); the submitit jobs."""
+           cluster: Cluster = Cluster(), trials: int = 0) -> list:
+    """One job per run (an array on SLURM: ``runs`` is one of ``arrays``); the submitit jobs.
+    ``trials``: ``--tune``'s, per run (0: no tuning)."""
     args = []
     for r in runs:
         res = resources(r.scale, cluster, r.config.train.train_steps)
         args.append((spec_path, r.variant, r.scale, r.seed, split, command,
-                     res["tasks_per_node"], r.sets, res["nodes"]))
+                     res["tasks_per_node"], r.sets, res["nodes"], trials))
     from submitit.core.utils import FailedJobError
 
     try:

@@ -2,7 +2,8 @@
 
 Section 6.3 tuned only dropout (attention and residual), learning rate and beam size of the parser,
 on the development set; the spec lists those knobs and the dev metric. A study lives in a database
-(SQLite under ``runs/`` by default, any optuna storage URL for workers that share one) and is
+(SQLite under ``runs/`` by default, any optuna storage URL for workers that share one, or
+``journal:PATH``, optuna's journal file, the default in SLURM tasks) and is
 resumed by name, so ``--tune --trials N`` again adds N trials to the same study. Each trial trains
 in the run folder its settings name (``<run_id>-tuned-<digest>``); a trial that is cut off resumes
 from its checkpoint when optuna retries it, and the final run of the best settings reuses the best
@@ -118,9 +119,25 @@ def train_and_score(run: PlannedRun, callbacks=()) -> dict[str, Any]:
     return {"dev_ppl": float(dev["dev/ppl"]), "dev_nll": float(dev["dev/nll"]), **headline}
 
 
+JOURNAL = "journal:"  # journal:PATH, optuna's journal file: for a filesystem several nodes share
+STORAGE_ENV = "REPRODUCE_TUNE_STORAGE"  # how --storage reaches SLURM tasks: never in their files
+
+
+def cluster_storage() -> str:
+    """The storage of studies tuned in SLURM tasks without ``--storage``: optuna's journal file in
+    the runs folder (SQLite's locking breaks on network filesystems)."""
+    runs_dir().mkdir(parents=True, exist_ok=True)
+    return f"{JOURNAL}{runs_dir() / 'optuna.journal'}"
+
+
 def _storage(url: str):
     import optuna
     from optuna import storages
+
+    if url.startswith(JOURNAL):  # no heartbeats: a trial cut off stays failed, and is not retried
+        from optuna.storages.journal import JournalFileBackend
+
+        return storages.JournalStorage(JournalFileBackend(url[len(JOURNAL):]))
 
     # Heartbeats let a later invocation fail a trial whose process died, and retry it with the
     # same settings (so in the same run folder, resuming from its last checkpoint).
