@@ -61,8 +61,9 @@ class Table(Command):
                        "then run the best")
         t.add_argument("--trials", type=int, default=10, help="with --tune: trials to add to the "
                        "study (default 10, at least 1); running again resumes the same study")
-        t.add_argument("--storage", help="with --tune: an optuna storage URL shared by workers "
-                       "(default: sqlite:///runs/optuna.db)")
+        t.add_argument("--storage", help="with --tune: an optuna storage URL shared by workers, "
+                       "or journal:PATH (optuna's journal file) (default: sqlite:///runs/optuna.db;"
+                       " with --launcher slurm, journal:runs/optuna.journal)")
         t.add_argument("--set", nargs="+", default=[], metavar="SECTION.FIELD=VALUE",
                        help="config values for every run, over the spec and scale, e.g. "
                        "train.warmup_steps=8000 decode.beam=8 (checked as a spec is; not what a "
