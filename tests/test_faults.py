@@ -517,3 +517,59 @@ def test_a_run_whose_checkpoints_would_not_fit_is_not_started(tmp_path):
     out = cli({**env, "REPRODUCE_TEST_FAULT": "small-disk"}, "table3", "--spec", str(spec),
               "--scale", "smoke", "--dry-run")
     assert re.search(rf"disk: {RUN}'s checkpoints need up to [\d.]+ MB .* has 2 MB free", out.stdout)
+
+
+@pytest.mark.slow
+def test_a_record_on_files_since_edited_is_redone_and_no_table_compares_across_the_edit(tmp_path):
+    data = _local_corpus(tmp_path / "mydata")
+    spec = tmp_path / "mine.yaml"
+    spec.write_text("table: mine\nkind: table3\nsplit: dev\n"
+                    f"base: {json.dumps({'corpus': 'local-en-xx', 'data_dir': str(data)})}\n"
+                    "variants: {base: {}, P1: {set: {p_attn: 0.1}}}\nrows: {P: [P1]}\n")
+    env = _env(tmp_path)
+    cli(env, "table3", "--spec", str(spec), "--scale", "smoke")
+    lines = (data / "train.jsonl").read_text().splitlines()
+    (data / "train.jsonl").write_text("\n".join(lines[:250]) + "\n")  # edited in place
+    # P1 alone: redone on the new text; base's record stays, made on the old
+    out = cli(env, "table3", "--spec", str(spec), "--scale", "smoke", "--variant", "P1")
+    said = out.stdout + out.stderr
+    assert (f"mine-P1-smoke-seed0: its train data ({data / 'train.jsonl'}) changed since it was "
+            "trained (sha256 ") in said
+    assert list((tmp_path / "results" / "mine" / "superseded").glob("mine-P1-smoke-seed0.*.json"))
+    assert _record(tmp_path, "mine-P1-smoke-seed0")["data"]["train_pairs"] <= 250
+    row = next(line for line in (tmp_path / "results" / "mine.md").read_text().splitlines()
+               if line.startswith("| (P) P1"))
+    assert "not compared: trained on other data than base" in row, row
+    # the sweep, run again, redoes base on the new text: the table compares them again
+    out = cli(env, "table3", "--spec", str(spec), "--scale", "smoke")
+    said = out.stdout + out.stderr
+    assert "mine-base-smoke-seed0: its train data" in said
+    assert "mine-P1-smoke-seed0: finished earlier" in said  # its record is of the files as they are
+    table = (tmp_path / "results" / "mine.md").read_text()
+    assert "not compared" not in table
+
+
+def test_checkpoints_of_files_since_edited_are_not_resumed(tmp_path, monkeypatch):
+    # stopped before the edit: no record, only checkpoints; the run's data.json tells them apart
+    from reproduce.runs.records import DATA_FILE, retire_stale
+    from reproduce.runs.sweep import load_spec
+
+    monkeypatch.setenv("REPRODUCE_RUNS", str(tmp_path / "runs"))
+    monkeypatch.setenv("REPRODUCE_RESULTS", str(tmp_path / "results"))
+    data = _local_corpus(tmp_path / "mydata")
+    spec = load_spec(str(_spec(tmp_path / "mine.yaml", {"corpus": "local-en-xx",
+                                                          "data_dir": str(data)})))
+    (run,) = spec.plan(["base"], "smoke", [0])
+    work = tmp_path / "runs" / "mine" / run.run_id
+    retire_stale(run, work)  # before its first step: the files' SHA-256 noted
+    noted = json.loads((work / DATA_FILE).read_text())
+    (work / "checkpoints").mkdir()
+    torch.save({"global_step": 10, "hyper_parameters": {"config": run.config.to_dict()}},
+               work / "checkpoints" / "step10.ckpt")
+    retire_stale(run, work)  # the same files: the checkpoints stay
+    assert (work / "checkpoints" / "step10.ckpt").exists()
+    (data / "train.jsonl").write_text((data / "train.jsonl").read_text().replace("a", "b"))
+    retire_stale(run, work)
+    assert not (work / "checkpoints").exists()
+    assert [p.name for p in work.glob("superseded-*/checkpoints/*")] == ["step10.ckpt"]
+    assert json.loads((work / DATA_FILE).read_text())["train"] != noted["train"]

@@ -102,3 +102,30 @@ def test_table2_base_trains_on_a_download_through_the_cli(tmp_path):
     assert record["data"]["train_pairs"] + record["data"]["dropped_train_pairs"] == 2000
     page = (tmp_path / "mine" / "wmt-download.md").read_text()
     assert f"a download of wmt/wmt14@{REVISION[:12]} in `{root}`" in page
+
+
+def test_the_hub_s_own_snapshot_is_the_same_corpus_as_the_same_download_in_a_folder(
+        tmp_path, monkeypatch):
+    # what `datasets`/`hf download` leave in the Hub cache: <cache>/datasets--wmt--wmt14/
+    # snapshots/<revision>/de-en/*.parquet and refs/main; read offline, through huggingface_hub
+    import huggingface_hub.constants
+
+    from reproduce.data import hub
+    from reproduce.train.fit import local_data
+
+    cache = tmp_path / "hub"
+    write_snapshot(cache / "datasets--wmt--wmt14" / "snapshots" / REVISION, metadata=False)
+    (cache / "datasets--wmt--wmt14" / "refs").mkdir()
+    (cache / "datasets--wmt--wmt14" / "refs" / "main").write_text(REVISION)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    hub.hub_download.cache_clear()
+    from_hub = CorpusSource("wmt14-en-de")  # no data_dir: the Hub, as the spec names it
+    assert from_hub.data_dir == str(cache / "datasets--wmt--wmt14" / "snapshots" / REVISION)
+    folder = write_snapshot(tmp_path / "download")  # the same shards, downloaded to a folder
+    assert from_hub.fingerprint == CorpusSource("wmt14-en-de", str(folder)).fingerprint
+    assert from_hub.pairs("dev") == load_pairs("bible-en-de", "dev")[:60]
+    files = local_data("wmt14-en-de", from_hub.data_dir)["files"]
+    assert (files["train"]["repo"], files["train"]["revision"]) == ("wmt/wmt14", REVISION)
+    hub.hub_download.cache_clear()

@@ -130,6 +130,31 @@ def hub_snapshot(corpus: str, data_dir: str | Path) -> Snapshot | None:
     return Snapshot(root / config, repo, root.name if cached else _local_dir_revision(root, config))
 
 
+@lru_cache(maxsize=8)
+def hub_download(corpus: str) -> Path | None:
+    """The Hub's files of ``corpus`` on this machine, downloaded first where the Hub is reachable:
+    huggingface_hub's snapshot of the repository's language pair (its cache's
+    ``snapshots/<revision>/``, a layout ``hub_snapshot`` reads). So a corpus read from the Hub and
+    the same files given as ``data_dir`` are one corpus: one fingerprint (the shards' SHA-256),
+    one BPE model and one encoded cache, and the record names the revision either way. None
+    where there is no such snapshot (offline without one, a Hub that refused): then ``datasets``
+    is asked by name, as before, and says what is wrong."""
+    spec = corpus_spec(corpus)
+    if spec.hub is None:
+        return None
+    repo, config = spec.hub
+    from huggingface_hub import snapshot_download
+
+    with _hub_access() as offline:
+        try:
+            folder = Path(snapshot_download(repo_id=repo, repo_type="dataset",
+                                            allow_patterns=[f"{config}/*"],
+                                            local_files_only=offline))
+        except Exception:  # noqa: BLE001 - no snapshot here: the datasets path reports why
+            return None
+    return folder if any((folder / config).glob("*.parquet")) else None
+
+
 def _local_dir_revision(root: Path, config: str) -> str | None:
     """The commit a ``--local-dir`` download came from: the first line of the metadata
     huggingface_hub keeps beside it (``.cache/huggingface/download/<file>.metadata``)."""

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from reproduce.data.corpora import SPLITS, corpus_spec, pairs_sha256
-from reproduce.data.hub import local_files, translation_dataset
+from reproduce.data.hub import hub_download, local_files, translation_dataset
 from reproduce.data.loading import load_pairs
 
 logger = logging.getLogger(__name__)
@@ -31,6 +31,12 @@ class CorpusSource:
     extra_trees: str | None = None
     linearization: str = "xx"
     _pairs: dict[str, list[tuple[str, str]]] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        # A Hub corpus is read from its snapshot on disk where there is one (``hub_download``):
+        # the same corpus as that folder given as data_dir, fingerprinted by its shards.
+        if self.data_dir is None and (folder := hub_download(self.corpus)) is not None:
+            self.data_dir = str(folder)
 
     def pairs(self, split: str) -> list[tuple[str, str]]:
         """The (source, target) pairs of ``split``, read once (``load_pairs``) and kept."""
@@ -62,9 +68,11 @@ class CorpusSource:
 
     @cached_property
     def fingerprint(self) -> str:
-        """SHA-256 naming the corpus's content. Local files: their bytes. The Hub: the fingerprints
-        ``datasets`` gives its Arrow files. The Bible and treebanks (a few seconds to read): the
-        pairs of every split themselves, so their reading code is covered too."""
+        """SHA-256 naming the corpus's content. Local files: their bytes (a Hub download, its
+        shards', whether from the Hub's snapshot or a folder). The Hub without a snapshot on
+        disk: the fingerprints ``datasets`` gives its Arrow files. The Bible and treebanks (a few
+        seconds to read): the pairs of every split themselves, so their reading code is covered
+        too."""
         parts: dict[str, object] = {"format": FORMAT, "corpus": self.corpus}
         if self.large and self.data_dir is not None:
             parts["files"] = {split: f["sha256"]

@@ -2,7 +2,8 @@
 and what the finished runs cost. Reads records, claims and run folders; changes nothing.
 
 *stale*: a record made with another config than the spec resolves to now (a scale or spec edited
-since); the next sweep command moves it to ``superseded/`` and redoes the run. *running*: a live
+since), or on a corpus whose files have changed since (``records.data_changed``); the next sweep
+command moves it to ``superseded/`` and redoes the run. *running*: a live
 worker holds the run's claim. *stopped*: the run has a folder (and perhaps
 checkpoints) but no record and no live worker: crashed or interrupted; the next sweep command
 resumes it. *missing*: planned by the spec (at a scale and seed this table has been run at) but
@@ -32,7 +33,7 @@ from reproduce.runs.checkpoints import steps_left
 from reproduce.runs.claims import holder
 from reproduce.runs.diverged import diverged_with
 from reproduce.runs.precision_history import most_common, trained_in
-from reproduce.runs.records import device_hours, every_table_records, load_records, same_config
+from reproduce.runs.records import data_changed, device_hours, every_table_records, load_records, same_config
 from reproduce.runs.schema import Record
 from reproduce.runs.sharing import reuse_lines
 from reproduce.runs.sweep import PlannedRun, load_spec, shipped_specs
@@ -111,8 +112,10 @@ def table_status(table: str, results: Path, runs: Path,
 def _state_of(run: PlannedRun, record: Record | None, folder: Path | None,
               task: queue.Task | None) -> str:
     """done, stale, diverged, queued, running, stopped or missing (the module's words)."""
-    if record is not None:  # stale: made under settings since changed, to be redone
-        return "done" if same_config(record.get("config"), run.config) else "stale"
+    if record is not None:  # stale: made under settings, or on files, since changed: redone
+        fresh = same_config(record.get("config"), run.config) and not data_changed(record,
+                                                                                  run.config)
+        return "done" if fresh else "stale"
     if folder is not None and diverged_with(folder, run.config):
         return "diverged"  # not trained again with this config
     if task is not None and task.queued:

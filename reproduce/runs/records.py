@@ -174,9 +174,11 @@ def plan_state(run: PlannedRun) -> str:
         return f"redo: {e}"
     if record is None:
         return "train"
-    if same_config(record.get("config"), run.config):
-        return "done"
-    return f"redo: {path} was made with another config (it will move to superseded/)"
+    if not same_config(record.get("config"), run.config):
+        return f"redo: {path} was made with another config (it will move to superseded/)"
+    if why := data_changed(record, run.config):
+        return f"redo: {path}: {why} (it will move to superseded/)"
+    return "done"
 
 
 def stored_config(stored: dict[str, Any] | None) -> Config | None:
@@ -215,23 +217,61 @@ def same_config(stored: dict[str, Any] | None, config: Config, training_only: bo
 
 
 def finished(run: PlannedRun) -> Record | None:
-    """The record of ``run`` if it finished with exactly ``run``'s resolved config, else None.
+    """The record of ``run`` if it finished with exactly ``run``'s resolved config, on the data
+    its files hold now, else None.
 
-    A record made under other settings (a scale or spec edited since) is not this run: it is
-    retired by ``execute`` when the run is redone, never shown as this run's result."""
+    A record made under other settings (a scale or spec edited since), or on files since changed
+    (``data_changed``), is not this run: it is retired by ``execute`` when the run is redone,
+    never shown as this run's result."""
     record = load_record(record_path(run))
-    return record if record is not None and same_config(record.get("config"), run.config) else None
+    if record is None or not same_config(record.get("config"), run.config):
+        return None
+    return None if data_changed(record, run.config) else record
+
+
+def data_changed(record: Record, config: Config) -> str | None:
+    """How the data of ``record`` differs from what its corpus's files hold now, or None. Only
+    a corpus read from files (``data_dir``: a user's own files, a Hub download) can change under
+    the same config; each file's SHA-256 is compared with the record's (hashed once per process
+    while its size and modification time stay the same). Files that cannot be read now say
+    nothing here: the run that needs them says what is wrong."""
+    from reproduce.data import is_treebank
+    from reproduce.data.hub import local_files
+    from reproduce.errors import DataError
+
+    then = (record.get("data") or {}).get("files")
+    if not then or not config.data.data_dir or is_treebank(config.data.corpus):
+        return None
+    try:
+        now = local_files(config.data.corpus, config.data.data_dir)
+    except (DataError, OSError):
+        return None
+    for split, files in sorted(now.items()):
+        old = (then.get(split) or {}).get("sha256")
+        if old is not None and old != files["sha256"]:
+            return (f"its {split} data ({files['file']}) changed since it was trained (sha256 "
+                    f"{old[:12]} -> {files['sha256'][:12]})")
+    return None
 
 
 def retire_stale(run: PlannedRun, work: Path) -> None:
-    """Move aside what an earlier config of ``run`` left: its record (to
-    ``results/<table>/superseded/``) and its checkpoints (to ``<work>/superseded-<time>/``), so a
-    changed config neither reuses nor resumes them, and nothing is deleted."""
+    """Move aside what an earlier config of ``run``, or its files as they were (``data_changed``),
+    left: its record (to ``results/<table>/superseded/``) and its checkpoints (to
+    ``<work>/superseded-<time>/``), so a changed config or corpus neither reuses nor resumes them,
+    and nothing is deleted."""
     path = record_path(run)
     record = load_record(path)
     if record is not None and not same_config(record.get("config"), run.config):
         moved = move_aside(path, path.parent / "superseded" / f"{run.run_id}.{{time}}.json")
         log.warning("%s: its record was made with another config; moved to %s", run.run_id, moved)
+    elif record is not None and (why := data_changed(record, run.config)):
+        # trained on the files as they were: its record and its checkpoints both go aside
+        moved = move_aside(path, path.parent / "superseded" / f"{run.run_id}.{{time}}.json")
+        log.warning("%s: %s; its record moved to %s", run.run_id, why, moved)
+        if (work / "checkpoints").exists():
+            aside = move_aside(work / "checkpoints", work / "superseded-{time}" / "checkpoints")
+            log.warning("%s: its checkpoints moved to %s", run.run_id, aside.parent)
+    _retire_checkpoints_of_other_data(run, work)
     last = newest_readable(work / "checkpoints")
     if last is not None:
         saved = torch.load(last, map_location="cpu", weights_only=True)
@@ -245,6 +285,37 @@ def retire_stale(run: PlannedRun, work: Path) -> None:
             moved = move_aside(work / "checkpoints", work / "superseded-{time}" / "checkpoints")
             log.warning("%s: its checkpoints were made with another config; moved to %s",
                         run.run_id, moved.parent)
+
+
+DATA_FILE = "data.json"  # in a run's folder: the SHA-256 of each file its checkpoints trained on
+
+
+def _retire_checkpoints_of_other_data(run: PlannedRun, work: Path) -> None:
+    """A run on files (``data_dir``) notes their SHA-256 in its folder before it trains; its
+    checkpoints from files since changed (stopped before the edit, no record yet) go aside."""
+    from reproduce.data import is_treebank
+    from reproduce.data.hub import local_files
+    from reproduce.errors import DataError
+
+    c = run.config.data
+    if not c.data_dir or is_treebank(c.corpus):
+        return
+    try:
+        now = {split: f["sha256"] for split, f in local_files(c.corpus, c.data_dir).items()}
+    except (DataError, OSError):
+        return  # the run says what is wrong with its files when it reads them
+    path = work / DATA_FILE
+    try:
+        then = json.loads(path.read_text())
+    except (OSError, ValueError):
+        then = None
+    if then is not None and then != now and (work / "checkpoints").exists():
+        aside = move_aside(work / "checkpoints", work / "superseded-{time}" / "checkpoints")
+        log.warning("%s: its checkpoints were trained on %s as it was before an edit; moved to "
+                    "%s", run.run_id, c.data_dir, aside.parent)
+    if then != now:
+        work.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps(now, indent=1).encode())
 
 
 def recorded_command(argv: Sequence[str]) -> str:

@@ -51,6 +51,19 @@ def corpus_note(records: list[Record]) -> str:
     return " ".join(notes)
 
 
+def other_data(variant: list[Record], base: list[Record]) -> str | None:
+    """Why a variant's change from base is not a verdict: its runs and base's were trained on
+    different data (the corpus's fingerprint: its files edited between them, another download).
+    None when they share it, or a record predates fingerprints."""
+    ours = {r["data"].get("fingerprint") for r in variant}
+    theirs = {r["data"].get("fingerprint") for r in base}
+    if not ours or not theirs or None in ours | theirs or ours == theirs:
+        return None
+    return (f"not compared: trained on other data than base (corpus "
+            f"{', '.join(sorted(f[:12] for f in ours if f))} vs base's "
+            f"{', '.join(sorted(f[:12] for f in theirs if f))})")
+
+
 def _train_pairs(records: list[Record]) -> str:
     """How many training pairs the runs used, and how they were taken where not all
     (``data.train_every``, ``data.max_train_pairs``)."""

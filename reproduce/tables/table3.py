@@ -16,6 +16,7 @@ from reproduce.tables.common import (
     fmt,
     hours_note,
     mean_std,
+    other_data,
     reference_line,
     scale_note,
     signed,
@@ -104,14 +105,15 @@ def _scale_table(spec: Spec, scale: str, records: list[Record]) -> list[str]:
             metric = [[r["metrics"][k] for r in ours] for k in ("dev_ppl", "dev_bleu", "test_bleu")]
             verdicts = [compare_to_base(spec, runs, name, key, paper_key)
                         for key, paper_key in COMPARED]
+            apart = other_data(ours, runs.get("base", [])) if name != "base" else None
             for v in verdicts:
-                tally[v.metric][v.verdict] += name != "base"
+                tally[v.metric][v.verdict] += name != "base" and not apart
             delta = ["" if name == "base" else f"{v.paper_cell or '–'} / {v.ours_cell or '–'}"
                      for v in verdicts]
             cells = [label, configuration(spec, name), fmt(paper.get("ppl"), 2),
                      mean_std(metric[0], 2), delta[0], fmt(paper.get("bleu")),
                      mean_std(metric[1], 1), delta[1],
-                     "" if name == "base" else "; ".join(v.verdict for v in verdicts)]
+                     "" if name == "base" else apart or "; ".join(v.verdict for v in verdicts)]
             out.append("| " + " | ".join(cells) + " |")
             if ours:
                 m = config_of(ours[0]).model

@@ -50,12 +50,13 @@ def build_data(c: Config):
     return tokenizer, data
 
 
-def local_data(c: Config) -> dict[str, Any]:
-    """Where a run's own parallel files are and what they hold (path, size, SHA-256 per split),
-    so its table names them instead of the corpus the spec called them."""
-    if not c.data.data_dir or is_treebank(c.data.corpus):
+def local_data(corpus: str, data_dir: str | None) -> dict[str, Any]:
+    """Where a run's files are and what they hold (path, size, SHA-256 per split; a Hub
+    download's repository, revision and shards), so its table names them instead of the corpus
+    the spec called them. ``data_dir``: the corpus source's (the spec's, or the Hub's snapshot)."""
+    if not data_dir or is_treebank(corpus):
         return {}
-    return {"data_dir": c.data.data_dir, "files": local_files(c.data.corpus, c.data.data_dir)}
+    return {"data_dir": data_dir, "files": local_files(corpus, data_dir)}
 
 
 def fit(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=(),

@@ -283,7 +283,7 @@ def _data_summary(c: Config, data, tokenizer) -> DataSummary:
         "train_sample_pairs": data.train_sample_pairs, "test_pairs": len(data.test_pairs),
         "vocab_size": tokenizer.vocab_size, "sha256": data.sha256,
         "vocab_sha256": tokenizer.sha256, "reference_ppl": data.reference_perplexities()}
-    if files := local_data(c):
+    if files := local_data(c.data.corpus, data.source.data_dir):
         summary["data_dir"], summary["files"] = files["data_dir"], files["files"]
     summary["fingerprint"] = data.source.fingerprint
     if data.cache_folder:
