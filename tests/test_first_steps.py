@@ -1,6 +1,9 @@
 """docs/first-steps.md works as written: its commands, taken from the page itself, run in a
-fresh folder at the smoke scale (the page's only change), and say what the page says they do."""
+fresh folder at the smoke scale (the page's only change), and say what the page says they do.
+The row A they train is also what the CLI's end-to-end tests read (records, render, skip, resume,
+bad input): one training of the row for both."""
 
+import json
 import os
 import shlex
 import shutil
@@ -10,8 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import WANDB_OFFLINE, cli
+
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "first-steps.md"
+pytestmark = pytest.mark.slow
 
 
 def _commands() -> list[list[str]]:
@@ -25,20 +31,34 @@ def _commands() -> list[list[str]]:
 def _run(args: list[str], cwd: Path) -> str:
     if args[0].startswith("table"):
         args = [*args, "--scale", "smoke", "--workers", "1"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("REPRODUCE_")}
     out = subprocess.run([sys.executable, "-m", "reproduce", *args], cwd=cwd, capture_output=True,
-                         text=True, timeout=600,
-                         env={**env, "REPRODUCE_CACHE": str(cwd / "cache"), "OMP_NUM_THREADS": "1"})
+                         text=True, timeout=600, env=_env(cwd))
     assert out.returncode == 0, f"{args}\n{out.stdout}\n{out.stderr}"
     return out.stdout + out.stderr
 
 
-@pytest.mark.slow
-def test_the_first_steps_work_as_written(tmp_path):
+def _env(cwd: Path) -> dict[str, str]:
+    """A new user's environment (no REPRODUCE_* folders: the page's --results decides), W&B
+    offline as without a key; the later tests' CLI calls reach the same folders through it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REPRODUCE_")}
+    return {**env, **WANDB_OFFLINE, "REPRODUCE_CACHE": str(cwd / "cache"), "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory):
+    """The page's commands, run once in a fresh folder; the tests below read what they left.
+    Returns (env, results, outputs) with env reaching the page's folders from anywhere."""
+    root = tmp_path_factory.mktemp("first-steps")
     # the page's own example spec, copied as it says
-    shutil.copy(ROOT / "sweeps" / "examples" / "attention_dropout.yaml", tmp_path / "my_row.yaml")
-    plan, train, status, own_row = (_run(args, tmp_path) for args in _commands())
-    mine = tmp_path / "mine"
+    shutil.copy(ROOT / "sweeps" / "examples" / "attention_dropout.yaml", root / "my_row.yaml")
+    outputs = [_run(args, root) for args in _commands()]
+    env = {**_env(root), "REPRODUCE_RESULTS": str(root / "mine"),
+           "REPRODUCE_RUNS": str(root / "mine" / "runs")}
+    return env, root / "mine", outputs
+
+
+def test_the_first_steps_work_as_written(page):
+    _, mine, (plan, train, status, own_row) = page
     assert "GUESS: no record of this CPU to fit; 30% of the probe" in plan  # as the page explains
     assert sorted(p.stem for p in (mine / "table3").glob("*.json")) == [
         f"table3-{v}-smoke-seed0" for v in ("A1", "A2", "A3", "A4", "base")]
@@ -47,6 +67,83 @@ def test_the_first_steps_work_as_written(tmp_path):
         in status  # the other rows are the missing ones
     # your row: base's training is the folder's table3 base, evaluated again, not retrained
     assert "the same training as table3-base-smoke-seed0" in own_row
-    page = (mine / "attention-dropout.md").read_text()
-    row = next(line for line in page.splitlines() if line.startswith("| (P_attn) P1"))
+    page_md = (mine / "attention-dropout.md").read_text()
+    row = next(line for line in page_md.splitlines() if line.startswith("| (P_attn) P1"))
     assert row.endswith("n/a |"), row  # no paper figures, no verdict
+
+
+# The same row A, read by the CLI's end-to-end tests: records, rendering, skipping, resuming and
+# bad input (one training of row A for both).
+
+
+def test_row_a_writes_five_records_and_the_table(page):
+    env, results, _ = page
+    records = sorted((results / "table3").glob("*.json"))
+    assert [p.stem for p in records] == [f"table3-{v}-smoke-seed0" for v in
+                                         ("A1", "A2", "A3", "A4", "base")]
+    for path in records:
+        r = json.loads(path.read_text())
+        assert r["scale"] == "smoke" and r["seed"] == 0 and r["split"] == "dev"
+        assert r["metrics"]["train_steps"] == r["config"]["train"]["train_steps"] > 0
+        assert r["metrics"]["dev_ppl"] > 1
+        assert r["bleu"]["dev"]["sacrebleu"]["signature"].startswith("nrefs:1|case:mixed")
+        assert r["bleu"]["test"]["tokenized"]["kind"] == "tokenized-compound-split"
+        assert r["command"].startswith("python -m reproduce table3 --row A --results mine")
+        assert r["commit"]["sha"] and r["hardware"]["cpu"] and r["wall_seconds"] > 0
+        assert list(r["phases"]) == ["data", "fit", "average", "dev_ppl", "decode"]
+        assert r["phases"]["fit"] >= r["metrics"]["train_seconds"] > 0
+        assert sum(r["phases"].values()) <= r["wall_seconds"] + 0.5  # each rounded to 0.1 s
+        assert r["wandb"]["mode"] == "offline" and r["wandb"]["id"]
+    a1 = json.loads((results / "table3" / "table3-A1-smoke-seed0.json").read_text())
+    assert (a1["config"]["model"]["h"], a1["config"]["model"]["d_k"]) == (1, 32)
+    table = (results / "table3.md").read_text()
+    base = json.loads((results / "table3" / "table3-base-smoke-seed0.json").read_text())
+    assert f"| {base['metrics']['dev_ppl']:.2f} |" in table
+    assert "## Scale `smoke`" in table
+    assert (results / "table3-smoke.png").read_bytes()[:4] == b"\x89PNG"
+    steps = [point[0] for point in base["curve"]["train_loss"]]
+    assert steps == sorted(set(steps)) and steps[-1] == base["metrics"]["train_steps"]
+
+
+def test_running_again_skips_finished_runs(page):
+    env, results, _ = page
+    before = {p: p.read_bytes() for p in (results / "table3").glob("*.json")}
+    out = cli(env, "table3", "--row", "A", "--scale", "smoke")
+    assert out.stdout.count("finished earlier") == 5
+    assert {p: p.read_bytes() for p in (results / "table3").glob("*.json")} == before
+
+
+def test_render_trains_nothing_and_rewrites_the_table_from_records(page):
+    env, results, _ = page
+    (results / "table3.md").unlink()
+    before = sorted((results / "table3").glob("*.json"))
+    out = cli(env, "table3", "--row", "B", "--scale", "smoke", "--render")
+    assert "finished earlier" not in out.stdout and "recorded" not in out.stdout
+    assert sorted((results / "table3").glob("*.json")) == before  # row B was not trained
+    assert "## Scale `smoke`" in (results / "table3.md").read_text()
+
+
+def test_a_run_whose_record_is_lost_resumes_from_its_checkpoint(page):
+    env, results, _ = page
+    path = results / "table3" / "table3-A2-smoke-seed0.json"
+    old = json.loads(path.read_text())
+    path.unlink()
+    out = cli(env, "table3", "--variant", "A2", "--scale", "smoke")
+    assert "resuming from" in out.stdout
+    new = json.loads(path.read_text())
+    assert new["resumed"] and new["metrics"]["train_steps"] == old["metrics"]["train_steps"]
+    assert new["metrics"]["dev_ppl"] == pytest.approx(old["metrics"]["dev_ppl"], rel=1e-3)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["table3", "--row", "Z", "--scale", "smoke"], "unknown row 'Z'; valid rows: A, B, C"),
+    (["table3", "--variant", "A9"], "unknown variant 'A9'; valid variants: base, A1"),
+    (["table3", "--row", "A", "--scale", "huge"], "unknown scale 'huge'; valid scales: paper, cpu"),
+])
+def test_bad_input_is_one_line_and_nonzero(page, args, message):
+    env, results, _ = page
+    before = sorted(p.name for p in (results / "table3").glob("*.json"))
+    out = cli(env, *args, check=False)
+    assert out.returncode == 2
+    assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    assert sorted(p.name for p in (results / "table3").glob("*.json")) == before
