@@ -1,7 +1,6 @@
-"""Cluster runs: the SLURM submission plan and job definitions, run through submitit's local
-executor (there is no SLURM here)."""
+"""Cluster runs without a cluster: the SLURM submission plan, its options and arrays, the job
+definitions and the requeue guard. Against a real SLURM: ``tests/test_slurm_cluster.py``."""
 
-import json
 import os
 import re
 from pathlib import Path
@@ -39,24 +38,6 @@ def test_big_gets_three_times_the_time_and_gpus_can_be_changed():
     assert (two["gpus_per_node"], two["ntasks_per_node"], two["nodes"]) == (4, 4, 2)
     cpu = launch.slurm_parameters("cpu", spec.plan(["base"], "cpu", [0]))
     assert "gpus_per_node" not in cpu and cpu["cpus_per_task"] == 2
-
-
-@pytest.mark.slow
-def test_local_executor_runs_the_job_and_a_second_submission_skips_it(tmp_path, monkeypatch):
-    monkeypatch.setenv("REPRODUCE_RESULTS", str(tmp_path / "results"))
-    monkeypatch.setenv("REPRODUCE_RUNS", str(tmp_path / "runs"))
-    monkeypatch.setenv("REPRODUCE_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    spec = load_spec("table3")
-    runs = spec.plan(["A3"], "smoke", [0])
-    executor = launch.executor_for(tmp_path / "jobs", "smoke", runs, where="local")
-    (job,) = launch.submit(executor, str(spec.path), runs, spec.split, "python -m reproduce test")
-    assert job.result(), job.stderr()
-    assert job.result().startswith("table3-A3-smoke-seed0: recorded, dev PPL")
-    record = json.loads((tmp_path / "results" / "table3" / "table3-A3-smoke-seed0.json").read_text())
-    assert record["command"] == "python -m reproduce test"
-    (again,) = launch.submit(executor, str(spec.path), runs, spec.split, "python -m reproduce test")
-    assert again.result() == "table3-A3-smoke-seed0: finished earlier"
 
 
 def test_set_values_travel_with_each_array_task():

@@ -1,7 +1,8 @@
 """One run on two ranks (DDP over CPU processes) through the real CLI, at `smoke`, and how it
 stops and resumes: one record, one W&B run, one table; a killed rank; SIGTERM and kill -9 of the
-process that started the ranks; Ctrl-C; two simulated SLURM nodes, USR2 and the requeue. Every
-interrupted run's record must equal that of the same run never interrupted (``two_ranks``)."""
+process that started the ranks; Ctrl-C. Every interrupted run's record must equal that of the
+same run never interrupted (``two_ranks``). Two SLURM nodes, USR2 and the requeue run on a real
+SLURM: ``tests/test_slurm_cluster.py``."""
 
 import json
 import os
@@ -16,9 +17,7 @@ import pytest
 import torch
 
 from reproduce.runs import claims
-from reproduce.tables.common import layouts
 from reproduce.train import devices
-from tests import slurm_sim
 from tests.helpers import WANDB_OFFLINE, cli, cli_env
 
 pytestmark = pytest.mark.slow
@@ -219,48 +218,7 @@ def _comparable(record: dict) -> dict:
             "curve": {k: [[p[0], p[2]] for p in v] for k, v in record["curve"].items()}}
 
 
-def test_one_run_over_two_simulated_nodes_equals_two_processes_on_one_and_usr2_requeues_it(
-        tmp_path, two_ranks):
-    """`--launcher slurm --nodes 2`: one run over two nodes' tasks (simulated on this machine,
-    `tests/slurm_sim.py`) trains what 1 node x 2 processes trains: same metrics, same curve. USR2
-    (the time limit is near) saves the step in flight, rank 0 requeues the job (`scontrol`) and
-    the requeued start resumes from that step exactly."""
-    args, reference = two_ranks.args, two_ranks.record
-    root = tmp_path / "cluster"
-    env = {**cli_env(root, threads=1), **slurm_sim.install(root / "slurm")}
-    out = cli(env, *args, "--launcher", "slurm", "--nodes", "2")
-    assert f"{RUN}: 2 nodes x 1 task(s)" in out.stdout
-    [job] = slurm_sim.jobs(root / "slurm")
-    assert f"{RUN}: job {job}\n" in out.stdout
-    work = root / "runs" / "table3" / RUN
-    first = slurm_sim.start(root / "slurm", job, env)
-    deadline = time.time() + 300
-    while _newest_step(work) < 9:
-        assert first.poll() is None and time.time() < deadline, _task_logs(root)
-        time.sleep(0.05)
-    os.kill(slurm_sim.srun_pid(root / "slurm", job), signal.SIGUSR2)
-    assert first.wait(timeout=120) != 0
-    assert slurm_sim.requeued(root / "slurm") == [f"requeue {job}"], _task_logs(root)
-    saved = work / "checkpoints" / "preempted.ckpt"
-    step = torch.load(saved, map_location="cpu", weights_only=False)["global_step"]
-    assert 9 <= step < 30
-    assert not (root / "results" / "table3" / f"{RUN}.json").exists()
-
-    again = slurm_sim.start(root / "slurm", job, env, restart=1)
-    assert again.wait(timeout=300) == 0, _task_logs(root)
-    record = _record(root, "table3")
-    assert record["resumed_from"]["step"] == step
-    assert (record["batch"]["nodes"], record["batch"]["world_size"]) == (2, 2)
-    assert _comparable(record) == _comparable(reference)
-    assert layouts([record]).startswith("2 nodes x 1 CPU process (DDP) x 1 accumulated")
-
-
 def _newest_step(work: Path) -> int:
     steps = [int(p.stem[4:]) for p in (work / "checkpoints").glob("step*.ckpt")
              if p.stem[4:].isdigit()] if (work / "checkpoints").exists() else []
     return max(steps, default=-1)
-
-
-def _task_logs(root: Path) -> str:
-    return "\n".join(f"--- {p}\n{p.read_text()[-3000:]}"
-                     for p in sorted((root / "runs").rglob("*_log.err")))

@@ -1,7 +1,7 @@
 """``--launcher slurm`` against a real SLURM: two nodes on this machine, brought up by
 ``tools/slurm/cluster.sh up`` (Debian's slurm-wlm and munge; issue 50). Without one these tests
 skip, saying how to start it, except in CI (``REPRODUCE_SLURM_REQUIRED``, set by ``.ci/run``),
-where they fail; ``tests/slurm_sim.py`` still covers what they do not."""
+where they fail."""
 
 import json
 import os
@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from reproduce.tables.common import layouts
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = Path(os.environ.get("REPRODUCE_SLURM_DIR", "/tmp/reproduce-slurm")) / "slurm.conf"
@@ -63,14 +65,6 @@ def test_an_array_task_per_run_leaves_their_records(slurm_env, tmp_path):
     _wait_for_queue(slurm_env, out)
     records = sorted(p.name for p in (tmp_path / "mine" / "table3").glob("*.json"))
     assert records == ["table3-A1-smoke-seed0.json", "table3-base-smoke-seed0.json"]
-
-
-def test_one_run_over_both_nodes_is_one_ddp_run(slurm_env, tmp_path):
-    out = _submit(slurm_env, tmp_path, "--variant", "base", "--nodes", "2", "--gpus-per-node", "0")
-    _wait_for_queue(slurm_env, out)
-    record = json.loads((tmp_path / "mine" / "table3" / "table3-base-smoke-seed0.json").read_text())
-    assert (record["batch"]["nodes"], record["batch"]["world_size"]) == (2, 2)
-    assert record["batch"]["strategy"].startswith("ddp")
 
 
 def test_a_request_the_cluster_refuses_is_one_line(slurm_env, tmp_path):
@@ -159,12 +153,16 @@ def _job_of(stdout: str) -> str:
     return stdout.split("table3-base-smoke-seed0: job ")[1].split()[0]
 
 
-def test_sigterm_and_usr2_mid_run_save_resume_and_end_with_the_uninterrupted_record(
+def test_one_run_over_both_nodes_stopped_and_requeued_ends_as_two_local_processes_do(
         slurm_env, tmp_path):
+    """One DDP run over both nodes (a task each); scancel (SIGTERM) saves at its step without a
+    requeue; submitted again it resumes; USR2 (the time limit is near) saves, requeues and it
+    resumes again. Its record equals the same run's on 2 local processes, never interrupted."""
     steps = ("--variant", "base", "--set", "train.train_steps=80")
     folder = tmp_path / "mine" / "runs" / "table3" / "slurm"
-    # scancel (SIGTERM): saved at its step, not requeued; the log ends in one line, no traceback
-    first = _submit(slurm_env, tmp_path, *steps, WANDB_MODE="offline")
+    first = _submit(slurm_env, tmp_path, *steps, "--nodes", "2", "--gpus-per-node", "0",
+                    WANDB_MODE="offline")
+    assert "table3-base-smoke-seed0: 2 nodes x 1 task(s)" in first
     job = _job_of(first)
     _wait_for_step(folder / job / f"{job}_0_log.out", 15)
     subprocess.run(["scancel", job], env=slurm_env, check=True)
@@ -172,24 +170,28 @@ def test_sigterm_and_usr2_mid_run_save_resume_and_end_with_the_uninterrupted_rec
     err = (folder / job / f"{job}_0_log.err").read_text()
     assert "table3-base-smoke-seed0: stopped by SIGTERM at step" in err, err[-3000:]
     assert "saved at that step" in err and "Traceback" not in err, err[-3000:]
-    # submitted again: it resumes; USR2 (the time limit is near) saves, requeues, resumes, ends
-    second = _submit(slurm_env, tmp_path, *steps, WANDB_MODE="offline")
+    second = _submit(slurm_env, tmp_path, *steps, "--nodes", "2", "--gpus-per-node", "0",
+                     WANDB_MODE="offline")
     job = _job_of(second)
     log = folder / job / f"{job}_0_log.out"
     _wait_for_step(log, 40, after="resuming from")
     subprocess.run(["scancel", "--signal=USR2", job], env=slurm_env, check=True)
     _wait_for_queue(slurm_env, second, timeout=300)
     assert "requeueing job" in log.read_text()
-    assert "Traceback" not in (folder / job / f"{job}_0_log.err").read_text()
+    for rank in (0, 1):
+        assert "Traceback" not in (folder / job / f"{job}_{rank}_log.err").read_text()
     resumed = json.loads((tmp_path / "mine" / "table3" / "table3-base-smoke-seed0.json").read_text())
     assert resumed["resumed_from"]["step"] >= 40
-    # the same run, uninterrupted, here
+    assert (resumed["batch"]["nodes"], resumed["batch"]["world_size"]) == (2, 2)
+    assert resumed["batch"]["strategy"].startswith("ddp")
+    assert layouts([resumed]).startswith("2 nodes x 1 CPU process (DDP) x 1 accumulated")
+    # the same run on two processes here, never interrupted
     user = {k: v for k, v in slurm_env.items() if not k.startswith("REPRODUCE_")}
     here = subprocess.run([sys.executable, "-m", "reproduce", "table3", "--scale", "smoke", *steps,
-                           "--results", str(tmp_path / "here")],
+                           "--devices", "2", "--results", str(tmp_path / "here")],
                           env={**user, "REPRODUCE_CACHE": str(tmp_path / "cache"),
-                               "WANDB_MODE": "disabled"}, capture_output=True, text=True,
-                          timeout=300)
+                               "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "2"},
+                          capture_output=True, text=True, timeout=300)
     assert here.returncode == 0, here.stdout + here.stderr
     reference = json.loads((tmp_path / "here" / "table3" / "table3-base-smoke-seed0.json")
                            .read_text())

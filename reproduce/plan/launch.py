@@ -296,20 +296,12 @@ def submitit_parameters() -> set[str]:
     return set(SlurmExecutor._valid_parameters()) - set(OWNED)
 
 
-def executor_for(folder: Path, scale: str, runs: list[PlannedRun], cluster: Cluster = Cluster(),
-                 where: str = "slurm"):
-    """A submitit executor with these runs' resources (one array). ``where="local"`` runs the
-    same jobs as local processes (a test uses it; another submits to a simulated SLURM:
-    ``tests/slurm_sim``)."""
+def executor_for(folder: Path, scale: str, runs: list[PlannedRun], cluster: Cluster = Cluster()):
+    """A submitit SLURM executor with these runs' resources (one array)."""
     import submitit
 
-    params = slurm_parameters(scale, runs, cluster)
-    if where == "local":
-        executor = submitit.LocalExecutor(folder=folder / "%j")
-        executor.update_parameters(timeout_min=params["time"])
-        return executor
     slurm = submitit.SlurmExecutor(folder=folder / "%j")
-    slurm.update_parameters(**params)
+    slurm.update_parameters(**slurm_parameters(scale, runs, cluster))
     return slurm
 
 
