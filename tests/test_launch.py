@@ -179,3 +179,21 @@ def test_status_counts_the_steps_a_run_was_submitted_with(tmp_path):
     task = queue.Task(run.run_id, "5_0", "", "", {"train_steps": 1500}, "RUNNING")
     assert progress._with_sets(run, None, task).config.train.train_steps == 1500
     assert progress._with_sets(run, None, None).config.train.train_steps == 30
+
+
+def test_a_refused_requeue_is_one_line_that_says_how_to_resume(tmp_path, monkeypatch):
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "scontrol").write_text("#!/bin/sh\necho 'scontrol: error: Requested operation is "
+                                   "presently disabled for job 42' >&2\nexit 1\n")
+    (fake / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    for key, value in (("SUBMITIT_EXECUTOR", "slurm"), ("SLURM_JOB_ID", "42"),
+                       ("SLURM_PROCID", "0"), ("SLURM_NTASKS", "1")):
+        monkeypatch.setenv(key, value)
+    with pytest.raises(SystemExit) as stop:
+        launch.requeue(tmp_path / "table3-base-paper-seed0", 1200)
+    assert str(stop.value) == (
+        "not requeued: scontrol requeue 42 failed (scontrol: error: Requested operation is "
+        "presently disabled for job 42); what was trained is saved: submit the same command "
+        "again to resume it")

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from reproduce.errors import ConfigError, Stopped
+from reproduce.errors import ConfigError, Stopped, one_line
 from reproduce.paths import runs_dir
 from reproduce.runs.records import finished
 from reproduce.runs.sweep import PlannedRun, load_spec, with_sets
@@ -176,7 +176,16 @@ def requeue(work: Path | None = None, step: int | None = None) -> None:
         if work is not None and (why := stalled(work, job, step)):
             raise SystemExit(f"not requeued: {why}")
         log.warning("requeueing job %s: it resumes from its newest checkpoint", job)
-        subprocess.run(["scontrol", "requeue", job], check=False, timeout=60)
+        try:
+            done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True,
+                                  timeout=60)
+            said = " ".join((done.stderr or done.stdout or f"exit {done.returncode}").split())
+            refused = said[:200] if done.returncode else None
+        except (OSError, subprocess.TimeoutExpired) as e:
+            refused = one_line(e, 200)
+        if refused is not None:  # the step is saved: a resubmission resumes it
+            raise SystemExit(f"not requeued: scontrol requeue {job} failed ({refused}); what "
+                             "was trained is saved: submit the same command again to resume it")
     raise SystemExit("preempted: requeued")
 
 
