@@ -530,6 +530,9 @@ def test_a_record_on_files_since_edited_is_redone_and_no_table_compares_across_t
     cli(env, "table3", "--spec", str(spec), "--scale", "smoke")
     lines = (data / "train.jsonl").read_text().splitlines()
     (data / "train.jsonl").write_text("\n".join(lines[:250]) + "\n")  # edited in place
+    plan = cli(env, "table3", "--spec", str(spec), "--scale", "smoke", "--dry-run").stdout
+    assert (f"mine-base-smoke-seed0: will be redone: {tmp_path / 'results' / 'mine'}/"
+            "mine-base-smoke-seed0.json: its train data") in plan
     # P1 alone: redone on the new text; base's record stays, made on the old
     out = cli(env, "table3", "--spec", str(spec), "--scale", "smoke", "--variant", "P1")
     said = out.stdout + out.stderr

@@ -132,6 +132,8 @@ def test_time_limits_read_in_every_form_sbatch_takes(text, minutes):
     ("mem=lots", "--slurm mem='lots': expected a size as sbatch takes it"),
     ("cpus-per-task=0", "--slurm cpus_per_task='0': expected a positive whole number"),
     ("nodes=2", "--slurm nodes: the harness sets it (use --nodes N)"),
+    ("cpus-per-gpu=4", "--slurm cpus_per_gpu: the harness sets it (use cpus-per-task: one task"),
+    ("requeue", "--slurm requeue: the harness sets it (always asked for)"),
     ("gres=gpu:2", "use --gpus-per-node N, and constraint=TYPE"),
     ("=x", "expected KEY=VALUE with KEY an sbatch option"),
 ])
@@ -155,7 +157,7 @@ def test_the_docs_table_of_defaults_is_the_launcher_s():
         assert row in page, row
 
 
-def test_a_run_requeued_again_and_again_without_progress_is_not_requeued_a_fourth_time(tmp_path):
+def test_a_run_stopped_three_times_without_progress_is_not_requeued_the_third_time(tmp_path):
     work = tmp_path / "table3-base-paper-seed0"
     # stops at a new step each time: always requeued
     assert [launch.stalled(work, "7_0", step) for step in (100, 250, 400, 400)] == [None] * 4

@@ -58,18 +58,20 @@ BIG_STEPS = 100_000  # a paper run with more steps than this (big: 300k) gets 3x
 # value there would break the run rather than change it; every other sbatch option passes through
 # (submitit's own names as submitit takes them, the rest as `#SBATCH --key=value`).
 OWNED = {
-    "nodes": "--nodes N", "ntasks": "--nodes and --gpus-per-node (one task per GPU)",
-    "ntasks_per_node": "--gpus-per-node (one task per GPU)",
-    "gpus_per_node": "--gpus-per-node", "gpus": "--gpus-per-node", "num_gpus": "--gpus-per-node",
-    "gpus_per_task": "--gpus-per-node (one task per GPU)",
-    "gres": "--gpus-per-node N, and constraint=TYPE for a kind of GPU",
+    "nodes": "use --nodes N", "ntasks": "use --nodes and --gpus-per-node: one task per GPU",
+    "ntasks_per_node": "use --gpus-per-node: one task per GPU",
+    "ntasks_per_gpu": "use --gpus-per-node: one task per GPU",
+    "gpus_per_node": "use --gpus-per-node", "gpus": "use --gpus-per-node",
+    "num_gpus": "use --gpus-per-node", "gpus_per_task": "use --gpus-per-node: one task per GPU",
+    "gpus_per_socket": "use --gpus-per-node", "cpus_per_gpu": "use cpus-per-task: one task per GPU",
+    "gres": "use --gpus-per-node N, and constraint=TYPE for a kind of GPU",
     "array": "one array per resource set, made by the harness",
     "output": "submitit's log paths", "error": "submitit's log paths",
-    "open_mode": "submitit's log paths", "signal": "signal_delay_s=SECONDS",
-    "requeue": "the harness (it always asks for --requeue)", "no_requeue": "the harness",
-    "setup": "submitit", "teardown": "submitit", "srun_args": "submitit", "use_srun": "submitit",
-    "additional_parameters": "--slurm KEY=VALUE itself", "map_count": "submitit",
-    "stderr_to_stdout": "submitit", "wrap": "submitit",
+    "open_mode": "submitit's log paths", "signal": "use signal_delay_s=SECONDS to move it",
+    "requeue": "always asked for", "no_requeue": "the harness asks for --requeue",
+    "setup": "submitit's", "teardown": "submitit's", "srun_args": "submitit's",
+    "use_srun": "submitit's", "additional_parameters": "--slurm KEY=VALUE is that",
+    "map_count": "submitit's", "stderr_to_stdout": "submitit's", "wrap": "submitit's command",
 }
 INTEGER = ("cpus_per_task", "array_parallelism", "signal_delay_s")
 
@@ -97,7 +99,7 @@ def parse_options(values: list[str]) -> tuple[tuple[str, Any], ...]:
             raise ConfigError(f"--slurm {value!r}: expected KEY=VALUE with KEY an sbatch option "
                               "(time, mem, cpus-per-task, account, qos, partition, constraint, ...)")
         if key in OWNED:
-            raise ConfigError(f"--slurm {key}: the harness sets it (use {OWNED[key]})")
+            raise ConfigError(f"--slurm {key}: the harness sets it ({OWNED[key]})")
         parsed: Any = text if sep else True
         if key == "time":
             parsed = minutes(text)
