@@ -40,13 +40,7 @@ def own_wandb_service(monkeypatch):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Balance the xdist workers (``--dist loadgroup``, pyproject.toml): the tests that share a
-    module-scoped fixture (one uninterrupted run that several compare with) stay on one worker,
-    so it is computed once; every other test goes to whichever worker is free. The slow tests
-    (the real CLI) go first, so no long one is left alone at the end."""
-    for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        defs = info.name2fixturedefs.values() if info is not None else []
-        if any(d and d[-1].scope == "module" for d in defs):
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+    """The slow tests (the real CLI) first, so no long one is left alone at the end; each test
+    file runs on one worker (``--dist loadfile``, pyproject.toml), its module fixtures built
+    once."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: slow first
