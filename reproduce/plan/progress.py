@@ -33,7 +33,7 @@ from reproduce.runs.checkpoints import steps_left
 from reproduce.runs.claims import holder
 from reproduce.runs.diverged import diverged_with
 from reproduce.runs.precision_history import most_common, trained_in
-from reproduce.runs.records import data_changed, device_hours, every_table_records, load_records, same_config
+from reproduce.runs.records import device_hours, every_table_records, is_current, load_records
 from reproduce.runs.schema import Record
 from reproduce.runs.sharing import reuse_lines
 from reproduce.runs.sweep import PlannedRun, load_spec, shipped_specs
@@ -113,9 +113,7 @@ def _state_of(run: PlannedRun, record: Record | None, folder: Path | None,
               task: queue.Task | None) -> str:
     """done, stale, diverged, queued, running, stopped or missing (the module's words)."""
     if record is not None:  # stale: made under settings, or on files, since changed: redone
-        fresh = same_config(record.get("config"), run.config) and not data_changed(record,
-                                                                                  run.config)
-        return "done" if fresh else "stale"
+        return "done" if is_current(record, run.config) else "stale"
     if folder is not None and diverged_with(folder, run.config):
         return "diverged"  # not trained again with this config
     if task is not None and task.queued:

@@ -224,27 +224,21 @@ def finished(run: PlannedRun) -> Record | None:
     (``data_changed``), is not this run: it is retired by ``execute`` when the run is redone,
     never shown as this run's result."""
     record = load_record(record_path(run))
-    if record is None or not same_config(record.get("config"), run.config):
-        return None
-    return None if data_changed(record, run.config) else record
+    return record if record is not None and is_current(record, run.config) else None
+
+
+def is_current(record: Record, config: Config) -> bool:
+    """Whether ``record`` is of ``config`` and of the data its files hold now."""
+    return same_config(record.get("config"), config) and not data_changed(record, config)
 
 
 def data_changed(record: Record, config: Config) -> str | None:
     """How the data of ``record`` differs from what its corpus's files hold now, or None. Only
     a corpus read from files (``data_dir``: a user's own files, a Hub download) can change under
-    the same config; each file's SHA-256 is compared with the record's (hashed once per process
-    while its size and modification time stay the same). Files that cannot be read now say
-    nothing here: the run that needs them says what is wrong."""
-    from reproduce.data import is_treebank
-    from reproduce.data.hub import local_files
-    from reproduce.errors import DataError
-
+    the same config; each file's SHA-256 is compared with the record's (``files_now``)."""
     then = (record.get("data") or {}).get("files")
-    if not then or not config.data.data_dir or is_treebank(config.data.corpus):
-        return None
-    try:
-        now = local_files(config.data.corpus, config.data.data_dir)
-    except (DataError, OSError):
+    now = files_now(config) if then else None
+    if not then or now is None:
         return None
     for split, files in sorted(now.items()):
         old = (then.get(split) or {}).get("sha256")
@@ -290,20 +284,32 @@ def retire_stale(run: PlannedRun, work: Path) -> None:
 DATA_FILE = "data.json"  # in a run's folder: the SHA-256 of each file its checkpoints trained on
 
 
-def _retire_checkpoints_of_other_data(run: PlannedRun, work: Path) -> None:
-    """A run on files (``data_dir``) notes their SHA-256 in its folder before it trains; its
-    checkpoints from files since changed (stopped before the edit, no record yet) go aside."""
+def files_now(config: Config) -> dict[str, dict[str, Any]] | None:
+    """What the files of ``config``'s corpus hold now (``data.hub.local_files``: per split, the
+    file and its SHA-256, hashed once per process while its size and modification time stay the
+    same), or None: a corpus not read from files (``data_dir``; treebanks aside), or files that
+    cannot be read now (the run that needs them says what is wrong)."""
     from reproduce.data import is_treebank
     from reproduce.data.hub import local_files
     from reproduce.errors import DataError
 
-    c = run.config.data
+    c = config.data
     if not c.data_dir or is_treebank(c.corpus):
-        return
+        return None
     try:
-        now = {split: f["sha256"] for split, f in local_files(c.corpus, c.data_dir).items()}
+        return local_files(c.corpus, c.data_dir)
     except (DataError, OSError):
-        return  # the run says what is wrong with its files when it reads them
+        return None
+
+
+def _retire_checkpoints_of_other_data(run: PlannedRun, work: Path) -> None:
+    """A run on files (``data_dir``) notes their SHA-256 in its folder before it trains; its
+    checkpoints from files since changed (stopped before the edit, no record yet) go aside."""
+    files = files_now(run.config)
+    if files is None:
+        return
+    c = run.config.data
+    now = {split: f["sha256"] for split, f in files.items()}
     path = work / DATA_FILE
     try:
         then = json.loads(path.read_text())
