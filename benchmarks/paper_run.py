@@ -4,8 +4,8 @@ steps on a generated WMT-sized corpus (``benchmarks/data_scale.py``'s: Bible ver
 shape, local files), with a checkpoint every sixth of the steps, the last 5 averaged, dev
 perplexity and BLEU on its 3000 dev and 3003 test sentences. Made for the first GPU:
 
-    python benchmarks/paper_run.py [--pairs 1000000] [--steps 300] [--work /tmp/paper-run]
-        [--out results/paper-run.md] [--scale paper]
+    python benchmarks/paper_run.py [--pairs 1000000] [--steps 300] [--eval-pairs 0]
+        [--work /tmp/paper-run] [--out results/paper-run.md] [--scale paper]
 
 The report comes from the run's record: its phases (data preparation with an empty cache, fit,
 averaging, dev perplexity, decoding), seconds per step, target tokens per second, precision and
@@ -32,6 +32,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=int, default=1_000_000)
     parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--eval-pairs", type=int, default=0,
+                        help="dev and test sentences evaluated (data.max_eval_pairs; 0 = all)")
     parser.add_argument("--scale", default="paper")
     parser.add_argument("--compile", default="off", choices=("off", "on", "auto"),
                         help="train.compile (default off: the eager step bench --gpu measures "
@@ -47,7 +49,8 @@ def main() -> None:
                args.scale, "--results", str(args.work / "results"), "--set",
                f"data.data_dir={data}", f"train.train_steps={args.steps}",
                f"train.ckpt_every_steps={every}", "train.ckpt_every_minutes=0",
-               f"train.val_every_steps={max(1, args.steps // 3)}", f"train.compile={args.compile}"]
+               f"train.val_every_steps={max(1, args.steps // 3)}", f"train.compile={args.compile}",
+               f"data.max_eval_pairs={args.eval_pairs}"]
     env = {**os.environ, "REPRODUCE_RUNS": str(args.work / "runs"),
            "REPRODUCE_CACHE": str(args.work / "cache"), "PYTHONUNBUFFERED": "1"}
     print(" ".join(command[1:]), flush=True)
@@ -68,7 +71,7 @@ def report(r: dict, wall: float, generated: float, args, command: str) -> str:
     device = r["cost"]["device"]
     lines = [f"# A `{args.scale}`-scale run through the CLI: Table 2's base EN-DE on {device}", "",
              f"`python benchmarks/paper_run.py --pairs {args.pairs} --steps {args.steps} "
-             f"--scale {args.scale}` ({r['finished_at']}, commit "
+             f"--eval-pairs {args.eval_pairs} --scale {args.scale}` ({r['finished_at']}, commit "
              f"{(r['commit'].get('sha') or '?')[:7]}): the generated corpus "
              f"({r['data']['train_pairs']:,} training pairs, {generated:.0f} s to write), then",
              "", f"    python -m reproduce {command.split(' reproduce ', 1)[-1]}", "",

@@ -141,11 +141,11 @@ def test_the_gpu_check_says_there_is_no_gpu_and_checks_the_code_path_on_the_cpu(
     assert out.stdout.startswith("no GPU: torch")
     lines = out.stdout.splitlines()[1:]
     assert [line.split(":")[0] for line in lines] == [
-        "base", "base, compiled", "base, largest micro-batch", "big", "base, fp32", "beam search"]
-    steps = [lines[i] for i in (0, 3, 4)]
+        "base", "big", "beam search", "base, compiled", "base, tf32", "base, largest micro-batch"]
+    steps = [lines[i] for i in (0, 1, 4)]
     assert all("(accumulate 2 x " in line and "target tokens/s" in line for line in steps)
-    assert lines[1].endswith("on a GPU only") and lines[2].endswith("on a GPU only")
-    assert "sentences/s (8 sentences of 27 pieces" in lines[5]
+    assert lines[3].endswith("on a GPU only") and lines[5].endswith("on a GPU only")
+    assert "sentences/s (8 sentences of 27 pieces" in lines[2]
     assert not (tmp_path / "results").exists()
 
 

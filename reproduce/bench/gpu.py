@@ -1,38 +1,43 @@
 """``python -m reproduce bench --gpu``: what one GPU does with the paper's models, in one prepared,
 time-boxed command for a machine that starts bare (no data, no network: synthetic sentences).
 
-Parts, quick first, each written to ``results/gpu.md`` and ``results/gpu.json`` as it ends (a
-command stopped at its time limit keeps what it measured), each skipped once ``budget`` seconds
-have gone (said so in the report):
+Parts, in this order, each under a hard cap of its own (``PARTS``; ``--cap KEY=SECONDS``), each
+written to ``results/gpu.md`` and ``results/gpu.json`` as it ends (a command stopped at its time
+limit keeps what it measured), each skipped once ``budget`` seconds have gone (said so in the
+report); a part that fails or is cut is one line there, and the others go on:
 
-1. base at the paper's size and batch (Table 2's EN-DE config: ~25000 tokens per step, micro-batches
-   of ``device_batch_tokens`` accumulated as one GPU would), bf16-mixed where supported, eager:
-   seconds per optimizer step, target tokens/s, counted TFLOP/s (``flops.analytic_flops``), MFU
-   against the GPU's dense bf16 peak (``flops.BF16_DENSE_TFLOPS``), peak memory;
-2. the same step with the loss (the whole forward, so the backward) under ``torch.compile``, its
-   compile time beside it (a failure to compile is one line, and the part is skipped);
-3. the largest micro-batch of base that fits in memory (doubling from the config's until out of
-   memory);
-4. big, as 1;
-5. base in fp32 with TF32 matmuls;
-6. beam search (beam 4, alpha 0.6, input + 50) over 3000 sentences of 27 pieces (a dev
+1. ``base``: base at the paper's size and batch (Table 2's EN-DE config: ~25000 tokens per step,
+   micro-batches of ``device_batch_tokens`` accumulated as one GPU would), bf16-mixed where
+   supported, eager: seconds per optimizer step, target tokens/s, counted TFLOP/s
+   (``flops.analytic_flops``), MFU against the GPU's dense bf16 peak
+   (``flops.BF16_DENSE_TFLOPS``), peak memory;
+2. ``big``: big, as 1;
+3. ``beam``: beam search (beam 4, alpha 0.6, input + 50) over 3000 sentences of 27 pieces (a dev
    sentence's typical length), untrained weights (outputs run to the maximum length: the worst
-   case), batched by source tokens as evaluation batches them: sentences/s.
+   case), batched by source tokens as evaluation batches them: sentences/s;
+4. ``compiled``: the step of 1 with the loss (the whole forward, so the backward) under
+   ``torch.compile``, its compile time beside it;
+5. ``tf32``: base in fp32 with TF32 matmuls;
+6. ``micro``: the largest micro-batch of base that fits in memory (doubling from the config's until
+   out of memory).
 
 Then the hours of Table 2's runs (100K steps base, 300K big) on this GPU and on 8 at ideal
 scaling, from 1 and 4. ``plan.estimates.parse_on`` prices ``--dry-run --on <this GPU>`` from part 1
 once ``results/gpu.json`` exists.
 
-On a machine without a GPU it says so and runs parts 1, 4, 5 and 6 on a tiny model on the CPU
-(the `smoke` widths), writing nothing: the code path stays tested where no GPU is lent. Not
+On a machine without a GPU it says so and runs parts 1, 2, 3 and 5 on a tiny model on the CPU
+(the `smoke` widths), writing only to an ``--out`` given (a rehearsal): the code path stays tested
+where no GPU is lent. Not
 measured here: DDP over several GPUs (``--devices N`` on a table run; docs/devices.md).
 """
 
 from __future__ import annotations
 
 import json
+import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -123,13 +128,12 @@ def beam_rate(config: Config, device: str, sentences: int) -> dict[str, Any]:
     """Sentences per second of beam search (the config's beam, alpha and maximum length) over
     ``sentences`` random sources of ``DEV_LENGTH`` pieces, batched by source tokens as evaluation
     batches them (``config.train.batch_tokens``); untrained weights."""
-    from reproduce.train.evaluate import decode_batch_tokens
-
     torch.manual_seed(0)
     model = Transformer(config.model).to(device).eval()
     g = torch.Generator().manual_seed(0)
     src = torch.randint(4, config.model.vocab_size, (sentences, DEV_LENGTH), generator=g)
-    per_batch = max(1, decode_batch_tokens(config) // DEV_LENGTH)
+    # evaluate.decode_batch_tokens of a translation corpus, without importing the data stack
+    per_batch = max(1, config.train.batch_tokens // DEV_LENGTH)
     d = config.decode
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     start = time.perf_counter()
@@ -166,30 +170,66 @@ class Report:
             return
         self.out.parent.mkdir(parents=True, exist_ok=True)
         data = {**self.info, "parts": self.parts, "skipped": self.skipped}
-        self.out.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
-        self.out.write_text(render(data))
+        for path, text in ((self.out.with_suffix(".json"), json.dumps(data, indent=1) + "\n"),
+                           (self.out, render(data))):  # whole, or not at all: a kill comes anytime
+            path.with_name(path.name + ".tmp").write_text(text)
+            path.with_name(path.name + ".tmp").replace(path)
 
 
-def _where(cuda: bool, steps: int, out: str, budget: float
+# Each part's key (``--cap KEY=SECONDS``), its name in the report and its hard cap in seconds, in
+# the order they run: the cheap parts that matter most first, the costly ones (compiling, TF32,
+# the memory search) last.
+PARTS = {"base": ("base", 60.0), "big": ("big", 60.0), "beam": ("beam search, base", 60.0),
+         "compiled": ("base, compiled", 150.0), "tf32": ("base, tf32", 45.0),
+         "micro": ("base, largest micro-batch", 60.0)}
+
+
+class PartCut(BaseException):
+    """A part ran past its cap (a BaseException, so no part's own ``except Exception`` keeps it)."""
+
+
+@contextmanager
+def capped(seconds: float) -> Iterator[None]:
+    """Raise ``PartCut`` in this (the main) thread once ``seconds`` have gone."""
+    def cut(signum, frame) -> None:
+        raise PartCut
+
+    before = signal.signal(signal.SIGALRM, cut)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
+
+
+def _where(cuda: bool, steps: int, out: str | None, budget: float
            ) -> tuple[str, str, str, float | None, int, Report]:
     """(device, scale, precision, dense bf16 peak, steps timed, report) of ``run``: the paper's
-    sizes on the GPU, written to ``out``; without one, a tiny model on the CPU, nothing written."""
+    sizes on the GPU, written to ``out`` (default ``results/gpu.md``); without one, a tiny model on
+    the CPU, written only to an ``out`` given (a rehearsal), never to ``results/gpu.md``."""
+    info = {"torch": torch.__version__, "steps_timed": steps, "budget_seconds": budget,
+            "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     if not cuda:
         print(f"no GPU: torch {torch.__version__} sees none. The same parts on a tiny model on the "
-              "CPU (smoke widths, half-size micro-batches: accumulation too), nothing written:")
-        return "cpu", "smoke", "32-true", None, 2, Report(None, {})
+              "CPU (smoke widths, half-size micro-batches: accumulation too), "
+              + (f"written to {out} (a rehearsal):" if out else "nothing written:"))
+        return "cpu", "smoke", "32-true", None, 2, Report(Path(out) if out else None, {
+            **info, "gpu": "none: a CPU rehearsal at smoke widths", "gpus_visible": 0,
+            "precision": "32-true", "bf16_dense_peak_tflops": None, "steps_timed": 2})
     name = torch.cuda.get_device_name(0)
     precision = "bf16-mixed" if torch.cuda.is_bf16_supported() else "32-true"
     peak = lookup(name, BF16_DENSE_TFLOPS) if precision == "bf16-mixed" else None
-    return "cuda", "paper", precision, peak, steps, Report(Path(out), {
-        "gpu": name, "gpus_visible": torch.cuda.device_count(), "precision": precision,
-        "bf16_dense_peak_tflops": peak, "torch": torch.__version__, "steps_timed": steps,
-        "budget_seconds": budget,
-        "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+    return "cuda", "paper", precision, peak, steps, Report(Path(out or "results/gpu.md"), {
+        **info, "gpu": name, "gpus_visible": torch.cuda.device_count(), "precision": precision,
+        "bf16_dense_peak_tflops": peak})
 
 
-def run(steps: int = 10, out: str = "results/gpu.md", budget: float = 420.0) -> int:
-    """Every part in order while ``budget`` seconds last; 0."""
+def run(steps: int = 10, out: str | None = None, budget: float = 420.0,
+        caps: dict[str, float] | None = None) -> int:
+    """Every part in order, each within its cap, while ``budget`` seconds last: 0 when a part was
+    measured, 1 when none was."""
+    caps = {key: cap for key, (_, cap) in PARTS.items()} | (caps or {})
     spec = load_spec("table2")
     started = time.perf_counter()
     cuda = torch.cuda.is_available()
@@ -225,7 +265,7 @@ def run(steps: int = 10, out: str = "results/gpu.md", budget: float = 420.0) -> 
         was = torch.backends.cuda.matmul.allow_tf32
         torch.backends.cuda.matmul.allow_tf32 = cuda
         try:
-            step_part("base, tf32" if cuda else "base, fp32", "base-en-de", "32-true")
+            step_part("base, tf32", "base-en-de", "32-true")
         finally:
             torch.backends.cuda.matmul.allow_tf32 = was
 
@@ -237,28 +277,34 @@ def run(steps: int = 10, out: str = "results/gpu.md", budget: float = 420.0) -> 
               f"alpha {r['alpha']}, {r['seconds']:.1f} s)", flush=True)
         report.add("beam search, base", r)
 
-    parts: list[tuple[str, Callable[[], None], bool]] = [
-        ("base", lambda: step_part("base", "base-en-de", precision), True),
-        ("base, compiled", compiled, cuda),
-        ("base, largest micro-batch", lambda: report.add(
-            "base, largest micro-batch", largest_micro_batch(config("base-en-de"), precision)),
-         cuda),
-        ("big", lambda: step_part("big", "big-en-de", precision), True),
-        ("base, tf32", tf32, True),
-        ("beam search, base", beam, True),
-    ]
-    for part, do, here in parts:
-        if not here:
+    do: dict[str, Callable[[], None]] = {
+        "base": lambda: step_part("base", "base-en-de", precision),
+        "big": lambda: step_part("big", "big-en-de", precision),
+        "beam": beam, "compiled": compiled, "tf32": tf32,
+        "micro": lambda: report.add("base, largest micro-batch",
+                                    largest_micro_batch(config("base-en-de"), precision))}
+    for key, (part, _) in PARTS.items():
+        if key in ("compiled", "micro") and not cuda:
             print(f"{part}: on a GPU only", flush=True)
             continue
-        spent = time.perf_counter() - started
-        if spent > budget:
-            report.skip(part, f"the budget of {budget:.0f} s was spent ({spent:.0f} s)")
+        left = budget - (time.perf_counter() - started)
+        if left <= 0:
+            report.skip(part, f"the budget of {budget:.0f} s was spent")
             continue
-        do()
+        cap = min(caps[key], left)
+        try:
+            with capped(cap):
+                do[key]()
+        except PartCut:
+            report.skip(part, f"cut at {cap:.3g} s (its cap {caps[key]:g} s, with {left:.0f} s of "
+                        "the budget left)")
+        except Exception as e:  # noqa: BLE001 - one line (out of memory, say); the others go on
+            report.skip(part, f"failed: {one_line(e)}")
+        if cuda:
+            torch.cuda.empty_cache()
     if report.out is not None:
         print(f"wrote {report.out} and {report.out.with_suffix('.json')}")
-    return 0
+    return 0 if report.parts else 1
 
 
 def render(data: dict[str, Any]) -> str:

@@ -34,15 +34,39 @@ class Bench(Command):
         b.add_argument("--budget", type=float, default=420.0, help="with --gpu: seconds after "
                        "which the parts not yet started are skipped (default 420, for a 10-minute "
                        "call with the start); each part is written as it ends")
+        b.add_argument("--cap", nargs="+", default=[], metavar="PART=SECONDS",
+                       help="with --gpu: a part's hard cap, for parts base, big, beam, compiled, "
+                       "tf32, micro (defaults in reproduce/bench/gpu.py's PARTS)")
         b.add_argument("--seed", type=int, default=0)
-        b.add_argument("--out", default="results/performance.md", help="the report (Markdown)")
+        b.add_argument("--out", help="the report (Markdown; default results/performance.md, with "
+                       "--gpu results/gpu.md, and on a CPU nothing unless given)")
 
     def run(self, args: argparse.Namespace, argv: list[str]) -> int:
+        if args.gpu:  # imports none of wandb, datasets, optuna or nltk: runs before a kit installs
+            from reproduce.bench.gpu import run as check_gpu
+
+            return check_gpu(out=args.out, budget=args.budget, caps=_caps(args.cap))
         from reproduce.bench.command import run as run_bench
-        from reproduce.bench.gpu import run as check_gpu
         from reproduce.runs.records import recorded_command
 
-        if args.gpu:
-            return check_gpu(out="results/gpu.md" if args.out == "results/performance.md"
-                             else args.out, budget=args.budget)
+        args.out = args.out or "results/performance.md"
         return run_bench(args, recorded_command(argv))
+
+
+def _caps(given: list[str]) -> dict[str, float]:
+    """``--cap part=seconds`` as a dict, or a one-line error naming the parts."""
+    from reproduce.bench.gpu import PARTS
+    from reproduce.errors import ConfigError
+
+    caps = {}
+    for item in given:
+        key, _, value = item.partition("=")
+        try:
+            seconds = float(value)
+        except ValueError:
+            seconds = -1.0
+        if key not in PARTS or seconds <= 0:
+            raise ConfigError(f"--cap {item}: expected PART=SECONDS with SECONDS > 0 and PART one "
+                             f"of {', '.join(PARTS)}")
+        caps[key] = seconds
+    return caps

@@ -40,3 +40,10 @@ cp -r "${REPRODUCE_CACHE:-cache}/spm" "$kit/cache/" 2>/dev/null || true
 # The commit the records there will name: build the kit after committing.
 write_commit
 du -sh "$kit" "$kit/whl" "$kit/bible.db.gz"
+# What a device call carries: the tree git would copy (tracked and untracked-not-ignored) and .kit,
+# 64 MiB at most in all.
+tree=$(git ls-files -zco --exclude-standard | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
+kitb=$(du -sb "$kit" | cut -f1)
+mib=$(( (tree + kitb) / 1048576 ))
+echo "kit.sh: the tree ($(( tree / 1048576 )) MiB) and .kit ($(( kitb / 1048576 )) MiB) travel: $mib MiB of 64"
+[ "$mib" -lt 64 ] || { echo "kit.sh: over the device tool's 64 MiB: carry less"; exit 1; }

@@ -11,18 +11,8 @@
 set -uo pipefail
 out=$1; seconds=$2; shift 2; [ "${1:-}" = "--" ] && shift
 cd "$(dirname "$0")/../.."
-# PYTHON: the interpreter to install into (default python3: on the lent machines, the one with torch)
-py=${PYTHON:-python3}
-if ! "$py" -m pip install -q --no-index --find-links .kit/whl -r .kit/requirements.txt; then
-    # Most often a package of the image older than one of ours requires (pyarrow for datasets):
-    # install the carried wheels as they are and let the import check below decide.
-    echo "train.sh: pinned install failed ($("$py" -m pip show pyarrow 2>/dev/null | grep ^Version));" \
-         "installing the carried wheels without their requirements"
-    "$py" -m pip install -q --no-index --no-deps .kit/whl/*.whl || true
-fi
-"$py" -c "import datasets, nltk, optuna, sacrebleu, sentencepiece, wandb, reproduce" \
-    || { echo "train.sh: the carried wheels do not install here"; exit 3; }
-[ -f .kit/bible.db ] || gunzip -k .kit/bible.db.gz
+# the kit's packages and the Bible extract (PYTHON: the interpreter, default python3)
+bash tools/offline-gpu/install.sh || exit $?
 export REPRODUCE_BIBLE_DB=$PWD/.kit/bible.db REPRODUCE_CACHE=$PWD/.kit/cache WANDB_MODE=offline \
        HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 # The records name the commit the kit was built at: the copy may have no .git, or one that lags

@@ -1,0 +1,206 @@
+"""The first GPU window in one prepared command: what matters most first, each part's output
+copied to ``--out`` as soon as the part ends, all of it inside ``--seconds`` of wall clock.
+
+    python3 benchmarks/gpu_window.py --out $OUT [--seconds 400] [--reserve 170]
+        [--pairs 200000] [--steps 150] [--eval-pairs 300] [--scale paper] [--cap PART=SECONDS ...]
+
+Made for the lent GPU machines (no network, Python with torch and Lightning but not our other
+dependencies), whose device time comes in windows of 15 minutes counted from the machine's start:
+
+1. **preflight** (about 10 s): Python, torch, CUDA, the GPU's name and free memory, nvidia-smi;
+2. the kit (``tools/offline-gpu/install.sh``) installs in the background meanwhile, since
+3. **``bench --gpu``**'s parts need none of it: base, big, beam search, then the costly ones
+   (compiling, TF32, the micro-batch search), each under its hard cap, all of them by the time
+   ``--reserve`` seconds of the window are left (``reproduce/bench/gpu.py``);
+4. **a paper-scale run through the real CLI** in the reserve (``benchmarks/paper_run.py``: Table 2's
+   base EN-DE at the paper's size and batch on a generated corpus of ``--pairs`` pairs, ``--steps``
+   steps, ``--eval-pairs`` dev and test sentences), stopped at the window's end if it runs over.
+
+Into ``--out`` (at most 8 files, as the device tool brings back): ``summary.json`` (the preflight,
+each stage's seconds and outcome; rewritten after each), ``window.log`` (every stage's output),
+``gpu.md`` and ``gpu.json`` (written by ``bench --gpu`` after each of its parts),
+``paper-run.md``, ``paper-run.json`` (the run's record) and ``tokenizer.tar.gz`` (its BPE model,
+which a CPU ``verify`` of the run needs: unpack it into the cache). Exits 1 only when nothing was
+measured. On a CPU the same command rehearses it (``--scale smoke``: a tiny model;
+``tests/test_gpu_window.py``). The checklist: docs/devices.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PREFLIGHT = """
+import json, platform, shutil, subprocess, torch
+info = {"python": platform.python_version(), "torch": torch.__version__,
+        "cuda": torch.version.cuda, "gpu_available": torch.cuda.is_available(),
+        "cpus": __import__("os").cpu_count()}
+if torch.cuda.is_available():
+    free, total = torch.cuda.mem_get_info()
+    info.update(gpu=torch.cuda.get_device_name(0), gpus=torch.cuda.device_count(),
+                capability=".".join(map(str, torch.cuda.get_device_capability(0))),
+                bf16=torch.cuda.is_bf16_supported(), free_gib=free / 2**30, total_gib=total / 2**30)
+if shutil.which("nvidia-smi"):
+    info["nvidia_smi"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,"
+        "memory.used,memory.total,clocks.sm,clocks.max.sm", "--format=csv,noheader"],
+        capture_output=True, text=True, timeout=10).stdout.strip()
+print(json.dumps(info))
+"""
+
+
+class Window:
+    """The window's clock, its log and its summary, written after every stage."""
+
+    def __init__(self, out: Path, seconds: float) -> None:
+        self.out, self.seconds, self.start = out, seconds, time.monotonic()
+        out.mkdir(parents=True, exist_ok=True)
+        self.log = open(out / "window.log", "a", buffering=1)
+        self.summary: dict = {"seconds": seconds, "stages": {}}
+
+    def left(self) -> float:
+        return self.seconds - (time.monotonic() - self.start)
+
+    def say(self, line: str) -> None:
+        stamped = f"[{time.monotonic() - self.start:6.1f} s] {line}"
+        print(stamped, flush=True)
+        self.log.write(stamped + "\n")
+
+    def stage(self, name: str, **result) -> None:
+        self.summary["stages"][name] = {"ended_at_s": round(time.monotonic() - self.start, 1),
+                                        **result}
+        (self.out / "summary.json").write_text(json.dumps(self.summary, indent=1) + "\n")
+        self.say(f"{name}: {result}")
+
+    def run(self, name: str, argv: list[str], seconds: float, env: dict | None = None) -> int | None:
+        """``argv`` with its output in the log, interrupted (SIGINT, as Ctrl-C) after ``seconds``
+        and killed 15 s later; its exit status, or None when it was stopped."""
+        self.say(f"{name}: {' '.join(argv)} (at most {seconds:.0f} s)")
+        started = time.monotonic()
+        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            rc: int | None = proc.wait(timeout=max(1.0, seconds))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            rc = None
+        self.stage(name, seconds=round(time.monotonic() - started, 1),
+                   outcome="stopped at its time" if rc is None else f"exit {rc}")
+        return rc
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--seconds", type=float, default=400.0,
+                        help="the window's wall clock, everything included (default 400)")
+    parser.add_argument("--reserve", type=float, default=170.0,
+                        help="seconds of the window kept for the paper-scale run (default 170)")
+    parser.add_argument("--pairs", type=int, default=200_000)
+    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--eval-pairs", type=int, default=300)
+    parser.add_argument("--scale", default="paper")
+    parser.add_argument("--cap", nargs="+", default=[], metavar="PART=SECONDS",
+                        help="bench --gpu's caps (reproduce/bench/gpu.py's PARTS)")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/gpu-window"))
+    args = parser.parse_args(argv)
+    w = Window(args.out, args.seconds)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_MODE": "offline",
+           "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    preflight(w)
+    install = start_install(w, env)
+    bench = [sys.executable, "-m", "reproduce", "bench", "--gpu", "--out", str(args.out / "gpu.md"),
+             "--budget", str(max(1.0, w.left() - args.reserve - 10))]
+    w.run("bench --gpu", bench + (["--cap", *args.cap] if args.cap else []),
+          w.left() - args.reserve)
+    measured = bench_measured(args.out / "gpu.json")
+    if finish_install(w, install, env):
+        measured |= paper_run(w, args, env)
+    w.say(f"done: {'something' if measured else 'nothing'} measured; "
+          f"{', '.join(sorted(p.name for p in args.out.iterdir()))} in {args.out}")
+    return 0 if measured else 1
+
+
+def bench_measured(path: Path) -> bool:
+    try:
+        return bool(json.loads(path.read_text())["parts"])
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+def preflight(w: Window) -> None:
+    started = time.monotonic()
+    try:
+        out = subprocess.run([sys.executable, "-c", PREFLIGHT], capture_output=True, text=True,
+                             timeout=60)
+        info = json.loads(out.stdout) if out.returncode == 0 else {
+            "error": " ".join(out.stderr.strip().splitlines()[-1:])}
+    except (subprocess.TimeoutExpired, json.JSONDecodeError) as e:
+        info = {"error": str(e)}
+    w.stage("preflight", seconds=round(time.monotonic() - started, 1), **info)
+
+
+def start_install(w: Window, env: dict) -> subprocess.Popen | None:
+    """The kit's install in the background; None where there is no kit (the project's own
+    environment, as in the rehearsal)."""
+    if not (ROOT / ".kit" / "requirements.txt").is_file():
+        w.say("install: no .kit here; the packages this Python has are used")
+        return None
+    w.say("install: tools/offline-gpu/install.sh in the background")
+    return subprocess.Popen(["bash", "tools/offline-gpu/install.sh"], cwd=ROOT,
+                            env={**env, "PYTHON": sys.executable},
+                            stdout=w.log, stderr=subprocess.STDOUT)
+
+
+def finish_install(w: Window, install: subprocess.Popen | None, env: dict) -> bool:
+    """Wait for the install (while the window lasts); set the kit's environment; True when the
+    CLI can run."""
+    kit = ROOT / ".kit"
+    if install is not None:
+        try:
+            rc = install.wait(timeout=max(1.0, w.left() - 30))
+        except subprocess.TimeoutExpired:
+            install.kill()
+            rc = None
+        w.stage("install", outcome="not done in time" if rc is None else f"exit {rc}")
+        if rc != 0:
+            return False
+        env.update(REPRODUCE_BIBLE_DB=str(kit / "bible.db"), REPRODUCE_COMMIT=(
+            kit / "commit").read_text().strip())
+    return True
+
+
+def paper_run(w: Window, args: argparse.Namespace, env: dict) -> bool:
+    """The paper-scale run through the CLI within what is left of the window; its report, record
+    and tokenizer copied out. True when it recorded a run."""
+    work = args.work / f"{args.scale}-{args.pairs}"
+    w.run("paper-scale run", [sys.executable, "benchmarks/paper_run.py", "--pairs",
+                              str(args.pairs), "--steps", str(args.steps), "--eval-pairs",
+                              str(args.eval_pairs), "--scale", args.scale, "--work", str(work),
+                              "--out", str(args.out / "paper-run.md")], w.left() - 10, env)
+    records = sorted((work / "results" / "table2").glob("*.json"))
+    if records:
+        (args.out / "paper-run.json").write_bytes(records[-1].read_bytes())
+    models = sorted((work / "cache" / "spm").glob("*.model"))
+    if models:
+        with tarfile.open(args.out / "tokenizer.tar.gz", "w:gz") as tar:
+            for model in models:
+                tar.add(model, arcname=f"spm/{model.name}")
+    w.stage("copied", record=bool(records), tokenizers=[m.name for m in models])
+    return bool(records)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
