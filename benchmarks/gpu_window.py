@@ -115,16 +115,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cap", nargs="+", default=[], metavar="PART=SECONDS",
                         help="bench --gpu's caps (reproduce/bench/gpu.py's PARTS)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/gpu-window"))
+    parser.add_argument("--no-kit", action="store_true", help="leave .kit/ alone: this Python's "
+                        "packages as they are (a rehearsal in the project's environment)")
     args = parser.parse_args(argv)
     w = Window(args.out, args.seconds)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_MODE": "offline",
            "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    kit = not args.no_kit and (ROOT / ".kit" / "requirements.txt").is_file()
+    if kit:  # the copy may lack .git, or hold one that lags (docs/devices.md)
+        env["REPRODUCE_COMMIT"] = (ROOT / ".kit" / "commit").read_text().strip()
     preflight(w)
-    install = start_install(w, env)
+    install = start_install(w, env) if kit else None
+    if not kit:
+        w.say("install: no kit used; the packages this Python has are used")
     bench = [sys.executable, "-m", "reproduce", "bench", "--gpu", "--out", str(args.out / "gpu.md"),
-             "--budget", str(max(1.0, w.left() - args.reserve - 10))]
+             "--budget", f"{max(1.0, w.left() - args.reserve - 10):.0f}"]
     w.run("bench --gpu", bench + (["--cap", *args.cap] if args.cap else []),
-          w.left() - args.reserve)
+          w.left() - args.reserve, env)
     measured = bench_measured(args.out / "gpu.json")
     if finish_install(w, install, env):
         measured |= paper_run(w, args, env)
@@ -152,12 +159,8 @@ def preflight(w: Window) -> None:
     w.stage("preflight", seconds=round(time.monotonic() - started, 1), **info)
 
 
-def start_install(w: Window, env: dict) -> subprocess.Popen | None:
-    """The kit's install in the background; None where there is no kit (the project's own
-    environment, as in the rehearsal)."""
-    if not (ROOT / ".kit" / "requirements.txt").is_file():
-        w.say("install: no .kit here; the packages this Python has are used")
-        return None
+def start_install(w: Window, env: dict) -> subprocess.Popen:
+    """The kit's install, in the background."""
     w.say("install: tools/offline-gpu/install.sh in the background")
     return subprocess.Popen(["bash", "tools/offline-gpu/install.sh"], cwd=ROOT,
                             env={**env, "PYTHON": sys.executable},
@@ -177,8 +180,7 @@ def finish_install(w: Window, install: subprocess.Popen | None, env: dict) -> bo
         w.stage("install", outcome="not done in time" if rc is None else f"exit {rc}")
         if rc != 0:
             return False
-        env.update(REPRODUCE_BIBLE_DB=str(kit / "bible.db"), REPRODUCE_COMMIT=(
-            kit / "commit").read_text().strip())
+        env["REPRODUCE_BIBLE_DB"] = str(kit / "bible.db")
     return True
 
 

@@ -19,7 +19,7 @@ def window(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_DIR": str(tmp_path)}
     return subprocess.run([sys.executable, "benchmarks/gpu_window.py", "--out",
                            str(tmp_path / "out"), "--work", str(tmp_path / "work"), "--scale",
-                           "smoke", "--pairs", "2000", *argv], cwd=REPO, env=env,
+                           "smoke", "--pairs", "2000", "--no-kit", *argv], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
 
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import signal
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -52,6 +53,7 @@ from reproduce.paper.model import Transformer
 from reproduce.paper.optim import adam_with_schedule
 from reproduce.runs.sweep import load_spec
 from reproduce.train.step_time import step_loss, synthetic_batch, train_step
+from reproduce.util import machine
 
 LENGTH = 32  # pieces per synthetic training sentence
 DEV_LENGTH, DEV_SENTENCES = 27, 3000  # beam search: sentences like a dev set's
@@ -209,6 +211,7 @@ def _where(cuda: bool, steps: int, out: str | None, budget: float
     sizes on the GPU, written to ``out`` (default ``results/gpu.md``); without one, a tiny model on
     the CPU, written only to an ``out`` given (a rehearsal), never to ``results/gpu.md``."""
     info = {"torch": torch.__version__, "steps_timed": steps, "budget_seconds": budget,
+            "commit": machine.commit(), "command": "python -m reproduce " + " ".join(sys.argv[1:]),
             "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     if not cuda:
         print(f"no GPU: torch {torch.__version__} sees none. The same parts on a tiny model on the "
@@ -311,7 +314,9 @@ def render(data: dict[str, Any]) -> str:
     """``results/gpu.md`` from what ``Report`` holds."""
     parts = data["parts"]
     lines = [f"# One GPU: {data['gpu']}", "",
-             f"`python -m reproduce bench --gpu` ({data['precision']}, torch {data['torch']}, "
+             f"`{data.get('command', 'python -m reproduce bench --gpu')}` (commit "
+             f"{(data.get('commit', {}).get('sha') or '?')[:7]}, {data['precision']}, torch "
+             f"{data['torch']}, "
              f"{data['steps_timed']} steps timed after 2 of warm-up; synthetic {LENGTH}-piece "
              f"sentences; dense bf16 peak {data['bf16_dense_peak_tflops'] or 'unknown'} TFLOPS; "
              f"measured {data['measured_at']}, budget {data['budget_seconds']:.0f} s).", "",
