@@ -115,12 +115,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cap", nargs="+", default=[], metavar="PART=SECONDS",
                         help="bench --gpu's caps (reproduce/bench/gpu.py's PARTS)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/gpu-window"))
+    parser.add_argument("--no-bench", action="store_true",
+                        help="the paper-scale run alone (bench --gpu came back from a call before)")
     parser.add_argument("--no-kit", action="store_true", help="leave .kit/ alone: this Python's "
                         "packages as they are (a rehearsal in the project's environment)")
     args = parser.parse_args(argv)
     w = Window(args.out, args.seconds)
+    # the project from this tree, where it is not installed (the lent machines): scripts in
+    # benchmarks/ import it too
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_MODE": "offline",
-           "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+           "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     kit = not args.no_kit and (ROOT / ".kit" / "requirements.txt").is_file()
     if kit:  # the copy may lack .git, or hold one that lags (docs/devices.md)
         env["REPRODUCE_COMMIT"] = (ROOT / ".kit" / "commit").read_text().strip()
@@ -130,8 +135,11 @@ def main(argv: list[str] | None = None) -> int:
         w.say("install: no kit used; the packages this Python has are used")
     bench = [sys.executable, "-m", "reproduce", "bench", "--gpu", "--out", str(args.out / "gpu.md"),
              "--budget", f"{max(1.0, w.left() - args.reserve - 10):.0f}"]
-    w.run("bench --gpu", bench + (["--cap", *args.cap] if args.cap else []),
-          w.left() - args.reserve, env)
+    if args.no_bench:
+        w.say("bench --gpu: not run (--no-bench)")
+    else:
+        w.run("bench --gpu", bench + (["--cap", *args.cap] if args.cap else []),
+              w.left() - args.reserve, env)
     measured = bench_measured(args.out / "gpu.json")
     if finish_install(w, install, env):
         measured |= paper_run(w, args, env)
