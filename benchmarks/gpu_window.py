@@ -115,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cap", nargs="+", default=[], metavar="PART=SECONDS",
                         help="bench --gpu's caps (reproduce/bench/gpu.py's PARTS)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/gpu-window"))
+    parser.add_argument("--profile", action="store_true",
+                        help="the paper-scale run under cProfile (paper_run.py --profile)")
     parser.add_argument("--no-bench", action="store_true",
                         help="the paper-scale run alone (bench --gpu came back from a call before)")
     parser.add_argument("--no-kit", action="store_true", help="leave .kit/ alone: this Python's "
@@ -199,7 +201,8 @@ def paper_run(w: Window, args: argparse.Namespace, env: dict) -> bool:
     w.run("paper-scale run", [sys.executable, "benchmarks/paper_run.py", "--pairs",
                               str(args.pairs), "--steps", str(args.steps), "--eval-pairs",
                               str(args.eval_pairs), "--scale", args.scale, "--work", str(work),
-                              "--out", str(args.out / "paper-run.md")], w.left() - 10, env)
+                              "--out", str(args.out / "paper-run.md"),
+                              *(["--profile"] if args.profile else [])], w.left() - 10, env)
     records = sorted((work / "results" / "table2").glob("*.json"))
     if records:
         (args.out / "paper-run.json").write_bytes(records[-1].read_bytes())

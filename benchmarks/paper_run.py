@@ -38,6 +38,9 @@ def main() -> None:
     parser.add_argument("--compile", default="off", choices=("off", "on", "auto"),
                         help="train.compile (default off: the eager step bench --gpu measures "
                              "first, and no minutes of timing a compile in a short run)")
+    parser.add_argument("--profile", action="store_true",
+                        help="run the CLI under cProfile; its top functions (by own time and by "
+                        "cumulative time) go to the report's folder as paper-run.prof.txt")
     parser.add_argument("--work", type=Path, default=Path("/tmp/paper-run"))
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "paper-run.md")
     args = parser.parse_args()
@@ -45,7 +48,9 @@ def main() -> None:
     data = generate(args.work / f"corpus-{args.pairs}", args.pairs)
     generated = time.time() - started
     every = max(1, args.steps // 6)
-    command = [sys.executable, "-m", "reproduce", "table2", "--variant", "base-en-de", "--scale",
+    stats = args.work / "cli.prof"
+    profile = ["-m", "cProfile", "-o", str(stats)] if args.profile else []
+    command = [sys.executable, *profile, "-m", "reproduce", "table2", "--variant", "base-en-de", "--scale",
                args.scale, "--results", str(args.work / "results"), "--set",
                f"data.data_dir={data}", f"train.train_steps={args.steps}",
                f"train.ckpt_every_steps={every}", "train.ckpt_every_minutes=0",
@@ -57,11 +62,24 @@ def main() -> None:
     start = time.time()
     subprocess.run(command, env=env, check=True, cwd=ROOT)
     wall = time.time() - start
+    if args.profile:
+        write_profile(stats, args.out.with_name(args.out.stem + ".prof.txt"))
     [path] = (args.work / "results" / "table2").glob("*.json")
     record = json.loads(path.read_text())
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(report(record, wall, generated, args, " ".join(command[1:])))
     print(f"wrote {args.out}")
+
+
+def write_profile(stats: Path, out: Path, top: int = 45) -> None:
+    """The profile's heaviest functions, by their own time and by cumulative time, as text."""
+    import io
+    import pstats
+
+    text = io.StringIO()
+    for key in ("tottime", "cumulative"):
+        pstats.Stats(str(stats), stream=text).strip_dirs().sort_stats(key).print_stats(top)
+    out.write_text(text.getvalue())
 
 
 def report(r: dict, wall: float, generated: float, args, command: str) -> str:

@@ -112,7 +112,9 @@ def train_and_score(run: PlannedRun, callbacks=()) -> dict[str, Any]:
             raise optuna.TrialPruned(str(e)) from None
         trainer.limit_val_batches = 1.0
         dev = trainer.validate(module, datamodule=data, verbose=False)[0]
-        _, headline = evaluate.task_scores(module.model, tokenizer, data, c, splits=("dev",))
+        # on the device it trained on: Lightning hands the module back on the CPU after validate
+        _, headline = evaluate.task_scores(module.model.to(trainer.strategy.root_device),
+                                           tokenizer, data, c, splits=("dev",))
     finally:
         if logger:  # False with WANDB_MODE=disabled
             logger.experiment.finish()
