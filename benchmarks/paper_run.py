@@ -89,7 +89,8 @@ def report(r: dict, wall: float, generated: float, args, command: str) -> str:
     device = r["cost"]["device"]
     lines = [f"# A `{args.scale}`-scale run through the CLI: Table 2's base EN-DE on {device}", "",
              f"`python benchmarks/paper_run.py --pairs {args.pairs} --steps {args.steps} "
-             f"--eval-pairs {args.eval_pairs} --scale {args.scale}` ({r['finished_at']}, commit "
+             f"--eval-pairs {args.eval_pairs} --scale {args.scale}"
+             f"{' --profile' if args.profile else ''}` ({r['finished_at']}, commit "
              f"{(r['commit'].get('sha') or '?')[:7]}): the generated corpus "
              f"({r['data']['train_pairs']:,} training pairs, {generated:.0f} s to write), then",
              "", f"    python -m reproduce {command.split(' reproduce ', 1)[-1]}", "",
@@ -106,6 +107,9 @@ def report(r: dict, wall: float, generated: float, args, command: str) -> str:
               f"{m['train_seconds'] / steps:.3f} s/step, {tokens / m['train_seconds']:.0f} target "
               f"tokens/s. Dev PPL {m['dev_ppl']}, dev BLEU {m['dev_bleu']} (a few hundred steps "
               "under warm-up: the speed is the point, not the score)."]
+    if args.profile:
+        lines += ["", "The command ran under cProfile (`--profile`): every phase carries its "
+                  "overhead. Its heaviest functions: `paper-run.prof.txt` beside this page."]
     return "\n".join(lines) + "\n"
 
 

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import math
 
 import pytest
 
@@ -208,3 +209,27 @@ def test_a_gpu_measured_by_bench_gpu_prices_the_plan_instead_of_a_guess(tmp_path
     assert "GUESS" in estimates.parse_on("H100 PCIe").guess  # another H100 part too
     assert json.loads((tmp_path / "results" / "gpu.json").read_text())["skipped"] == {
         "big": "the budget of 60 s was spent (61 s)"}
+
+
+def test_a_measured_gpu_prices_each_model_between_its_measured_steps(tmp_path, monkeypatch):
+    """With base and big measured (bench --gpu), a run is priced at the rate of the measured step
+    nearest its size: big at big's (on the H200, 3x base's TFLOP/s: base's step is bound by
+    launches), sizes between them interpolated by log FLOPs."""
+    results = tmp_path / "results"
+    results.mkdir()
+    part = {"precision": "bf16-mixed"}
+    (results / "gpu.json").write_text(json.dumps({
+        "gpu": "NVIDIA H200", "measured_at": "2026-11-27", "skipped": {}, "parts": {
+            "base": {**part, "flops_per_step": 1e13, "achieved_tflops": 80.0},
+            "big": {**part, "flops_per_step": 3e13, "achieved_tflops": 240.0}}}))
+    monkeypatch.setenv("REPRODUCE_RESULTS", str(results))
+    target = estimates.parse_on("H200")
+    assert target.measured and "base 80, big 240 TFLOP/s counted on one NVIDIA H200" in target.guess
+    assert target.rate(1e13) == 80.0 and target.rate(3e13) == 240.0
+    assert target.rate(1e11) == 80.0 and target.rate(1e15) == 240.0  # held outside them
+    assert target.rate(2e13) == pytest.approx(80.0 + 160.0 * math.log(2) / math.log(3))
+    big = load_spec("table2").plan(["big-en-de"], "paper", [0])[0]
+    flops, _ = estimates.step_work(big.config, 1)
+    e = estimates.estimate(big, target)
+    assert e.seconds_per_step == pytest.approx(flops / (target.rate(flops) * 1e12))
+    assert e.seconds_per_step < flops / (80.0 * 1e12)  # not at base's rate

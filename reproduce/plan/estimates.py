@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import re
 import statistics
 from collections.abc import Sequence
@@ -200,6 +201,22 @@ class Target:
     tflops: float | None = None  # per device, for a GPU
     guess: str = ""
     measured: bool = False  # tflops from bench --gpu on this GPU (launch overheads included)
+    # bench --gpu's measured steps there: (counted FLOPs per step, TFLOP/s), fewest FLOPs first
+    points: tuple[tuple[float, float], ...] = ()
+
+    def rate(self, flops: float) -> float:
+        """TFLOP/s for a step of ``flops``: the measured steps' rate, interpolated between them
+        by log FLOPs (base and big: a small model's step is bound by launches, a large one's by
+        the matmuls) and held at the nearest outside them; else ``tflops``."""
+        if not self.points:
+            assert self.tflops is not None
+            return self.tflops
+        (f0, r0), (f1, r1) = self.points[0], self.points[-1]
+        if flops <= f0 or f1 <= f0:
+            return r0
+        if flops >= f1:
+            return r1
+        return r0 + (r1 - r0) * math.log(flops / f0) / math.log(f1 / f0)
 
     @property
     def label(self) -> str:
@@ -220,7 +237,8 @@ def parse_on(value: str | None) -> Target:
                           + ", ".join(sorted(set(BF16_DENSE_TFLOPS) | {"V100", "P100", "T4"}))
                           + " (or cpu for this machine)")
     if measured := measured_gpu(name):
-        return Target("gpu", devices, name, measured[0], measured[1], measured=True)
+        return Target("gpu", devices, name, measured[0], measured[1], measured=True,
+                      points=measured[2])
     peak, which = (bf16, "dense bf16 peak") if bf16 else (fp32, "fp32 peak")
     assert peak is not None  # one of the two is known: checked above
     return Target("gpu", devices, name, peak * DEFAULT_GPU_UTILIZATION,
@@ -228,22 +246,28 @@ def parse_on(value: str | None) -> Target:
                   "no record of this GPU to fit")
 
 
-def measured_gpu(name: str, results: Path | None = None) -> tuple[float, str] | None:
-    """(TFLOP/s counted, where it comes from) of base's training step on the GPU ``name``
-    names, as ``bench --gpu`` measured it (``results/gpu.json``); None when it has not, or on
-    another GPU. A step of another model is priced at base's rate: said so."""
+def measured_gpu(name: str, results: Path | None = None
+                 ) -> tuple[float, str, tuple[tuple[float, float], ...]] | None:
+    """(base's TFLOP/s counted, where it comes from, the measured steps as ``Target.points``) of
+    the GPU ``name`` names, as ``bench --gpu`` measured it (``results/gpu.json``: base, and big
+    where measured, in the report's precision); None when it has not, or on another GPU."""
     path = (results or results_dir()) / "gpu.json"
     try:
         data = json.loads(path.read_text())
-        base = data["parts"]["base"]
-        tflops, gpu = float(base["achieved_tflops"]), str(data["gpu"])
+        parts = {k: data["parts"][k] for k in ("base", "big") if k in data["parts"]}
+        points = tuple(sorted((float(p["flops_per_step"]), float(p["achieved_tflops"]))
+                              for p in parts.values()))
+        base, gpu = parts["base"], str(data["gpu"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
     if lookup(gpu, {name: 1.0}) is None:  # every word of `name` in the measured GPU's name
         return None
-    return tflops, (f"MEASURED: {tflops:.0f} TFLOP/s counted, base's step on one {gpu} in "
-                    f"{base.get('precision', '?')} ({path.name}, {data.get('measured_at', '?')}; "
-                    "other models at base's rate)")
+    rates = ", ".join(f"{k} {p['achieved_tflops']:.0f}" for k, p in parts.items())
+    return float(base["achieved_tflops"]), (
+        f"MEASURED: {rates} TFLOP/s counted on one {gpu} in {base.get('precision', '?')} "
+        f"({path.name}, {data.get('measured_at', '?')}; "
+        + ("other models between them by FLOPs per step)" if len(parts) > 1
+           else "other models at base's rate)")), points
 
 
 @dataclass(frozen=True)
@@ -295,7 +319,7 @@ def estimate(run, target: Target, model: CpuModel | None = None, rate: float | N
             raise ValueError(f"{target.name}: a GPU target without its TFLOP/s")
         overhead = 0.0 if target.measured else (GPU_STEP_OVERHEAD_S
                                                  + GPU_LAYER_OVERHEAD_S * 2 * c.model.N)
-        seconds = flops / (target.tflops * 1e12) + overhead
+        seconds = flops / (target.rate(flops) * 1e12) + overhead
         source = target.guess + ("" if target.measured else
                                  f"; plus {overhead * 1e3:.0f} ms/step of launches (GUESS)")
     return Estimate(run.run_id, steps, seconds, devices, flops * devices * steps, source)

@@ -106,6 +106,17 @@ def threads_of_one_rank(layout: Layout) -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
+def attention_kernels() -> None:
+    """Turn cuDNN's fused attention off where CUDA runs: it builds a graph for each new batch
+    shape, and a run's token-count batches have a new shape almost every step. On an H200
+    (torch 2.11, `benchmarks/attention_shapes.py`, results/attention-shapes.json) the paper's
+    base took 1.01 s per step over new shapes with it and 0.097 s without it (0.101 s over one
+    fixed shape). torch then picks flash or memory-efficient attention, which need no per-shape
+    build. Process-wide; a no-op without CUDA."""
+    if torch.cuda.is_available():
+        torch.backends.cuda.enable_cudnn_sdp(False)
+
+
 def external_ranks() -> bool:
     """Whether this process is one of several a cluster started for one run (SLURM: one task per
     device, on one node or several): then every rank trains in place, no process group is started

@@ -68,6 +68,7 @@ def fit(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=(),
     loss goes through ``torch.compile`` (``train.compiling``'s answer; None: as the config says
     without ``auto``)."""
     c = run.config
+    devices.attention_kernels()  # decoding after fit, in this process, keeps them too
     module = TranslationModule(c.to_dict())
     if compiled is not None:
         module.use_compiled(compiled)
