@@ -233,3 +233,15 @@ def test_a_measured_gpu_prices_each_model_between_its_measured_steps(tmp_path, m
     e = estimates.estimate(big, target)
     assert e.seconds_per_step == pytest.approx(flops / (target.rate(flops) * 1e12))
     assert e.seconds_per_step < flops / (80.0 * 1e12)  # not at base's rate
+
+
+def test_a_results_folder_without_gpu_json_is_priced_from_the_projects(tmp_path, monkeypatch):
+    """``--results DIR`` (runs changed by --set) keeps records apart, not the hardware's figures:
+    the H200 that results/gpu.json measured still prices ``--on H200``."""
+    from reproduce import paths
+
+    committed = json.loads((paths.REPO / "results" / "gpu.json").read_text())
+    monkeypatch.setenv("REPRODUCE_RESULTS", str(tmp_path / "elsewhere"))
+    target = estimates.parse_on("H200")
+    assert target.measured and committed["gpu"] in target.guess
+    assert target.tflops == pytest.approx(committed["parts"]["base"]["achieved_tflops"])

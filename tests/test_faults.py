@@ -324,6 +324,8 @@ def test_verify_reruns_a_record_in_scratch_and_finds_the_same_numbers(tmp_path, 
     assert re.search(r"learning curve: (\d+) common point\(s\), all equal", out.stdout)
     assert "verified: the first 12 steps give the recorded learning curve" in out.stdout
     assert int(re.search(r"(\d+) common", out.stdout).group(1)) >= 12
+    # the record's own BPE model, from the project's cache: not one trained again in scratch
+    assert "tokenizer: the record's, from " in out.stdout and "vocabulary: the same" in out.stdout
 
     record = json.loads(path.read_text())  # a record whose curve is not what its run gives
     record["curve"]["train_loss"][1][2] += 0.5
@@ -343,6 +345,13 @@ def test_verify_reruns_a_record_in_scratch_and_finds_the_same_numbers(tmp_path, 
     assert "verified: the first 3 steps give the recorded learning curve within 0.5" in out.stdout
     worst = float(re.search(r"largest relative difference: ([\d.e-]+)", out.stdout).group(1))
     assert abs(worst - 0.5 / loss) < 0.01 * worst + 1e-3  # the 0.5 added, relative to the record
+    # A record of another vocabulary (its BPE trained elsewhere, not in this cache): not verified
+    record["data"]["vocab_sha256"] = "0" * 64
+    path.write_text(json.dumps(record))
+    out = cli(env, "verify", str(path), "--steps", "3", "--tolerance", "0.5",
+              "--scratch", str(tmp_path.parent / f"{tmp_path.name}-z"), check=False)
+    assert out.returncode == 1 and "tokenizer: the record's" not in out.stdout
+    assert "vocabulary: DIFFERENT (sha256 " in out.stdout and "NOT the recorded" in out.stdout
 
 
 def test_a_diverged_run_stops_is_not_recorded_and_is_not_trained_again_blindly(tmp_path):

@@ -40,7 +40,7 @@ import torch
 from reproduce.config import Config
 from reproduce.errors import ConfigError
 from reproduce.paper.flops import BF16_DENSE_TFLOPS, analytic_flops, gpu_tflops, lookup
-from reproduce.paths import results_dir
+from reproduce.paths import REPO, results_dir
 from reproduce.runs.schema import Record
 from reproduce.train.precision import step_ratio, timed
 from reproduce.util import machine
@@ -250,8 +250,12 @@ def measured_gpu(name: str, results: Path | None = None
                  ) -> tuple[float, str, tuple[tuple[float, float], ...]] | None:
     """(base's TFLOP/s counted, where it comes from, the measured steps as ``Target.points``) of
     the GPU ``name`` names, as ``bench --gpu`` measured it (``results/gpu.json``: base, and big
-    where measured, in the report's precision); None when it has not, or on another GPU."""
-    path = (results or results_dir()) / "gpu.json"
+    where measured, in the report's precision); None when it has not, or on another GPU. The
+    hardware's figures, not a run's: a ``--results`` folder without its own ``gpu.json`` (runs
+    changed by ``--set``) is priced from the project's."""
+    folders = [results] if results else [results_dir(), *([REPO / "results"] if REPO else [])]
+    path = next((f / "gpu.json" for f in folders if (f / "gpu.json").is_file()),
+                folders[0] / "gpu.json")
     try:
         data = json.loads(path.read_text())
         parts = {k: data["parts"][k] for k in ("base", "big") if k in data["parts"]}

@@ -11,8 +11,10 @@ it lists what differs between the machine and code that made the record and this
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Mapping
 from contextlib import contextmanager
@@ -175,6 +177,8 @@ def verify(path: Path, steps: int | None = None, scratch: Path | None = None,
     print(_spec_line(record))
     if kept := _without_outputs(record):
         print(kept)
+    if carried := _record_tokenizer(record, folder / "cache" / "spm"):
+        print(f"tokenizer: the record's, from {carried}")
     try:
         with _scratch(folder):
             if steps is None:
@@ -186,8 +190,8 @@ def verify(path: Path, steps: int | None = None, scratch: Path | None = None,
                 old_curve, new_curve = record.get("curve", {}), fresh["curve"]
             else:
                 old_curve = record.get("curve", {})
-                new_curve = _train_only(run, _cadence(old_curve.get("train_loss", [])))
-                lines, same = [], True
+                new_curve, vocab = _train_only(run, _cadence(old_curve.get("train_loss", [])))
+                lines, same = _vocabulary_line(record, vocab)
             a, b = _curve_points(old_curve), _curve_points(new_curve)
             common = sorted(k for k in a.keys() & b.keys() if steps is None or k[1] <= steps)
             differ = [k for k in common if not _close(a[k], b[k], tolerance)]
@@ -232,11 +236,37 @@ def _cadence(points: list[list[float]]) -> int | None:
     return int(points[1][0] - points[0][0]) if len(points) > 1 else None
 
 
-def _train_only(run: PlannedRun, curve_every: int | None) -> dict[str, list]:
-    """The learning curve of ``run``'s steps, trained without evaluation or record."""
+def _train_only(run: PlannedRun, curve_every: int | None) -> tuple[dict[str, list], str]:
+    """The learning curve of ``run``'s steps, trained without evaluation or record, and the
+    sha256 of the vocabulary it trained with."""
     c = run.config
     pl.seed_everything(c.train.seed, workers=True, verbose=False)
-    _, data = training.build_data(c)
+    tokenizer, data = training.build_data(c)
     work = paths.runs_dir() / run.table / run.run_id
     clock = training.fit(run, work, data, False, c.train.precision, curve_every=curve_every)[2]
-    return clock.curve
+    return clock.curve, tokenizer.sha256
+
+
+def _record_tokenizer(record: Record, spm: Path) -> Path | None:
+    """Copy the record's own BPE model (the file in the project's ``cache/spm/`` whose sha256 is
+    the record's ``vocab_sha256``) into the scratch cache ``spm``, where the replay finds it
+    instead of training one: sentencepiece's training depends on its threads, so a BPE trained
+    here can differ from the one a 16-core machine trained on the same text. The file copied;
+    None where the cache holds none."""
+    want = record.get("data", {}).get("vocab_sha256")
+    for model in sorted((paths.cache_dir() / "spm").glob("*.model")) if want else []:
+        if hashlib.sha256(model.read_bytes()).hexdigest() == want:
+            spm.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(model, spm / model.name)
+            return model
+    return None
+
+
+def _vocabulary_line(record: Record, sha256: str) -> tuple[list[str], bool]:
+    """Whether the replay trained with the record's vocabulary: a line, and False when not."""
+    want = record.get("data", {}).get("vocab_sha256")
+    if want is None or want == sha256:
+        return [f"vocabulary: {'the same' if want else 'the record keeps no hash'}"], True
+    return [f"vocabulary: DIFFERENT (sha256 {sha256[:12]}... here, {want[:12]}... recorded): "
+            "not the recorded run; put the record's BPE model in the cache's spm/ folder "
+            f"({paths.cache_dir() / 'spm'}) and verify again"], False
