@@ -236,8 +236,7 @@ def run(steps: int = 10, out: str | None = None, budget: float = 420.0,
     caps = {key: cap for key, (_, cap) in PARTS.items()} | (caps or {})
     spec = load_spec("table2")
     attention_kernels()  # as a run trains (fit)
-    started = time.perf_counter()
-    cuda = torch.cuda.is_available()
+    started, cuda = time.perf_counter(), torch.cuda.is_available()
     device, scale, precision, peak, steps, report = _where(cuda, steps, out, budget)
 
     def config(variant: str) -> Config:

@@ -32,6 +32,7 @@ import numpy as np
 from reproduce.data.batching import Encoded, Packed
 from reproduce.data.corpora import first_pairs, pairs_sha256
 from reproduce.data.source import FORMAT, CorpusSource
+from reproduce.util import machine
 from reproduce.util.cache_folders import META, SUBDIR, USED, folder_bytes
 from reproduce.util.files import exclusive, write_atomic
 from reproduce.util.machine import return_free_memory
@@ -209,6 +210,7 @@ def _write(corpus: EncodedCorpus, folder: Path, source: CorpusSource, seconds: f
                                                    "dev": len(corpus.dev_pairs),
                                                    "test": len(corpus.test_pairs)},
             "sha256": corpus.sha256, "files": files, "encode_seconds": round(seconds, 1),
+            "cores": machine.cores(),  # the rate a plan prices a first run at (runs.footprint)
             "built_by": f"{socket.gethostname()}:{os.getpid()}",
             "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     write_atomic(tmp / META, json.dumps(meta, indent=1).encode())

@@ -8,9 +8,10 @@ import dataclasses
 
 import torch
 
+from reproduce import paths
 from reproduce.paths import results_dir, runs_dir
 from reproduce.plan import estimates, workers
-from reproduce.runs import disk
+from reproduce.runs import disk, footprint
 from reproduce.runs.checkpoints import steps_left
 from reproduce.runs.precision_history import most_common, trained_in
 from reproduce.runs.records import every_table_records, load_records, plan_state
@@ -84,6 +85,7 @@ def print_plan(spec, runs: list, layout: Layout, on: str | None = None,
     wall = serial / (n if target.kind == "cpu" else 1)
     print(f"total: {total:.3g} device-hours, about {hours(wall)} of wall clock "
           + (f"with {n} worker(s)" if target.kind == "cpu" else "one run after another"))
+    _print_data(todo)
     if largest is not None:
         _, run_id, need = largest
         print(f"disk: {run_id}'s {need.describe()}; {runs_dir()} has {disk.size(disk.free(runs_dir()))}"
@@ -92,6 +94,20 @@ def print_plan(spec, runs: list, layout: Layout, on: str | None = None,
         checked = estimates.check_against_records(runs, records, here.model, here.rate)
         print("  " + estimates.error_line(checked))
     return {"device_hours": total, "wall_hours": wall}
+
+
+def _print_data(runs: list[PlannedRun]) -> None:
+    """A line for each corpus the runs will read (``runs.footprint``): what it takes on disk and
+    the first run's minutes, beside the cache's free space."""
+    seen = set()
+    for run in runs:
+        d = run.config.data
+        if (key := (d.corpus, d.data_dir, d.max_train_pairs, d.train_every)) in seen:
+            continue
+        seen.add(key)
+        if (f := footprint.footprint(run.config)) is not None:
+            print(f"data: {f.describe()}" + ("" if f.built else
+                  f"; {paths.cache_dir()} has {disk.size(disk.free(paths.cache_dir()))} free"))
 
 
 def _print_run(run: PlannedRun, e: estimates.Estimate, paper: float | None,

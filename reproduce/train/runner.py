@@ -22,7 +22,7 @@ from reproduce.errors import DataError, DiskError, Diverged, OutOfMemory
 from reproduce.paper.flops import analytic_flops, gpu_tflops, paper_cost
 from reproduce.paper.model import count_parameters
 from reproduce.paths import runs_dir
-from reproduce.runs import disk, diverged
+from reproduce.runs import disk, diverged, footprint
 from reproduce.runs.averaging import average_checkpoints
 from reproduce.runs.checkpoints import last_checkpoints, steps_left, unreadable
 from reproduce.runs.claims import claim, rank, worker_id
@@ -121,6 +121,7 @@ def _execute(run: PlannedRun, split: str, command: str, work: Path, extra: dict[
                            "now: left to evaluate that once it has finished (run this command "
                            "again then)")
         disk.check(run.run_id, run.config, work / "checkpoints")  # before hours of training
+        footprint.room(run.run_id, run.config)  # and before its data is read
         precision = choose_precision(run, layout)
         if layout.devices > 1 or decision is not None:  # timed here, once, before the ranks
             choose_compile(run, precision[0], layout, say=False)  # start (they read the cache)
