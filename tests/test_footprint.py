@@ -9,6 +9,7 @@ import pytest
 from reproduce.config import Config
 from reproduce.errors import NoRoom
 from reproduce.runs import disk, footprint
+from reproduce.util.cache_folders import cache_entries
 
 
 def _config(**data) -> Config:
@@ -79,6 +80,6 @@ def test_the_rate_is_this_machines_once_it_has_encoded_a_large_corpus(tmp_path, 
         folder.mkdir(parents=True)
         (folder / "meta.json").write_text(json.dumps(
             {"pairs": {"train": pairs}, "encode_seconds": seconds, "cores": 2}))
-    rate, source = footprint.first_run_rate()
+    rate, source = footprint.first_run_rate(cache_entries(tmp_path / "cache"))
     assert rate == 15_000.0  # the median of 10,000 and 20,000 a core; "c" is too small to count
     assert "measured by 2 encoded cache(s) here" in source

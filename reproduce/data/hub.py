@@ -36,7 +36,7 @@ def translation_dataset(
     if data_dir is not None and (snapshot := hub_snapshot(corpus, data_dir)) is not None:
         return snapshot.dataset(file_split), snapshot.origin(file_split)
     if data_dir is not None:
-        path = _local_file(corpus, data_dir, file_split)
+        path = local_file(corpus, data_dir, file_split)
         if not path.read_bytes().strip():
             raise DataError(f"{path}: empty; it needs one JSON object per line, "
                             f'{{"translation": {{"{spec.source}": ..., "{spec.target}": ...}}}}')
@@ -131,21 +131,22 @@ def hub_snapshot(corpus: str, data_dir: str | Path) -> Snapshot | None:
 
 
 @lru_cache(maxsize=8)
-def hub_download(corpus: str) -> Path | None:
+def hub_download(corpus: str, local_only: bool = False) -> Path | None:
     """The Hub's files of ``corpus`` on this machine, downloaded first where the Hub is reachable:
     huggingface_hub's snapshot of the repository's language pair (its cache's
     ``snapshots/<revision>/``, a layout ``hub_snapshot`` reads). So a corpus read from the Hub and
     the same files given as ``data_dir`` are one corpus: one fingerprint (the shards' SHA-256),
     one BPE model and one encoded cache, and the record names the revision either way. None
     where there is no such snapshot (offline without one, a Hub that refused): then ``datasets``
-    is asked by name, as before, and says what is wrong."""
+    is asked by name, as before, and says what is wrong. ``local_only``: the snapshot already on
+    this machine, never a download (a plan counts what is there)."""
     spec = corpus_spec(corpus)
     if spec.hub is None:
         return None
     repo, config = spec.hub
     from huggingface_hub import snapshot_download
 
-    with _hub_access() as offline:
+    with contextlib.nullcontext(True) if local_only else _hub_access() as offline:
         try:
             folder = Path(snapshot_download(repo_id=repo, repo_type="dataset",
                                             allow_patterns=[f"{config}/*"],
@@ -182,7 +183,7 @@ def local_files(corpus: str, data_dir: str) -> dict[str, dict[str, Any]]:
         return _snapshot_files(snapshot)
     out = {}
     for split, file_split in FILE_SPLITS.items():
-        path = _local_file(corpus, data_dir, file_split)
+        path = local_file(corpus, data_dir, file_split)
         stat = path.stat()
         out[split] = {"file": str(path), "bytes": stat.st_size,
                       "sha256": file_sha256(str(path.resolve()), stat.st_size, stat.st_mtime_ns)}
@@ -217,7 +218,9 @@ def file_sha256(path: str, size: int, mtime_ns: int) -> str:
     return digest.hexdigest()
 
 
-def _local_file(corpus: str, data_dir: str | Path, file_split: str) -> Path:
+def local_file(corpus: str, data_dir: str | Path, file_split: str) -> Path:
+    """``data_dir``'s file of ``file_split`` (``<file_split>.jsonl`` or ``.json``), or a one-line
+    ``DataError`` naming what is missing."""
     folder = Path(data_dir)
     if not folder.is_dir():
         raise DataError(f"data_dir for corpus {corpus!r} is not a directory: {folder}")

@@ -23,7 +23,6 @@ The rules, each from a measurement:
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 from dataclasses import dataclass
@@ -32,9 +31,11 @@ from pathlib import Path
 from reproduce import paths
 from reproduce.config import Config
 from reproduce.data.corpora import corpus_spec
-from reproduce.errors import NoRoom
+from reproduce.data.hub import hub_download, hub_snapshot, local_file
+from reproduce.errors import DataError, NoRoom
 from reproduce.runs import disk
 from reproduce.util import machine
+from reproduce.util.cache_folders import CacheEntry, cache_entries
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,7 @@ def footprint(config: Config) -> Footprint | None:
     spec = corpus_spec(d.corpus)
     if spec.treebank or (spec.bible is not None and not d.data_dir):
         return None
-    folder = Path(d.data_dir) if d.data_dir else _hub_snapshot(d.corpus)
+    folder = Path(d.data_dir) if d.data_dir else hub_download(d.corpus, local_only=True)
     if folder is not None:
         where, download, arrow, encoded, pairs = _local(d.corpus, folder)
     else:
@@ -101,8 +102,10 @@ def footprint(config: Config) -> Footprint | None:
     if d.max_train_pairs:
         pairs = min(pairs, d.max_train_pairs)
     pairs = pairs // d.train_every
-    rate, source = first_run_rate()
-    built = _built(d.corpus, d.data_dir or (str(folder) if folder else None))
+    encoded_here = cache_entries(paths.cache_dir())
+    rate, source = first_run_rate(encoded_here)
+    built = any(e.corpus == d.corpus and e.data_dir == (d.data_dir or (folder and str(folder)))
+                for e in encoded_here)
     return Footprint(d.corpus, where, 0 if built else download, 0 if built else arrow,
                      0 if built else encoded, pairs, 0.0 if built else
                      pairs / (rate * machine.cores()), source, built)
@@ -114,10 +117,10 @@ def room(run_id: str, config: Config) -> Footprint | None:
     f = footprint(config)
     if f is None or f.built or os.environ.get(disk.SKIP_ENV):
         return f
+    from datasets import config as datasets_config  # where datasets keeps its Arrow copies
+
     wants = {paths.cache_dir(): f.encoded}
-    hf = Path(os.environ.get("HF_DATASETS_CACHE")
-              or Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface")
-              / "datasets")
+    hf = Path(datasets_config.HF_DATASETS_CACHE)
     wants[hf] = wants.get(hf, 0) + f.arrow + f.download
     for folder, need in wants.items():
         if need > (free := disk.free(folder)):
@@ -128,18 +131,12 @@ def room(run_id: str, config: Config) -> Footprint | None:
     return f
 
 
-def first_run_rate() -> tuple[float, str]:
-    """Pairs per second per core of a first run's reading and encoding: the median of the
-    encoded caches this machine built (``meta.json``'s pairs, seconds and cores), else
-    ``FIRST_RUN_RATE``."""
-    rates = []
-    for meta in (paths.cache_dir() / "encoded").glob("*/meta.json"):
-        try:
-            m = json.loads(meta.read_text())
-            if m.get("cores") and m.get("encode_seconds") and m["pairs"]["train"] >= 100_000:
-                rates.append(m["pairs"]["train"] / m["encode_seconds"] / m["cores"])
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
+def first_run_rate(encoded: list[CacheEntry]) -> tuple[float, str]:
+    """Pairs per second per core of a first run's reading and encoding: the median over the
+    ``encoded`` caches this machine built of 100k pairs or more (their pairs, seconds and cores),
+    else ``FIRST_RUN_RATE``."""
+    rates = [e.train_pairs / e.encode_seconds / e.cores for e in encoded
+             if e.cores and e.encode_seconds and e.train_pairs >= 100_000]
     if rates:
         return statistics.median(rates), f"{statistics.median(rates):,.0f} pairs/s a core, " \
             f"measured by {len(rates)} encoded cache(s) here"
@@ -148,8 +145,6 @@ def first_run_rate() -> tuple[float, str]:
 
 def _local(corpus: str, folder: Path) -> tuple[str, int, int, int, int]:
     """(where, download, Arrow, encoded, pairs) of files on disk: a Hub download, or JSON lines."""
-    from reproduce.data.hub import hub_snapshot
-
     snapshot = hub_snapshot(corpus, folder)
     if snapshot is not None:
         import pyarrow.parquet as pq
@@ -160,9 +155,9 @@ def _local(corpus: str, folder: Path) -> tuple[str, int, int, int, int]:
         arrow = int(parquet * ARROW_PER_PARQUET)
         return (f"{snapshot.repo} in {snapshot.folder}", 0, arrow,
                 int(arrow * ENCODED_PER_JSON / ARROW_PER_JSON), pairs)
-    train = next((folder / f"train{s}" for s in (".jsonl", ".json")
-                  if (folder / f"train{s}").is_file()), None)
-    if train is None:
+    try:
+        train = local_file(corpus, folder, "train")
+    except DataError:
         return f"local files in {folder}", 0, 0, 0, 0  # reading it says what is missing
     size = train.stat().st_size
     with open(train, "rb") as f:
@@ -170,34 +165,6 @@ def _local(corpus: str, folder: Path) -> tuple[str, int, int, int, int]:
     pairs = int(size * head.count(b"\n") / len(head)) if head else 0
     return (f"local files in {folder}", 0, int(size * ARROW_PER_JSON),
             int(size * ENCODED_PER_JSON), pairs)
-
-
-def _hub_snapshot(corpus: str) -> Path | None:
-    """The Hub's snapshot of ``corpus`` already on this machine (never downloaded here)."""
-    spec = corpus_spec(corpus)
-    if spec.hub is None:
-        return None
-    try:
-        from huggingface_hub import snapshot_download
-
-        repo, pair = spec.hub
-        folder = Path(snapshot_download(repo_id=repo, repo_type="dataset",
-                                        allow_patterns=[f"{pair}/*"], local_files_only=True))
-    except Exception:  # noqa: BLE001 - none on disk
-        return None
-    return folder if any((folder / spec.hub[1]).glob("*.parquet")) else None
-
-
-def _built(corpus: str, data_dir: str | None) -> bool:
-    """Whether an encoded cache of ``corpus`` from ``data_dir`` is there (``meta.json``)."""
-    for meta in (paths.cache_dir() / "encoded").glob(f"{corpus}-*/meta.json"):
-        try:
-            m = json.loads(meta.read_text())
-        except (OSError, ValueError):
-            continue
-        if m.get("corpus") == corpus and m.get("data_dir") == data_dir:
-            return True
-    return False
 
 
 def _duration(seconds: float) -> str:

@@ -31,6 +31,9 @@ class CacheEntry:
     last_used: float  # seconds since the epoch
     corpus: str
     train_pairs: int
+    data_dir: str | None = None  # the local files it was encoded from (None: the Bible, the Hub)
+    encode_seconds: float | None = None  # reading and encoding it took
+    cores: int | None = None  # on this many cores (written since 2026-11-27)
 
 
 def cache_entries(cache_dir: str | Path) -> list[CacheEntry]:
@@ -43,11 +46,12 @@ def cache_entries(cache_dir: str | Path) -> list[CacheEntry]:
             meta = json.loads((folder / META).read_text())
             corpus, pairs = meta.get("corpus", "?"), int(meta.get("pairs", {}).get("train", 0))
         except (OSError, ValueError):
-            corpus, pairs = "(unfinished)", 0
+            meta, corpus, pairs = {}, "(unfinished)", 0
         used = folder / USED
         entries.append(CacheEntry(folder, folder_bytes(folder),
                                   (used if used.exists() else folder).stat().st_mtime,
-                                  corpus, pairs))
+                                  corpus, pairs, meta.get("data_dir"), meta.get("encode_seconds"),
+                                  meta.get("cores")))
     return sorted(entries, key=lambda e: -e.last_used)
 
 
