@@ -55,6 +55,7 @@ from reproduce.runs.sweep import load_spec
 from reproduce.train.devices import attention_kernels
 from reproduce.train.step_time import step_loss, synthetic_batch, train_step
 from reproduce.util import machine
+from reproduce.util.files import write_atomic
 
 LENGTH = 32  # pieces per synthetic training sentence
 DEV_LENGTH, DEV_SENTENCES = 27, 3000  # beam search: sentences like a dev set's
@@ -173,10 +174,9 @@ class Report:
             return
         self.out.parent.mkdir(parents=True, exist_ok=True)
         data = {**self.info, "parts": self.parts, "skipped": self.skipped}
-        for path, text in ((self.out.with_suffix(".json"), json.dumps(data, indent=1) + "\n"),
-                           (self.out, render(data))):  # whole, or not at all: a kill comes anytime
-            path.with_name(path.name + ".tmp").write_text(text)
-            path.with_name(path.name + ".tmp").replace(path)
+        # whole, or not at all: a kill can come at any moment
+        write_atomic(self.out.with_suffix(".json"), (json.dumps(data, indent=1) + "\n").encode())
+        write_atomic(self.out, render(data).encode())
 
 
 # Each part's key (``--cap KEY=SECONDS``), its name in the report and its hard cap in seconds, in

@@ -11,7 +11,6 @@ it lists what differs between the machine and code that made the record and this
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -26,6 +25,7 @@ import torch
 
 from reproduce import paths
 from reproduce.config import Config
+from reproduce.data.hub import file_sha256
 from reproduce.errors import ConfigError, SpecError
 from reproduce.runs import records
 from reproduce.runs.schema import Record
@@ -255,7 +255,7 @@ def _record_tokenizer(record: Record, spm: Path) -> Path | None:
     None where the cache holds none."""
     want = record.get("data", {}).get("vocab_sha256")
     for model in sorted((paths.cache_dir() / "spm").glob("*.model")) if want else []:
-        if hashlib.sha256(model.read_bytes()).hexdigest() == want:
+        if file_sha256(str(model), (st := model.stat()).st_size, st.st_mtime_ns) == want:
             spm.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(model, spm / model.name)
             return model
