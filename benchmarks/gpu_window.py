@@ -115,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cap", nargs="+", default=[], metavar="PART=SECONDS",
                         help="bench --gpu's caps (reproduce/bench/gpu.py's PARTS)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/gpu-window"))
+    parser.add_argument("--compile", choices=("off", "on", "auto"), default="off",
+                        help="the paper-scale run's train.compile (paper_run.py --compile)")
     parser.add_argument("--profile", action="store_true",
                         help="the paper-scale run under cProfile (paper_run.py --profile)")
     parser.add_argument("--no-bench", action="store_true",
@@ -201,7 +203,7 @@ def paper_run(w: Window, args: argparse.Namespace, env: dict) -> bool:
     w.run("paper-scale run", [sys.executable, "benchmarks/paper_run.py", "--pairs",
                               str(args.pairs), "--steps", str(args.steps), "--eval-pairs",
                               str(args.eval_pairs), "--scale", args.scale, "--work", str(work),
-                              "--out", str(args.out / "paper-run.md"),
+                              "--out", str(args.out / "paper-run.md"), "--compile", args.compile,
                               *(["--profile"] if args.profile else [])], w.left() - 10, env)
     records = sorted((work / "results" / "table2").glob("*.json"))
     if records:

@@ -96,7 +96,8 @@ def report(r: dict, wall: float, generated: float, args, command: str) -> str:
              "", f"    python -m reproduce {command.split(' reproduce ', 1)[-1]}", "",
              f"{steps} steps of {b['effective_tokens_per_step']} tokens ({b['devices']} device(s) x "
              f"{b['accumulate']} accumulated x {b['device_batch_tokens']}), {r['precision']}, "
-             f"{len(r['averaged_checkpoints'])} checkpoints averaged.", "",
+             f"{len(r['averaged_checkpoints'])} checkpoints averaged, "
+             f"{'compiled' if r.get('compile') else 'eager'}.", "",
              "| phase | seconds |", "|---|---:|"]
     names = {"data": "data: files read, BPE trained, corpus encoded (an empty cache)",
              "fit": "fit: training steps and checkpoint saves", "average": "averaging",
@@ -107,10 +108,24 @@ def report(r: dict, wall: float, generated: float, args, command: str) -> str:
               f"{m['train_seconds'] / steps:.3f} s/step, {tokens / m['train_seconds']:.0f} target "
               f"tokens/s. Dev PPL {m['dev_ppl']}, dev BLEU {m['dev_bleu']} (a few hundred steps "
               "under warm-up: the speed is the point, not the score)."]
+    late = steady_step(r["curve"]["train_loss"])
+    if late is not None:
+        lines += ["", f"The median step over the second half of the curve: {late:.3f} s (no "
+                  "compiling, first-batch or warm-up cost in it; saves and dev loss fall between "
+                  "logged points, which the median leaves out)."]
     if args.profile:
         lines += ["", "The command ran under cProfile (`--profile`): every phase carries its "
                   "overhead. Its heaviest functions: `paper-run.prof.txt` beside this page."]
     return "\n".join(lines) + "\n"
+
+
+def steady_step(curve: list) -> float | None:
+    """The median seconds per step between logged points ``[step, seconds, loss]`` of the second
+    half of the run; None with under two such points."""
+    late = curve[len(curve) // 2:]
+    per = sorted((b[1] - a[1]) / (b[0] - a[0])
+                 for a, b in zip(late, late[1:], strict=False) if b[0] > a[0])
+    return per[len(per) // 2] if per else None
 
 
 if __name__ == "__main__":
