@@ -144,7 +144,7 @@ def test_an_error_of_the_computation_itself_is_not_taken_for_a_compiler_failure(
     from reproduce.bench.training import lightning_loop
     from reproduce.train.lit import TranslationModule
 
-    def compiled_that_fails(fn):
+    def compiled_that_fails(fn, **options):
         def compiled(*args, **kwargs):
             raise ValueError("not the compiler's")
         return compiled

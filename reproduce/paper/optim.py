@@ -91,6 +91,7 @@ class _OutputLoss(torch.autograd.Function):
                 (grad_w * grad_smoothed).to(ctx.dtypes[1]), None, None, None, None)
 
 
+@torch.compiler.disable  # see the last paragraph below
 def output_loss(hidden: Tensor, weight: Tensor, target: Tensor, eps_ls: float, pad_id: int,
                 chunk_elements: int | None = None) -> tuple[Tensor, Tensor]:
     """Label-smoothed cross-entropy of the logits ``hidden @ weight.T`` (the tied pre-softmax
@@ -102,7 +103,11 @@ def output_loss(hidden: Tensor, weight: Tensor, target: Tensor, eps_ls: float, p
     Computed in chunks of about ``chunk_elements`` logits over the real target positions only
     (``_OutputLoss``), so the (tokens, V) logits are never in memory whole. Default chunks: 1024
     positions on a CPU, 64M logits (at least 1024 positions) on a GPU; fewer positions per chunk
-    pay for adding each chunk's (V, d) weight gradient into the sum (docs/performance.md)."""
+    pay for adding each chunk's (V, d) weight gradient into the sum (docs/performance.md).
+
+    ``torch.compile`` leaves it out (a graph break): the real positions' count and so the chunks'
+    loop change with every batch, and traced they made dynamo recompile each new batch until its
+    limit (a paper-scale CLI run on an H200 was still compiling after 200 s, 2026-11-27)."""
     if chunk_elements is None:
         rows = 1024 if hidden.device.type == "cpu" else max(1024, (1 << 26) // weight.shape[0])
     else:

@@ -19,6 +19,7 @@ from reproduce.data import PAD_BATCH
 from reproduce.errors import one_line
 from reproduce.paper.model import Transformer
 from reproduce.paper.optim import adam_with_schedule, output_loss
+from reproduce.train.step_time import compiled
 
 log = logging.getLogger("reproduce")
 
@@ -49,7 +50,7 @@ class TranslationModule(pl.LightningModule):
 
     def use_compiled(self, on: bool) -> None:
         """Train through ``torch.compile`` of the training loss (``on``), or eager."""
-        self._train_losses = torch.compile(self._losses) if on else self._losses
+        self._train_losses = compiled(self._losses) if on else self._losses
 
     def _losses(self, batch: dict[str, torch.Tensor]):
         hidden = self.model.features(batch["src"], batch["tgt_in"])
