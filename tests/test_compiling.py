@@ -86,6 +86,28 @@ def test_a_real_timing_of_eager_and_compiled():
     assert seconds["eager"] > 0 and seconds["compiled"] > 0 and seconds["compile_seconds"] >= 0
 
 
+def test_the_timer_gives_each_timed_step_a_batch_shape_new_to_the_compiler(monkeypatch):
+    """A compiled step that recompiles on every new shape must look as slow as it is: after the
+    warm-up, each timed step of ``auto``'s timer is on a shape the compiled loss has not seen, in
+    another class modulo 8 (a kernel alignment guard), as a run's token-count batches come."""
+    from reproduce.train.step_time import seconds_compiled
+
+    seen: list[tuple[int, ...]] = []
+
+    def recording_compile(fn, **options):
+        assert options.get("dynamic") is True  # a run's batches change shape every step
+        def compiled(model, batch, *args):
+            seen.append(tuple(batch["tgt_out"].shape))
+            return fn(model, batch, *args)
+        return compiled
+
+    monkeypatch.setattr(torch, "compile", recording_compile)
+    small = load_spec("table3").resolve("base", "smoke").overrides(N=1)
+    seconds_compiled(small, 256, "32-true", rounds=3)
+    assert len(seen) == 4 and len(set(seen)) == 4, seen
+    assert len({shape[1] % 8 for shape in seen}) == 4, seen
+
+
 COMPILER_FAILS = '''
 import torch
 

@@ -3,7 +3,8 @@
 ``off`` and ``on`` are taken as they are. ``auto`` times it, as ``precision: auto`` times bf16:
 a few training steps of the table's base at the run's scale (the model ``precision`` times), on
 one rank's micro-batch, in the precision the run takes, eager and compiled, on the device the
-run trains on (``step_time.seconds_compiled``). Compiling is taken where the compiled step is
+run trains on, each timed step on a batch shape new to both as a run's are
+(``step_time.seconds_compiled``). Compiling is taken where the compiled step is
 ``MARGIN`` faster *and* the seconds it saves over the run's steps exceed the seconds compiling
 took: a short run, or a small gain, stays eager. The timings are cached per device, torch
 version, precision and model shape (``runs/compile.json``), so every rank of a run and every
@@ -45,9 +46,14 @@ def _device(accelerator: str) -> str:
     return f"{cpu_name()}|{','.join(cpu_flags())}|{torch.get_num_threads()}t"
 
 
+# How the timings were taken; a cache entry of another method is timed again. 2: dynamic shapes,
+# the output loss left eager, the timed steps on new batch shapes (1: one shape, traced whole).
+METHOD = 2
+
+
 def _key(config, tokens: int, precision: str, device: str) -> str:
     return (f"{device}|torch {torch.__version__}|{precision}|"
-            f"{step_time.shape_key(config, tokens)}")
+            f"{step_time.shape_key(config, tokens)}|timed {METHOD}")
 
 
 _read = step_time.read_timings

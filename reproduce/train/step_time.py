@@ -75,21 +75,26 @@ def train_step(model: Transformer, optimizer, schedule, batch: dict[str, torch.T
 
 
 def _timed(config: Config, tokens: int, contenders: dict[str, tuple[str, Callable]],
-           rounds: int, length: int, device: str = "cpu"
+           rounds: int, length: int, device: str = "cpu", new_shapes: bool = False
            ) -> tuple[dict[str, float], dict[str, float]]:
     """(median seconds, warm-up seconds) of a training step of ``config``'s model on ``tokens``
     per side for each contender (its precision and loss function), on ``device``: one model,
     optimizer and synthetic batch, a warm-up step each, then ``rounds`` rounds interleaved, the
-    order rotating."""
+    order rotating. ``new_shapes``: each round on a batch of a shape not seen before (``length``
+    and then ``shifted_lengths``), as a run's token-count batches come, so that whatever a new
+    shape costs a contender (a recompile) is in its median."""
     torch.manual_seed(0)
     m, t = config.model, config.train
     model = Transformer(m).to(device).train()
     optimizer, schedule = adam_with_schedule(model.parameters(), t, m.d_model)
-    batch = {k: v.to(device) for k, v in
-             synthetic_batch(m.vocab_size, tokens, min(length, t.max_tokens_per_sentence)).items()}
+    lengths = [min(length, t.max_tokens_per_sentence)]
+    if new_shapes:
+        lengths += shifted_lengths(lengths[0], rounds)
+    batches = [{k: v.to(device) for k, v in synthetic_batch(m.vocab_size, tokens, n).items()}
+               for n in lengths]
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
-    def step(name: str) -> float:
+    def step(name: str, batch: dict[str, torch.Tensor]) -> float:
         precision, loss_fn = contenders[name]
         sync()
         start = time.perf_counter()
@@ -98,11 +103,11 @@ def _timed(config: Config, tokens: int, contenders: dict[str, tuple[str, Callabl
         return time.perf_counter() - start
 
     order = list(contenders)
-    first = {name: step(name) for name in order}
+    first = {name: step(name, batches[0]) for name in order}
     times: dict[str, list[float]] = {name: [] for name in order}
     for r in range(rounds):
         for name in order[r % len(order):] + order[:r % len(order)]:
-            times[name].append(step(name))
+            times[name].append(step(name, batches[(r + 1) % len(batches)]))
     return {name: round(sorted(v)[len(v) // 2], 4) for name, v in times.items()}, first
 
 
@@ -113,14 +118,22 @@ def seconds_by_precision(config: Config, tokens: int, rounds: int = 3,
     return _timed(config, tokens, {p: (p, step_loss) for p in CHOICES}, rounds, length)[0]
 
 
+def shifted_lengths(length: int, count: int) -> list[int]:
+    """``count`` sentence lengths near ``length``: ``length`` + 1, - 2, + 3, - 4, ...; up to 7 of
+    them fall in 7 different classes modulo 8 and none in ``length``'s, so a guard on a kernel's
+    alignment sees each one new too."""
+    return [max(2, length + (i + 1) * (-1) ** i) for i in range(count)]
+
+
 def seconds_compiled(config: Config, tokens: int, precision: str, device: str = "cpu",
                      rounds: int = 3, length: int = 32) -> dict[str, float]:
     """A training step of ``config``'s model on ``tokens`` per side in ``precision`` on
     ``device``, eager and with the loss under ``torch.compile`` (median seconds, interleaved
-    after a warm-up step each), and the seconds compiling took (the compiled warm-up step less
-    an eager one). Raises what ``torch.compile`` raises where it fails."""
+    after a warm-up step each, every timed round on a batch shape new to both, as a run's
+    batches are), and the seconds compiling took (the compiled warm-up step less an eager one).
+    Raises what ``torch.compile`` raises where it fails."""
     medians, first = _timed(config, tokens, {"eager": (precision, step_loss),
                                              "compiled": (precision, compiled(step_loss))},
-                            rounds, length, device)
+                            rounds, length, device, new_shapes=True)
     return {**medians,
             "compile_seconds": round(max(0.0, first["compiled"] - first["eager"]), 1)}
