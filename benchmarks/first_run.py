@@ -57,6 +57,7 @@ def first_run(tree: Path, data: Path, work: Path, later: bool = False) -> dict:
                "--scale", "smoke", "--set", f"data.data_dir={data}", *SETTINGS]
     started = time.perf_counter()
     mapped_anon = 0  # the most private memory once the corpus is mapped: training, evaluation
+    tree_peak = 0  # the most RSS of the command and all its descendants together, sampled
     log_path = work / ("log-later" if later else "log")
     with open(log_path, "w") as log:
         proc = subprocess.Popen(command, cwd=tree, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -64,9 +65,10 @@ def first_run(tree: Path, data: Path, work: Path, later: bool = False) -> dict:
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)  # this child's own peak RSS
             if pid:
                 break
+            tree_peak = max(tree_peak, sum(_memory(p, "VmRSS") for p in _tree(proc.pid)))
             if MAPPED in log_path.read_text(errors="replace"):
                 mapped_anon = max(mapped_anon, _memory(proc.pid, "RssAnon"))
-            time.sleep(0.5)
+            time.sleep(0.2)
     wall = time.perf_counter() - started
     if os.waitstatus_to_exitcode(status):
         raise SystemExit(f"{tree}: exit {os.waitstatus_to_exitcode(status)}; see {log_path}")
@@ -80,8 +82,24 @@ def first_run(tree: Path, data: Path, work: Path, later: bool = False) -> dict:
             "wall_s": round(wall, 1),
             "train_s": train, "outside_training_s": round(wall - train, 1),
             "phases": record.get("phases"),
-            "peak_rss_gb": round(usage.ru_maxrss / 1e6, 1),
+            "peak_rss_gb": round(usage.ru_maxrss / 1e6, 2),
+            "tree_peak_rss_gb": round(max(tree_peak, usage.ru_maxrss) / 1e6, 2),
+            "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
             "private_once_mapped_gb": round(mapped_anon / 1e6, 1) if mapped_anon else None}
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants now (from /proc's children lists)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return out
 
 
 def _memory(pid: int, field: str) -> int:
@@ -126,12 +144,18 @@ def report(results: list[dict], args) -> str:
              f"{args.data} {trees}".rstrip() + f"` ({time.strftime('%Y-%m-%d')}; the script says "
              "what each run is). Seconds of wall clock; outside training = the command less its "
              "training seconds (start-up, reading, BPE, encoding, the evaluation of 20 pairs).",
-             "", "| commit | run | command | training | outside training "
-             "| peak RSS | private memory once mapped |", "|---|---|---:|---:|---:|---:|---:|"]
+             "Peak RSS: the command's process tree, its processes' RSS summed (sampled every "
+             "0.2 s); CPU: the command's user and system seconds; data: the record's data phase "
+             "(reading, BPE, encoding, mapping).",
+             "", "| commit | run | command | training | outside training | data | CPU "
+             "| peak RSS | private memory once mapped |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         mapped = r["private_once_mapped_gb"]
+        data = (r.get("phases") or {}).get("data")
         lines.append(f"| {r['commit']} | {r['run']} | {r['wall_s']:.0f} s | {r['train_s']:.0f} s | "
-                     f"{r['outside_training_s']:.0f} s | {r['peak_rss_gb']:.1f} GB | "
+                     f"{r['outside_training_s']:.0f} s | "
+                     + (f"{data:.0f} s" if data is not None else "") + f" | {r['cpu_s']:.0f} s | "
+                     f"{r['tree_peak_rss_gb']:.2f} GB | "
                      + (f"{mapped:.1f} GB" if mapped else "(no cache)") + " |")
     return "\n".join(lines) + "\n"
 
