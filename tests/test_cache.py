@@ -4,6 +4,7 @@ new cache; a killed or damaged build is rebuilt, never read; batches are the sam
 
 from __future__ import annotations
 
+import io
 import json
 import multiprocessing
 import os
@@ -52,13 +53,13 @@ def _source(data_dir: str) -> CorpusSource:
 
 def _count_encodes(monkeypatch) -> list[int]:
     calls: list[int] = []
-    encode = encoded_cache._encode
+    build = encoded_cache._build
 
     def counted(*args, **kwargs):
         calls.append(os.getpid())
-        return encode(*args, **kwargs)
+        return build(*args, **kwargs)
 
-    monkeypatch.setattr(encoded_cache, "_encode", counted)
+    monkeypatch.setattr(encoded_cache, "_build", counted)
     return calls
 
 
@@ -93,15 +94,15 @@ def test_a_corpus_is_encoded_once_and_mapped_by_every_later_run_and_table(tmp_pa
 
 
 def _build_in_child(data_dir: str, cache: str, calls: str) -> None:
-    encode = encoded_cache._encode
+    build = encoded_cache._build
 
     def slow(*args, **kwargs):
         with open(calls, "a") as f:
             f.write(f"{os.getpid()}\n")
         time.sleep(1.0)  # long enough for the other rank to find the lock held
-        return encode(*args, **kwargs)
+        return build(*args, **kwargs)
 
-    encoded_cache._encode = slow
+    encoded_cache._build = slow
     source = _source(data_dir)
     corpus = encoded_corpus(source, corpus_tokenizer(source, 300, cache), cache_dir=cache)
     assert corpus.folder is not None and len(corpus.train) == 400
@@ -251,3 +252,69 @@ def test_the_cache_is_listed_and_pruned_but_never_under_a_build(tmp_path, corpus
         removed = prune(cache)
     assert [e.folder for e in removed] == [other.folder] and not other.folder.exists()
     assert kept.folder.exists()
+
+
+@pytest.mark.parametrize("every, most", [(1, None), (3, 100)])
+def test_the_training_pairs_stream_into_the_arrays_np_save_writes_of_them_whole(
+        tmp_path, verses, monkeypatch, every, most):
+    """A first run's encoding streams (issue 51): the training text read 37 rows at a time from
+    the dataset's Arrow file, the whole split never read into memory, and the arrays written as
+    they come are the bytes ``np.save`` writes of the whole split encoded at once; a run
+    resumed across the change sees the same batches. Empty pairs dropped, as before."""
+    from reproduce.data import source as source_module
+    from reproduce.data.batching import Encoded
+    from reproduce.data.corpora import pairs_sha256
+
+    with_empty = {**verses, "train": verses["train"][:200] + [("", "leer")]
+                  + verses["train"][200:]}
+    data_dir = _write_corpus(tmp_path / "corpus", with_empty)
+    cache = tmp_path / "cache"
+    read: list[str] = []
+    load_pairs = source_module.load_pairs
+
+    def spied(corpus, split, *args, **kwargs):
+        read.append(split)
+        return load_pairs(corpus, split, *args, **kwargs)
+
+    monkeypatch.setattr(source_module, "load_pairs", spied)
+    monkeypatch.setattr(source_module, "READ_ROWS", 37)
+    tokenizer = corpus_tokenizer(_source(data_dir), 300, cache)
+    encode, sizes = tokenizer.encode, []
+    monkeypatch.setattr(tokenizer, "encode", lambda texts: sizes.append(len(texts))
+                        or encode(texts))
+    streamed = encoded_corpus(_source(data_dir), tokenizer, train_every=every,
+                              max_train_pairs=most, cache_dir=cache)
+    assert "train" not in read and read.count("dev") == 1  # the training text never held whole
+    assert max(sizes[:-2]) <= 37 and len(sizes) >= 2 * 3  # batches of 37 rows read, or fewer
+    train = [(s, t) for s, t in with_empty["train"] if s and t][::every][:most]
+    assert len(streamed.train) == len(train) and streamed.sha256["train"] == pairs_sha256(train)
+    whole = Encoded.encode(tokenizer, train)
+    for side in ("src", "tgt"):
+        for part in ("tokens", "starts", "lengths"):
+            buffer = io.BytesIO()
+            np.save(buffer, getattr(getattr(whole, side), part))
+            written = (streamed.folder / f"train.{side}.{part}.npy").read_bytes()
+            assert written == buffer.getvalue(), (side, part)
+
+
+def test_an_encode_that_fails_midway_leaves_no_cache_and_no_temporary_folder(tmp_path, corpus,
+                                                                             monkeypatch):
+    from reproduce.data import source as source_module
+
+    monkeypatch.setattr(source_module, "READ_ROWS", 50)
+    cache = tmp_path / "cache"
+    tokenizer = corpus_tokenizer(_source(corpus), 300, cache)
+    encode, calls = tokenizer.encode, []
+
+    def fails_on_the_fifth_batch(texts):
+        calls.append(len(texts))
+        if len(calls) == 5:
+            raise OSError(28, "No space left on device")
+        return encode(texts)
+
+    monkeypatch.setattr(tokenizer, "encode", fails_on_the_fifth_batch)
+    with pytest.raises(OSError, match="No space left"):
+        encoded_corpus(_source(corpus), tokenizer, cache_dir=cache)
+    assert [p.name for p in (cache / "encoded").iterdir() if p.is_dir()] == []
+    monkeypatch.setattr(tokenizer, "encode", encode)
+    assert len(encoded_corpus(_source(corpus), tokenizer, cache_dir=cache).train) == 400

@@ -397,7 +397,7 @@ def test_train_every_keeps_every_kth_training_pair_from_all_books(module, small_
     with caplog.at_level("INFO", logger="reproduce"):
         every.setup()
     train = load_pairs("bible-en-de", "train")
-    assert (f"training on 300 of the {len(train)} pairs (train_every=4, max_train_pairs=300)"
+    assert (f"training on 300 of the {len(train)} pairs read (train_every=4, max_train_pairs=300)"
             in caplog.text)
     assert every.sha256["train"] == pairs_sha256(train[::4][:300]) != module.sha256["train"]
     assert every.num_train_pairs == 300 and every.dev_pairs == module.dev_pairs

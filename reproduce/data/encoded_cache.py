@@ -14,14 +14,17 @@ a temporary folder left by a killed build is removed by the next build.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
+import itertools
 import json
 import logging
 import os
 import shutil
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -101,10 +104,7 @@ def encoded_corpus(source: CorpusSource, tokenizer: Tokenizer, train_every: int 
     with exclusive(folder.parent / f"{key}.lock", waiting=waiting):
         corpus = read_cache(folder)
         if corpus is None:
-            started = time.perf_counter()
-            built = _encode(source, tokenizer, train_every, max_train_pairs, max_eval_pairs)
-            _write(built, folder, source, time.perf_counter() - started)
-            del built
+            _build(source, tokenizer, train_every, max_train_pairs, max_eval_pairs, folder)
             source.forget("train")  # mapped from here on: the text is not held while training
             return_free_memory()
             corpus = read_cache(folder)
@@ -155,66 +155,169 @@ def _pairs(rows: list[list[str]]) -> list[tuple[str, str]]:
 
 def _encode(source: CorpusSource, tokenizer: Tokenizer, train_every: int,
             max_train_pairs: int | None, max_eval_pairs: int | None) -> EncodedCorpus:
-    all_train = source.pairs("train")
-    train = first_pairs(all_train[::train_every], max_train_pairs)
-    if len(train) < len(all_train):
-        logger.info("%s train: training on %d of the %d pairs (train_every=%d,"
-                    " max_train_pairs=%s)", source.corpus, len(train), len(all_train),
-                    train_every, max_train_pairs)
-    dev = first_pairs(source.pairs("dev"), max_eval_pairs)
-    test = first_pairs(source.pairs("test"), max_eval_pairs)
+    """The corpus encoded in memory (no cache folder: small corpora, tests)."""
+    train = [pair for batch in _training_pairs(source, train_every, max_train_pairs)
+             for pair in batch]
+    dev, test = _eval_pairs(source, max_eval_pairs)
     sha256 = {"train": pairs_sha256(train), "dev": pairs_sha256(dev), "test": pairs_sha256(test)}
-    return EncodedCorpus(Encoded.encode(tokenizer, train, progress=_Progress(source.corpus,
-                                                                             2 * len(train))),
-                         Encoded.encode(tokenizer, dev), dev, test, sha256)
+    return EncodedCorpus(Encoded.encode(tokenizer, train), Encoded.encode(tokenizer, dev), dev,
+                         test, sha256)
+
+
+def _training_pairs(source: CorpusSource, train_every: int, max_train_pairs: int | None
+                    ) -> Iterator[list[tuple[str, str]]]:
+    """The training pairs a run keeps, in batches as read: every ``train_every``-th pair, then
+    the first ``max_train_pairs`` of those (the reading stops there)."""
+    seen = kept = 0
+    for batch in source.train_batches():
+        chosen = batch[(-seen) % train_every::train_every]
+        seen += len(batch)
+        if max_train_pairs is not None:
+            chosen = chosen[:max_train_pairs - kept]
+        kept += len(chosen)
+        if chosen:
+            yield chosen
+        if max_train_pairs is not None and kept >= max_train_pairs:
+            break
+    if train_every > 1 or max_train_pairs is not None:
+        logger.info("%s train: training on %d of the %d pairs read (train_every=%d,"
+                    " max_train_pairs=%s)", source.corpus, kept, seen, train_every,
+                    max_train_pairs)
+
+
+def _eval_pairs(source: CorpusSource, max_eval_pairs: int | None
+                ) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    return (first_pairs(source.pairs("dev"), max_eval_pairs),
+            first_pairs(source.pairs("test"), max_eval_pairs))
 
 
 class _Progress:
     """One line every ``every`` seconds while a large split is encoded: how far, how fast."""
 
-    def __init__(self, corpus: str, total: int, every: float = 15.0):
-        self.corpus, self.total, self.every = corpus, total, every
+    def __init__(self, corpus: str, every: float = 15.0):
+        self.corpus, self.every = corpus, every
         self.started = self.last = time.perf_counter()
 
-    def __call__(self, done: int) -> None:
+    def __call__(self, done: int, end: bool = False) -> None:
         now = time.perf_counter()
-        if now - self.last >= self.every or (done == self.total and now - self.started > 2):
+        if now - self.last >= self.every or (end and now - self.started > 2):
             self.last = now
-            logger.info("%s train: encoded %d of %d sentences (%.0f/s)", self.corpus, done,
-                        self.total, done / max(now - self.started, 1e-9))
+            logger.info("%s train: encoded %d pairs%s (%.0f/s)", self.corpus, done,
+                        ", all" if end else "", done / max(now - self.started, 1e-9))
 
 
-def _write(corpus: EncodedCorpus, folder: Path, source: CorpusSource, seconds: float) -> None:
-    """Write ``corpus`` into a temporary folder beside ``folder``, then rename it into place."""
+def _build(source: CorpusSource, tokenizer: Tokenizer, train_every: int,
+           max_train_pairs: int | None, max_eval_pairs: int | None, folder: Path) -> None:
+    """Encode ``source`` into a temporary folder beside ``folder``, then rename it into place.
+    The training pairs stream through: read in batches, encoded (sentencepiece's threads, every
+    core), appended to the arrays' files; only a batch is held at a time. A build that fails
+    or is killed leaves no ``folder``, only its temporary one, which the next build removes."""
     for stale in folder.parent.glob(f"{folder.name}.tmp-*"):  # a killed build's: we hold the lock
         shutil.rmtree(stale, ignore_errors=True)
     tmp = folder.parent / f"{folder.name}.tmp-{os.getpid()}"
     tmp.mkdir(parents=True)
-    arrays = {}
-    for split, encoded in (("train", corpus.train), ("dev", corpus.dev)):
-        for side, packed in (("src", encoded.src), ("tgt", encoded.tgt)):
+    try:
+        started = time.perf_counter()
+        train_count, train_sha = _stream_train(source, tokenizer, train_every, max_train_pairs,
+                                               tmp)
+        dev_pairs, test_pairs = _eval_pairs(source, max_eval_pairs)
+        dev = Encoded.encode(tokenizer, dev_pairs)
+        for side, packed in (("src", dev.src), ("tgt", dev.tgt)):
             for part in ("tokens", "starts", "lengths"):
-                arrays[f"{split}.{side}.{part}"] = getattr(packed, part)
-    files = {}
-    for name, array in arrays.items():
-        with open(tmp / f"{name}.npy", "wb") as f:
-            np.save(f, np.ascontiguousarray(array))
-            f.flush()
-            os.fsync(f.fileno())
-        files[f"{name}.npy"] = (tmp / f"{name}.npy").stat().st_size
-    write_atomic(tmp / EVAL, json.dumps({"dev": corpus.dev_pairs, "test": corpus.test_pairs},
-                                        ensure_ascii=False).encode())
-    files[EVAL] = (tmp / EVAL).stat().st_size
-    meta = {"format": FORMAT, "corpus": source.corpus, "fingerprint": source.fingerprint,
-            "data_dir": source.data_dir, "pairs": {"train": len(corpus.train),
-                                                   "dev": len(corpus.dev_pairs),
-                                                   "test": len(corpus.test_pairs)},
-            "sha256": corpus.sha256, "files": files, "encode_seconds": round(seconds, 1),
-            "cores": machine.cores(),  # the rate a plan prices a first run at (runs.footprint)
-            "built_by": f"{socket.gethostname()}:{os.getpid()}",
-            "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    write_atomic(tmp / META, json.dumps(meta, indent=1).encode())
-    os.replace(tmp, folder)
+                _save(tmp / f"dev.{side}.{part}.npy", getattr(packed, part))
+        write_atomic(tmp / EVAL, json.dumps({"dev": dev_pairs, "test": test_pairs},
+                                            ensure_ascii=False).encode())
+        seconds = time.perf_counter() - started
+        files = {f"{name}.npy": (tmp / f"{name}.npy").stat().st_size for name in ARRAYS}
+        files[EVAL] = (tmp / EVAL).stat().st_size
+        meta = {"format": FORMAT, "corpus": source.corpus, "fingerprint": source.fingerprint,
+                "data_dir": source.data_dir,
+                "pairs": {"train": train_count, "dev": len(dev_pairs), "test": len(test_pairs)},
+                "sha256": {"train": train_sha, "dev": pairs_sha256(dev_pairs),
+                           "test": pairs_sha256(test_pairs)},
+                "files": files, "encode_seconds": round(seconds, 1),
+                "cores": machine.cores(),  # the rate a plan prices a first run at (footprint)
+                "built_by": f"{socket.gethostname()}:{os.getpid()}",
+                "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        write_atomic(tmp / META, json.dumps(meta, indent=1).encode())
+        os.replace(tmp, folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     logger.info("%s: encoded %d training pairs in %.0f s, cached in %s (%.0f MB)", source.corpus,
-                len(corpus.train), seconds, folder, folder_bytes(folder) / 1e6)
+                train_count, seconds, folder, folder_bytes(folder) / 1e6)
 
+
+def _stream_train(source: CorpusSource, tokenizer: Tokenizer, train_every: int,
+                  max_train_pairs: int | None, folder: Path) -> tuple[int, str]:
+    """The training pairs encoded into ``folder``'s six ``train.*.npy`` files as they are read;
+    (how many, their ``pairs_sha256``). The files hold what ``np.save`` of the whole arrays
+    would."""
+    digest = hashlib.sha256()
+    progress = _Progress(source.corpus)
+    count = 0
+    with contextlib.ExitStack() as stack:
+        out = {name: stack.enter_context(_NpyAppender(folder / f"{name}.npy", dtype))
+               for name, dtype in ((f"train.{side}.{part}", DTYPES[part])
+                                   for side in ("src", "tgt") for part in DTYPES)}
+        ends = {"src": 0, "tgt": 0}  # tokens written so far per side: the next start
+        for batch in _training_pairs(source, train_every, max_train_pairs):
+            for side, texts in (("src", [s for s, _ in batch]), ("tgt", [t for _, t in batch])):
+                ids = tokenizer.encode(texts)
+                lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+                out[f"train.{side}.tokens"].append(
+                    np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32))
+                out[f"train.{side}.starts"].append(ends[side] + np.cumsum(lengths) - lengths)
+                out[f"train.{side}.lengths"].append(lengths)
+                ends[side] += int(lengths.sum())
+            for s, t in batch:
+                digest.update(f"{s}\t{t}\n".encode())
+            count += len(batch)
+            progress(count)
+        progress(count, end=True)
+    return count, digest.hexdigest()
+
+
+DTYPES = {"tokens": np.int32, "starts": np.int64, "lengths": np.int64}  # as Packed.encode's
+
+
+class _NpyAppender:
+    """A one-dimensional ``.npy`` file written by appending: its header, written last, says how
+    many items came, and the bytes are those ``np.save`` writes for the whole array."""
+
+    HEADER = 128  # np.save's header for any one-dimensional array up to 10**20 items
+
+    def __init__(self, path: Path, dtype: Any):
+        self.path, self.dtype, self.count = path, np.dtype(dtype), 0
+
+    def __enter__(self) -> _NpyAppender:
+        self.file = open(self.path, "wb")  # noqa: SIM115 - closed in __exit__
+        self.file.seek(self.HEADER)
+        return self
+
+    def append(self, values: np.ndarray) -> None:
+        self.file.write(np.ascontiguousarray(values, dtype=self.dtype).tobytes())
+        self.count += len(values)
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if exc[0] is None:
+                header = io.BytesIO()
+                np.lib.format.write_array_header_1_0(header, {
+                    "descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False,
+                    "shape": (self.count,)})
+                if len(header.getvalue()) != self.HEADER:
+                    raise RuntimeError(f"{self.path}: a {len(header.getvalue())}-byte header")
+                self.file.seek(0)
+                self.file.write(header.getvalue())
+                self.file.flush()
+                os.fsync(self.file.fileno())
+        finally:
+            self.file.close()
+
+
+def _save(path: Path, array: np.ndarray) -> None:
+    with open(path, "wb") as f:
+        np.save(f, np.ascontiguousarray(array))
+        f.flush()
+        os.fsync(f.fileno())

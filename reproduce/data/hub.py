@@ -241,23 +241,63 @@ def translation_columns(
     dataset: datasets.Dataset, spec: CorpusSpec, origin: str
 ) -> tuple[list[str | None], list[str | None]]:
     """Source and target texts from ``{"translation": {lang: text}}`` rows."""
+    _check_translation(dataset, spec, origin)
+    return _texts(dataset.select_columns(["translation"]).with_format("arrow")[:], spec)
+
+
+def translation_batches(
+    dataset: datasets.Dataset, spec: CorpusSpec, origin: str, rows: int = 65536
+) -> Iterator[tuple[list[str | None], list[str | None]]]:
+    """``translation_columns`` about ``rows`` rows at a time, in order, the corpus never held
+    whole: read from the dataset's Arrow files as a stream (a memory-mapped 2 GB file read
+    through would stay in the process's resident pages), or batched from the dataset where it
+    has no files of its own."""
+    _check_translation(dataset, spec, origin)
+    for table in _arrow_tables(dataset, rows):
+        yield _texts(table, spec)
+
+
+def _check_translation(dataset: datasets.Dataset, spec: CorpusSpec, origin: str) -> None:
     if "translation" not in dataset.column_names:
         raise DataError(
             f'{origin}: rows have no "translation" field (fields: {dataset.column_names});'
             f' expected {{"translation": {{"{spec.source}": ..., "{spec.target}": ...}}}}'
         )
-    table = dataset.select_columns(["translation"]).with_format("arrow")[:].flatten()
-    languages = [name.split(".", 1)[1] for name in table.column_names if "." in name]
+    fields = dataset.features["translation"]
+    languages = list(getattr(fields, "languages", None) or getattr(fields, "keys", list)())
     missing = [lang for lang in (spec.source, spec.target) if lang not in languages]
     if missing:
         raise DataError(
             f'{origin}: "translation" has no {missing} field (has {languages});'
             f" expected {spec.source!r} and {spec.target!r}"
         )
-    return (
-        table.column(f"translation.{spec.source}").to_pylist(),
-        table.column(f"translation.{spec.target}").to_pylist(),
-    )
+
+
+def _texts(table: Any, spec: CorpusSpec) -> tuple[list[str | None], list[str | None]]:
+    flat = table.select(["translation"]).flatten()
+    return (flat.column(f"translation.{spec.source}").to_pylist(),
+            flat.column(f"translation.{spec.target}").to_pylist())
+
+
+def _arrow_tables(dataset: datasets.Dataset, rows: int) -> Iterator[Any]:
+    """``dataset``'s rows as Arrow tables of about ``rows`` rows each, in order."""
+    import pyarrow as pa
+
+    files = [f["filename"] for f in dataset.cache_files]
+    if not files or dataset._indices is not None:  # in memory, or a selection of its rows
+        yield from dataset.with_format("arrow").iter(batch_size=rows)
+        return
+    pending = None  # rows read and not yet given: fewer than ``rows`` plus one record batch
+    for name in files:
+        with pa.OSFile(name) as f:
+            for batch in pa.ipc.open_stream(f):
+                table = pa.Table.from_batches([batch])
+                pending = table if pending is None else pa.concat_tables([pending, table])
+                while pending.num_rows >= rows:
+                    yield pending.slice(0, rows)
+                    pending = pending.slice(rows)
+    if pending is not None and pending.num_rows:
+        yield pending
 
 
 _OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")

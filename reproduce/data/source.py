@@ -8,18 +8,24 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from reproduce.data.corpora import SPLITS, corpus_spec, pairs_sha256
-from reproduce.data.hub import hub_download, local_files, translation_dataset
+from reproduce.data.corpora import SPLITS, corpus_spec, nonempty_pairs, pairs_sha256, report_pairs
+from reproduce.data.hub import hub_download, local_files, translation_batches, translation_dataset
 from reproduce.data.loading import load_pairs
+from reproduce.errors import DataError
 
 logger = logging.getLogger(__name__)
 
 # Bumped when what a cache built from a corpus holds changes meaning (the reading or cleaning of
 # pairs, the encoded layout): every fingerprint changes with it and old caches are not read.
 FORMAT = 1
+
+# Training pairs read (and encoded) at a time from a large corpus: a batch's text and ids in
+# memory, ~50 MB at WMT's sentence lengths.
+READ_ROWS = 65536
 
 
 @dataclass
@@ -49,6 +55,30 @@ class CorpusSource:
                 logger.info("%s %s: read %d pairs in %.0f s (%.0f pairs/s)", self.corpus, split,
                             len(self._pairs[split]), seconds, len(self._pairs[split]) / seconds)
         return self._pairs[split]
+
+    def train_batches(self, rows: int | None = None) -> Iterator[list[tuple[str, str]]]:
+        """The training pairs of ``pairs("train")``, in the same order, about ``rows`` rows read at
+        a time. A large corpus (WMT's millions of pairs) is streamed from its Arrow files and
+        never held whole, so the first run's memory does not grow with it; the others, and a
+        split already read, come from ``pairs``."""
+        rows = rows or READ_ROWS
+        if "train" in self._pairs or not self.large:
+            pairs = self.pairs("train")
+            for begin in range(0, len(pairs), rows):
+                yield pairs[begin:begin + rows]
+            return
+        spec = corpus_spec(self.corpus)
+        dataset, origin = translation_dataset(self.corpus, "train", self.data_dir)
+        kept = dropped = 0
+        for sources, targets in translation_batches(dataset, spec, origin, rows):
+            pairs, gone = nonempty_pairs(sources, targets)
+            kept, dropped = kept + len(pairs), dropped + gone
+            if pairs:
+                yield pairs
+        report_pairs(self.corpus, "train", kept, dropped)
+        if not kept:
+            raise DataError(f"{origin}: no {spec.source}-{spec.target} pairs with text on both "
+                            "sides")
 
     def forget(self, split: str) -> None:
         """Drop ``split``'s pairs read so far (at WMT's size, gigabytes of text that a run whose

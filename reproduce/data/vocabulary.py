@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from reproduce.data.source import CorpusSource
@@ -41,14 +42,20 @@ def corpus_tokenizer(source: CorpusSource, vocab_size: int,
 def _train(source: CorpusSource, vocab_size: int, path: Path, cache: str | Path | None
            ) -> Tokenizer:
     trees = source.is_treebank
-    pairs = source.pairs("train")
-    symbols = tree_symbols(pairs, source.linearization) if trees else ()
+    symbols = tree_symbols(source.pairs("train"), source.linearization) if trees else ()
+    count = [0]
+
+    def sentences() -> Iterator[str]:  # streamed: sentencepiece keeps a bounded sample of them
+        for batch in source.train_batches():
+            count[0] += len(batch)
+            for pair in batch:
+                yield from pair
+
     started = time.perf_counter()
-    tokenizer = train_tokenizer(source.tokenizer_name(), vocab_size,
-                                (s for pair in pairs for s in pair), cache or cache_dir(),
-                                symbols=symbols, hard_vocab_limit=not trees)
+    tokenizer = train_tokenizer(source.tokenizer_name(), vocab_size, sentences(),
+                                cache or cache_dir(), symbols=symbols, hard_vocab_limit=not trees)
     seconds = time.perf_counter() - started
     if seconds > 2:
         logger.info("%s: trained a %d-piece BPE vocabulary on %d sentences in %.0f s (%s)",
-                    source.corpus, tokenizer.vocab_size, 2 * len(pairs), seconds, path)
+                    source.corpus, tokenizer.vocab_size, 2 * count[0], seconds, path)
     return tokenizer
