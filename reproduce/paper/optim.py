@@ -107,7 +107,7 @@ def output_loss(hidden: Tensor, weight: Tensor, target: Tensor, eps_ls: float, p
 
     ``torch.compile`` leaves it out (a graph break): the real positions' count and so the chunks'
     loop change with every batch, and traced they made dynamo recompile each new batch until its
-    limit (a paper-scale CLI run on an H200 was still compiling after 200 s, 2026-11-27)."""
+    limit (a paper-scale CLI run on an H200 logged one step in 200 s, 2026-11-27)."""
     if chunk_elements is None:
         rows = 1024 if hidden.device.type == "cpu" else max(1024, (1 << 26) // weight.shape[0])
     else:
