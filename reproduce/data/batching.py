@@ -101,17 +101,13 @@ class Packed:
     lengths: np.ndarray  # (n,) int64 number of pieces, without BOS/EOS
 
     @classmethod
-    def encode(cls, tokenizer: Tokenizer, texts: Sequence[str], chunk: int = 65536,
-               progress: Callable[[int], None] | None = None) -> Packed:
-        """Encode ``texts`` in chunks, so peak memory holds one chunk's Python lists;
-        ``progress`` is called with the number of texts encoded so far after each chunk."""
+    def encode(cls, tokenizer: Tokenizer, texts: Sequence[str], chunk: int = 65536) -> Packed:
+        """Encode ``texts`` in chunks, so peak memory holds one chunk's Python lists."""
         flat, lengths = [], []
         for begin in range(0, len(texts), chunk):
             ids = tokenizer.encode(list(texts[begin : begin + chunk]))
             lengths.append(np.fromiter(map(len, ids), dtype=np.int64, count=len(ids)))
             flat.append(np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32))
-            if progress is not None:
-                progress(begin + len(ids))
         lens = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
         starts = np.cumsum(lens) - lens
         tokens = np.concatenate(flat) if flat else np.zeros(0, dtype=np.int32)
@@ -151,15 +147,10 @@ class Encoded:
     tgt: Packed
 
     @classmethod
-    def encode(cls, tokenizer: Tokenizer, pairs: Sequence[tuple[str, str]],
-               progress: Callable[[int], None] | None = None) -> Encoded:
-        """Encode both sides of ``pairs`` (``progress``: as ``Packed.encode``'s, over both)."""
-        source = Packed.encode(tokenizer, [s for s, _ in pairs],
-                               progress=progress)
-        target = Packed.encode(tokenizer, [t for _, t in pairs],
-                               progress=None if progress is None else
-                               (lambda done: progress(len(pairs) + done)))
-        return cls(source, target)
+    def encode(cls, tokenizer: Tokenizer, pairs: Sequence[tuple[str, str]]) -> Encoded:
+        """Encode both sides of ``pairs``."""
+        return cls(Packed.encode(tokenizer, [s for s, _ in pairs]),
+                   Packed.encode(tokenizer, [t for _, t in pairs]))
 
     def __len__(self) -> int:
         return len(self.src)

@@ -6,8 +6,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from reproduce.errors import DataError
 
@@ -99,6 +100,11 @@ def nonempty_pairs(
 def pairs_sha256(pairs: Sequence[tuple[str, str]]) -> str:
     """A fingerprint of sentence pairs: SHA-256 of ``source TAB target`` lines (one per pair)."""
     digest = hashlib.sha256()
+    hash_pairs(digest, pairs)
+    return digest.hexdigest()
+
+
+def hash_pairs(digest: Any, pairs: Iterable[tuple[str, str]]) -> None:
+    """Add ``pairs`` to ``digest`` as ``pairs_sha256`` hashes them (a split read in batches)."""
     for source, target in pairs:
         digest.update(f"{source}\t{target}\n".encode())
-    return digest.hexdigest()

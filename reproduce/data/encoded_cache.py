@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
-import itertools
 import json
 import logging
 import os
@@ -33,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from reproduce.data.batching import Encoded, Packed
-from reproduce.data.corpora import first_pairs, pairs_sha256
+from reproduce.data.corpora import first_pairs, hash_pairs, pairs_sha256
 from reproduce.data.source import FORMAT, CorpusSource
 from reproduce.util import machine
 from reproduce.util.cache_folders import META, SUBDIR, USED, folder_bytes
@@ -262,23 +261,20 @@ def _stream_train(source: CorpusSource, tokenizer: Tokenizer, train_every: int,
                                    for side in ("src", "tgt") for part in DTYPES)}
         ends = {"src": 0, "tgt": 0}  # tokens written so far per side: the next start
         for batch in _training_pairs(source, train_every, max_train_pairs):
-            for side, texts in (("src", [s for s, _ in batch]), ("tgt", [t for _, t in batch])):
-                ids = tokenizer.encode(texts)
-                lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-                out[f"train.{side}.tokens"].append(
-                    np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32))
-                out[f"train.{side}.starts"].append(ends[side] + np.cumsum(lengths) - lengths)
-                out[f"train.{side}.lengths"].append(lengths)
-                ends[side] += int(lengths.sum())
-            for s, t in batch:
-                digest.update(f"{s}\t{t}\n".encode())
+            encoded = Encoded.encode(tokenizer, batch)
+            for side, packed in (("src", encoded.src), ("tgt", encoded.tgt)):
+                out[f"train.{side}.tokens"].append(packed.tokens)
+                out[f"train.{side}.starts"].append(ends[side] + packed.starts)
+                out[f"train.{side}.lengths"].append(packed.lengths)
+                ends[side] += len(packed.tokens)
+            hash_pairs(digest, batch)
             count += len(batch)
             progress(count)
         progress(count, end=True)
     return count, digest.hexdigest()
 
 
-DTYPES = {"tokens": np.int32, "starts": np.int64, "lengths": np.int64}  # as Packed.encode's
+DTYPES = {"tokens": np.int32, "starts": np.int64, "lengths": np.int64}  # Packed.encode's
 
 
 class _NpyAppender:
