@@ -21,6 +21,7 @@ from reproduce.data import load_bible_verses
 from reproduce.data.encoded_cache import encoded_corpus, read_cache
 from reproduce.data.module import LOADER_WORKERS_ENV
 from reproduce.data.source import CorpusSource
+from reproduce.data.token_file import TokenFile
 from reproduce.data.vocabulary import corpus_tokenizer
 from reproduce.errors import DataError
 from tests.helpers import data_module
@@ -71,13 +72,14 @@ def test_a_corpus_is_encoded_once_and_mapped_by_every_later_run_and_table(tmp_pa
     source = _source(corpus)
     first = encoded_corpus(source, tokenizer, cache_dir=cache)
     assert len(calls) == 1 and first.folder is not None and first.folder.parent == cache / "encoded"
-    assert isinstance(first.train.src.tokens, np.memmap)  # mapped, not a private copy
+    assert isinstance(first.train.src.tokens, TokenFile)  # read as needed, not a private copy
     assert "train" not in source._pairs  # nor is the text the first run read held any longer
     # A later run (a new reading of the same files): nothing encoded, the same arrays.
     again = encoded_corpus(_source(corpus), corpus_tokenizer(_source(corpus), 300, cache),
                            cache_dir=cache)
     assert len(calls) == 1 and again.folder == first.folder
-    assert np.array_equal(again.train.tgt.tokens, first.train.tgt.tokens)
+    every = np.arange(len(first.train))
+    assert np.array_equal(again.train.tgt.pieces(every), first.train.tgt.pieces(every))
     assert again.dev_pairs == first.dev_pairs and again.sha256 == first.sha256
     # Another table's data module (its own batch and length limit) maps the same folder.
     dm = data_module("local-en-de", tokenizer, batch_tokens=700, max_tokens_per_sentence=40,
@@ -167,12 +169,12 @@ def test_a_killed_or_damaged_build_is_rebuilt_never_read(tmp_path, corpus, monke
     assert [p.name for p in (cache / "encoded").iterdir() if p.is_dir()] == [corpus_.folder.name]
     # A complete folder whose array lost its tail (a disk error, a partial copy): rebuilt.
     tokens = corpus_.folder / "train.tgt.tokens.npy"
-    expected = np.array(corpus_.train.tgt.tokens)
+    expected = np.load(tokens)
     with open(tokens, "r+b") as f:
         f.truncate(tokens.stat().st_size - 8)
     assert read_cache(corpus_.folder) is None and not corpus_.folder.exists()
     rebuilt = encoded_corpus(_source(corpus), tokenizer, cache_dir=cache)
-    assert len(calls) == 2 and np.array_equal(rebuilt.train.tgt.tokens, expected)
+    assert len(calls) == 2 and np.array_equal(np.load(rebuilt.folder / tokens.name), expected)
 
 
 def test_the_hub_path_goes_through_the_same_cache(tmp_path, verses, monkeypatch):
@@ -234,6 +236,45 @@ def test_batches_from_loader_workers_are_the_batches_of_the_training_process(tmp
     dm = data_module("local-en-de", tokenizer, batch_tokens=600, data_dir=corpus)
     with pytest.raises(DataError, match="REPRODUCE_LOADER_WORKERS='many'"):
         _ = dm.loader_workers
+
+
+def test_batches_read_from_the_cache_equal_the_in_memory_ones_and_map_no_token_file(tmp_path,
+                                                                                    corpus):
+    cache = tmp_path / "cache"
+    tokenizer = corpus_tokenizer(_source(corpus), 300, cache)
+    modules = {}
+    for name, folder in (("memory", None), ("cache", cache)):
+        modules[name] = data_module("local-en-de", tokenizer, batch_tokens=600, data_dir=corpus,
+                                    cache_dir=folder)
+        modules[name].setup()
+    assert modules["memory"].cache_folder is None and modules["cache"].cache_folder is not None
+    in_memory, cached = (list(modules[name].train_dataloader()) for name in ("memory", "cache"))
+    assert len(cached) == len(in_memory) > 6
+    for a, b in zip(in_memory, cached, strict=True):
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # The n-gram references read the targets in long contiguous runs: the same counts.
+    assert (modules["cache"].reference_perplexities()
+            == modules["memory"].reference_perplexities())
+    maps = Path("/proc/self/smaps").read_text()
+    folder = str(modules["cache"].cache_folder)
+    assert f"{folder}/train.src.lengths.npy" in maps  # the lengths are mapped, and seen here
+    assert ".tokens.npy" not in maps  # the token ids never are: no page of them counts as ours
+
+
+def test_a_token_file_reads_any_sequences_and_refuses_what_its_file_does_not_hold(tmp_path):
+    ids = np.arange(100, dtype=np.int32) * 7
+    np.save(tmp_path / "t.npy", ids)
+    tokens = TokenFile(tmp_path / "t.npy")
+    starts, lengths = np.array([10, 13, 0, 50, 50, 99]), np.array([3, 4, 2, 0, 5, 1])
+    expected = np.concatenate([ids[s:s + n] for s, n in zip(starts, lengths, strict=True)])
+    assert np.array_equal(tokens.gather(starts, lengths), expected)  # 10-13 and 13-17: one read
+    assert len(tokens.gather(np.array([5]), np.array([0]))) == 0
+    with pytest.raises(IndexError, match="outside"):
+        tokens.gather(np.array([98]), np.array([3]))
+    with open(tmp_path / "t.npy", "r+b") as f:
+        f.truncate((tmp_path / "t.npy").stat().st_size - 4)
+    with pytest.raises(ValueError, match="t.npy: .* bytes, not"):
+        TokenFile(tmp_path / "t.npy")
 
 
 def test_the_cache_is_listed_and_pruned_but_never_under_a_build(tmp_path, corpus):

@@ -14,6 +14,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from reproduce.data.token_file import TokenFile
+
 if TYPE_CHECKING:
     from reproduce.paper.tokenizer import Tokenizer
 
@@ -93,10 +95,11 @@ def _batch_bounds(sorted_cost: np.ndarray, batch_tokens: int) -> list[int]:
 class Packed:
     """Many token sequences in one flat array, so a batch is gathered without Python loops.
 
-    The arrays are numpy's so that they may be memory maps of the encoded-corpus cache
-    (``reproduce.data.encoded_cache``): every run and every rank then reads the same pages."""
+    From the encoded-corpus cache (``reproduce.data.encoded_cache``) ``starts`` and ``lengths`` are
+    memory maps and ``tokens`` a ``TokenFile``, read a batch at a time (``reproduce.data.token_file``
+    says why): every run and every rank then reads the same pages of the kernel's page cache."""
 
-    tokens: np.ndarray  # (total,) int32 piece ids, sequences back to back
+    tokens: np.ndarray | TokenFile  # (total,) int32 piece ids, sequences back to back
     starts: np.ndarray  # (n,) int64 offset of each sequence in tokens
     lengths: np.ndarray  # (n,) int64 number of pieces, without BOS/EOS
 
@@ -120,14 +123,19 @@ class Packed:
         """The sequences at ``index`` (the flat token store is shared, not copied)."""
         return Packed(self.tokens, self.starts[index], self.lengths[index])
 
+    def pieces(self, index: np.ndarray | slice) -> np.ndarray:
+        """The pieces of the sequences at ``index``, back to back."""
+        starts, lengths = self.starts[index], self.lengths[index]
+        if isinstance(self.tokens, TokenFile):
+            return self.tokens.gather(starts, lengths)
+        within = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        return self.tokens[np.repeat(starts, lengths) + within]
+
     def rows(self, index: np.ndarray, width: int, offset: int) -> torch.Tensor:
         """(len(index), width) ids: each sequence starts at column ``offset``, the rest is pad 0."""
-        lengths = self.lengths[index]
-        columns = np.arange(width - offset)
-        inside = columns < lengths[:, None]
-        positions = (self.starts[index][:, None] + columns)[inside]
+        inside = np.arange(width - offset) < self.lengths[index][:, None]
         out = np.zeros((len(index), width), dtype=np.int64)
-        out[:, offset:][inside] = self.tokens[positions]
+        out[:, offset:][inside] = self.pieces(index)
         return torch.from_numpy(out)
 
 
@@ -172,7 +180,8 @@ class Encoded:
         width = int(tgt_lengths.max()) + 1
         tgt_in = self.tgt.rows(index, width, offset=1)
         tgt_in[:, 0] = bos
-        tgt_out = self.tgt.rows(index, width, offset=0)
+        tgt_out = torch.zeros_like(tgt_in)  # the same pieces one column left: read once
+        tgt_out[:, :-1] = tgt_in[:, 1:]
         tgt_out[rows, torch.from_numpy(tgt_lengths)] = eos
         return {"src": source_tensor(self.src, index, eos), "tgt_in": tgt_in, "tgt_out": tgt_out}
 

@@ -1,8 +1,9 @@
 """Encode once, map everywhere: a corpus encoded with a tokenizer is written once under
 ``<cache>/encoded/<name>/`` as numpy arrays, and every later run of every table that uses that
-corpus and vocabulary, and every rank of a run, memory-maps them: the pages are shared between
-processes, and no later run reads or encodes the text again (as fairseq's ``fairseq-preprocess``
-binarizes once and its datasets map the result).
+corpus and vocabulary, and every rank of a run, reads them (lengths mapped, tokens read a batch
+at a time): the pages are shared between processes in the kernel's page cache, and no later run
+reads or encodes the text again (as fairseq's ``fairseq-preprocess`` binarizes once and its
+datasets map the result).
 
 The folder's key is the corpus's content (``CorpusSource.fingerprint``), the tokenizer's (its
 model file's SHA-256) and which pairs are kept (``train_every``, ``max_train_pairs``,
@@ -34,6 +35,7 @@ import numpy as np
 from reproduce.data.batching import Encoded, Packed
 from reproduce.data.corpora import first_pairs, hash_pairs, pairs_sha256
 from reproduce.data.source import FORMAT, CorpusSource
+from reproduce.data.token_file import TokenFile
 from reproduce.util import machine
 from reproduce.util.cache_folders import META, SUBDIR, USED, folder_bytes
 from reproduce.util.files import exclusive, write_atomic
@@ -115,8 +117,9 @@ def encoded_corpus(source: CorpusSource, tokenizer: Tokenizer, train_every: int 
 
 
 def read_cache(folder: Path) -> EncodedCorpus | None:
-    """The encoded corpus in ``folder``, memory-mapped; None if there is none. A folder that does
-    not match its ``meta.json`` is removed (with one line saying why), and None returned."""
+    """The encoded corpus in ``folder``: its starts and lengths memory-mapped, its tokens read a
+    batch at a time (``TokenFile``); None if there is none. A folder that does not match its
+    ``meta.json`` is removed (with one line saying why), and None returned."""
     if not folder.exists():
         return None
     try:
@@ -126,7 +129,10 @@ def read_cache(folder: Path) -> EncodedCorpus | None:
         for name, size in meta["files"].items():
             if (folder / name).stat().st_size != size:
                 raise ValueError(f"{name} holds {(folder / name).stat().st_size} bytes, not {size}")
-        arrays = {name: np.load(folder / f"{name}.npy", mmap_mode="r") for name in ARRAYS}
+        arrays = {name: np.load(folder / f"{name}.npy", mmap_mode="r") for name in ARRAYS
+                  if not name.endswith(".tokens")}
+        tokens = {name: TokenFile(folder / f"{name}.npy") for name in ARRAYS
+                  if name.endswith(".tokens")}
         text = json.loads((folder / EVAL).read_text())
     except (OSError, ValueError, KeyError, TypeError) as exc:
         logger.warning("%s: damaged or unfinished encoded corpus (%s); it is removed and rebuilt",
@@ -140,8 +146,9 @@ def read_cache(folder: Path) -> EncodedCorpus | None:
 
     def encoded(split: str) -> Encoded:
         def packed(side: str) -> Packed:
-            return Packed(*(arrays[f"{split}.{side}.{part}"]
-                            for part in ("tokens", "starts", "lengths")))
+            name = f"{split}.{side}"
+            return Packed(tokens[f"{name}.tokens"], arrays[f"{name}.starts"],
+                          arrays[f"{name}.lengths"])
         return Encoded(packed("src"), packed("tgt"))
 
     return EncodedCorpus(encoded("train"), encoded("dev"), _pairs(text["dev"]),
@@ -263,6 +270,7 @@ def _stream_train(source: CorpusSource, tokenizer: Tokenizer, train_every: int,
         for batch in _training_pairs(source, train_every, max_train_pairs):
             encoded = Encoded.encode(tokenizer, batch)
             for side, packed in (("src", encoded.src), ("tgt", encoded.tgt)):
+                assert isinstance(packed.tokens, np.ndarray)  # encoded here, in memory
                 out[f"train.{side}.tokens"].append(packed.tokens)
                 out[f"train.{side}.starts"].append(ends[side] + packed.starts)
                 out[f"train.{side}.lengths"].append(packed.lengths)

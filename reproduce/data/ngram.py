@@ -48,11 +48,9 @@ def _events(packed: Packed, begin: int, end: int, bos: int, eos: int
     """(context, predicted piece) of every target position of sentences ``begin:end``: each
     sentence's pieces then EOS, after BOS then the same pieces."""
     lengths = np.asarray(packed.lengths[begin:end], dtype=np.int64)
-    starts = np.asarray(packed.starts[begin:end], dtype=np.int64)
     ends = np.cumsum(lengths + 1)  # one past each sentence's EOS
     first = ends - lengths - 1
-    offsets = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    pieces = packed.tokens[np.repeat(starts, lengths) + offsets]
+    pieces = packed.pieces(slice(begin, end))
     predicted = np.full(int(ends[-1]) if len(ends) else 0, eos, dtype=np.int64)
     inside = np.ones(len(predicted), dtype=bool)
     inside[ends - 1] = False
