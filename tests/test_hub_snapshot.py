@@ -129,3 +129,38 @@ def test_the_hub_s_own_snapshot_is_the_same_corpus_as_the_same_download_in_a_fol
     files = local_data("wmt14-en-de", from_hub.data_dir)["files"]
     assert (files["train"]["repo"], files["train"]["revision"]) == ("wmt/wmt14", REVISION)
     hub.hub_download.cache_clear()
+
+
+def test_a_record_from_the_hub_s_snapshot_is_stale_once_a_later_download_holds_other_shards(
+        tmp_path, monkeypatch):
+    # a corpus named without data_dir reads the snapshot refs/main points at; a later download
+    # moves refs/main to a new revision's folder: other shards there make the record stale
+    import huggingface_hub.constants
+
+    from reproduce.config import Config
+    from reproduce.data import hub
+    from reproduce.runs.records import data_changed, files_now
+
+    repo = tmp_path / "hub" / "datasets--wmt--wmt14"
+    write_snapshot(repo / "snapshots" / REVISION, metadata=False)
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(REVISION)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    config = Config().overrides(corpus="wmt14-en-de")
+    hub.hub_download.cache_clear()
+    try:
+        then = files_now(config)
+        assert then is not None and then["train"]["revision"] == REVISION
+        record = {"data": {"files": then}}
+        assert data_changed(record, config) is None
+        later = "fedcba9876543210fedcba9876543210fedcba98"
+        write_snapshot(repo / "snapshots" / later, train_shards=2, metadata=False)  # 2 shards: other files
+        (repo / "refs" / "main").write_text(later)
+        hub.hub_download.cache_clear()
+        why = data_changed(record, config)
+        assert why is not None and why.startswith("its train data (") and "changed since" in why
+        assert f"snapshots/{later}/de-en/train-*.parquet" in why
+        assert data_changed(record, Config().overrides(corpus="bible-en-de")) is None
+    finally:
+        hub.hub_download.cache_clear()

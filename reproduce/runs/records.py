@@ -287,17 +287,20 @@ DATA_FILE = "data.json"  # in a run's folder: the SHA-256 of each file its check
 def files_now(config: Config) -> dict[str, dict[str, Any]] | None:
     """What the files of ``config``'s corpus hold now (``data.hub.local_files``: per split, the
     file and its SHA-256, hashed once per process while its size and modification time stay the
-    same), or None: a corpus not read from files (``data_dir``; treebanks aside), or files that
-    cannot be read now (the run that needs them says what is wrong)."""
+    same), or None: a corpus not read from files, or files that cannot be read now (the run that
+    needs them says what is wrong). Files are a ``data_dir`` (treebanks aside) or, for a Hub
+    corpus named without one, the snapshot of it on this machine that a run would read now
+    (``data.hub.hub_download``, never downloading): a later download is a new snapshot."""
     from reproduce.data import is_treebank
-    from reproduce.data.hub import local_files
+    from reproduce.data.hub import hub_download, local_files
     from reproduce.errors import DataError
 
     c = config.data
-    if not c.data_dir or is_treebank(c.corpus):
+    if is_treebank(c.corpus):
         return None
     try:
-        return local_files(c.corpus, c.data_dir)
+        data_dir = c.data_dir or hub_download(c.corpus, local_only=True)
+        return None if data_dir is None else local_files(c.corpus, str(data_dir))
     except (DataError, OSError):
         return None
 
