@@ -120,6 +120,45 @@ def test_slurm_options_reach_the_sbatch_header_and_runs_of_other_needs_get_their
     assert "#SBATCH --time=2160" in launch.sbatch_script(Path("/jobs"), "paper", runs, timed)
 
 
+def test_with_on_gpu_each_run_asks_the_time_its_estimate_needs_and_similar_runs_share_an_array():
+    from reproduce.plan.estimates import estimate
+
+    spec = load_spec("table3")
+    runs = spec.plan(["base", "A1", "C1", "big"], "paper", [0])
+    cluster = launch.Cluster(gpus_per_node=8, on="H100")
+    limits = {}
+    for run in runs:
+        minutes, why = launch.time_limit(run, cluster, launch.resources(run, cluster))
+        hours = estimate(run, launch.gpu_target("H100", 8)).hours
+        assert minutes % 60 == 0 and minutes / 60 in launch.TIME_LIMITS_H
+        # enough for the estimate with its margin, and the next shorter limit would not be
+        need = hours * 60 * launch.TIME_MARGIN + launch.TIME_ALLOWANCE_MIN
+        shorter = [h for h in launch.TIME_LIMITS_H if h * 60 < minutes]
+        assert minutes >= need and (not shorter or shorter[-1] * 60 < need), (run.variant, hours)
+        assert f"{hours:.1f} h of training estimated on 8x H100" in why
+        limits[run.variant] = minutes
+    assert limits["big"] > limits["base"] and limits["base"] < 3 * 24 * 60  # not the default
+    groups = launch.arrays(runs, cluster)
+    assert sorted(len(g) for g in groups) == sorted(
+        list(limits.values()).count(m) for m in set(limits.values()))  # one array per limit
+    line = launch.plan_lines(runs[:1], cluster)[0]
+    assert f"{limits['base']} min (" in line and "estimated on 8x H100" in line
+    # the user's own time limit still wins; a CPU-only run keeps the scale's
+    timed = launch.Cluster(gpus_per_node=8, on="H100", options=launch.parse_options(["time=600"]))
+    assert launch.resources(runs[0], timed)["timeout_min"] == 600
+    cpu = launch.Cluster(gpus_per_node=0, on="H100")
+    assert launch.resources(runs[0], cpu)["timeout_min"] == launch.RESOURCES["paper"]["timeout_min"]
+    with pytest.raises(ConfigError, match=r"--on 4xH100: a run here takes 8 GPU\(s\)"):
+        launch.resources(runs[0], launch.Cluster(gpus_per_node=8, on="4xH100"))
+    with pytest.raises(ConfigError, match="--on cpu: with --launcher slurm, the GPU"):
+        launch.resources(runs[0], launch.Cluster(gpus_per_node=8, on="cpu"))
+
+
+def test_on_without_a_dry_run_or_a_cluster_is_one_line(capsys):
+    assert main(["table3", "--variant", "base", "--scale", "smoke", "--on", "H100"]) == 2
+    assert "--on H100: a local sweep trains on this machine" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("text, minutes", [("90", 90), ("90:30", 91), ("24:00:00", 1440),
                                            ("2-00:00:00", 2880), ("1-12", 2160), ("0-0:30", 30)])
 def test_time_limits_read_in_every_form_sbatch_takes(text, minutes):

@@ -28,7 +28,8 @@ class Table(Command):
         t.add_argument("--dry-run", action="store_true", help="print the plan and what each run "
                        "should take, from counted FLOPs and a cached probe, and exit")
         t.add_argument("--on", help="with --dry-run: plan for other hardware, e.g. 8xH100, "
-                       "A100, or cpu (this machine, the default)")
+                       "A100, or cpu (this machine, the default); with --launcher slurm: the GPU "
+                       "the nodes hold (e.g. H100): each run's time limit from its estimate")
         t.add_argument("--render", action="store_true", help="train nothing: render "
                        f"results/{self.name}.md (and its figures) from the records there and exit")
         t.add_argument("--spec", help=f"a sweep spec file instead of sweeps/{self.name}.yaml")
@@ -351,6 +352,10 @@ def _check_cluster_options(args: argparse.Namespace) -> None:
     if given and args.launcher != "slurm":
         raise ConfigError(f"{', '.join(given)}: for --launcher slurm only (a local sweep trains "
                           "on this machine: --devices and --workers say how)")
+    if args.on and args.launcher != "slurm" and not args.dry_run:
+        raise ConfigError(f"--on {args.on}: a local sweep trains on this machine; --on plans for "
+                          "other hardware with --dry-run, or sizes time limits with --launcher "
+                          "slurm")
 
 
 def _submit(args: argparse.Namespace, argv: list[str], spec, runs: list, scale: str,
@@ -367,7 +372,8 @@ def _submit(args: argparse.Namespace, argv: list[str], spec, runs: list, scale: 
     if args.nodes < 1 or (args.gpus is not None and args.gpus < 0):
         raise ConfigError(f"--nodes {args.nodes} --gpus-per-node {args.gpus}: nodes must be 1 or "
                           "more and GPUs per node 0 or more")
-    cluster = launch.Cluster(args.nodes, args.gpus, args.partition, launch.parse_options(args.slurm))
+    cluster = launch.Cluster(args.nodes, args.gpus, args.partition, launch.parse_options(args.slurm),
+                             args.on)
     folder = runs_dir() / spec.table / "slurm"
     submitted = queue.tasks(folder)
     todo = []

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import signal
@@ -44,7 +45,7 @@ log = logging.getLogger("reproduce")
 # Resources per scale: GPUs and tasks per node, CPUs per task, memory, time limit (docs/cluster.md
 # shows this table; a test keeps them equal). The paper's runs take 8 GPUs like the paper's (fewer
 # GPUs accumulate to the same batch; --gpus-per-node to change); big runs 3x the time (its steps).
-RESOURCES = {
+RESOURCES: dict[str, dict[str, Any]] = {
     "paper": {"gpus_per_node": 8, "tasks_per_node": 8, "cpus_per_task": 8, "mem": "256G",
               "timeout_min": 3 * 24 * 60},
     "cpu": {"gpus_per_node": 0, "tasks_per_node": 1, "cpus_per_task": 2, "mem": "16G",
@@ -53,6 +54,16 @@ RESOURCES = {
               "timeout_min": 15},
 }
 BIG_STEPS = 100_000  # a paper run with more steps than this (big: 300k) gets 3x the time
+
+# With --on GPU (what the nodes hold), a GPU run's time limit comes from its own estimate
+# (plan/estimates.py): training x TIME_MARGIN, plus TIME_ALLOWANCE_MIN for what a task does outside
+# training (start-up, reading or encoding the data, evaluation), rounded up to one of
+# TIME_LIMITS_H so that runs of about the same length share an array. Near the limit a task is
+# stopped by USR2, saved at its step and requeued: an estimate too short costs a requeue, not the
+# run; a shorter limit is scheduled sooner (backfill) than the scale's default.
+TIME_MARGIN = 1.5
+TIME_ALLOWANCE_MIN = 30
+TIME_LIMITS_H = (1, 2, 3, 4, 6, 8, 12, 18, 24, 36, 48, 72, 96, 120, 168, 240, 336)
 
 # --slurm KEY=VALUE: what the harness sets itself (the run's shape, its logs, its signal), so a
 # value there would break the run rather than change it; every other sbatch option passes through
@@ -79,12 +90,14 @@ INTEGER = ("cpus_per_task", "array_parallelism", "signal_delay_s")
 @dataclass(frozen=True)
 class Cluster:
     """What ``--launcher slurm`` asks of the cluster: nodes per run, GPUs per node (None: by
-    scale), the partition and ``--slurm KEY=VALUE`` options (``parse_options``)."""
+    scale), the partition, ``--slurm KEY=VALUE`` options (``parse_options``) and the GPU the
+    nodes hold (``--on``: each run's time limit from its estimate)."""
 
     nodes: int = 1
     gpus_per_node: int | None = None
     partition: str | None = None
     options: tuple[tuple[str, Any], ...] = ()
+    on: str | None = None  # --on: the GPU the nodes hold, e.g. H100 (time limits from estimates)
 
 
 def parse_options(values: list[str]) -> tuple[tuple[str, Any], ...]:
@@ -137,21 +150,64 @@ def minutes(text: str) -> int:
 # submitit is imported where it is used: only --launcher slurm needs it.
 
 
-def resources(scale: str, cluster: Cluster = Cluster(), train_steps: int | None = None
-              ) -> dict[str, Any]:
+def resources(run: PlannedRun, cluster: Cluster = Cluster()) -> dict[str, Any]:
     """What one run asks for: the scale's defaults (``RESOURCES``), its shape from ``cluster``,
-    and ``--slurm`` options over them (``time`` as ``timeout_min``; the rest by their names)."""
-    res: dict[str, Any] = dict(RESOURCES.get(scale, RESOURCES["cpu"]), nodes=cluster.nodes)
+    its time limit (``time_limit``) and ``--slurm`` options over them (``time`` as
+    ``timeout_min``; the rest by their names)."""
+    res: dict[str, Any] = dict(RESOURCES.get(run.scale, RESOURCES["cpu"]), nodes=cluster.nodes)
     if cluster.gpus_per_node is not None:
         res["gpus_per_node"] = cluster.gpus_per_node
         res["tasks_per_node"] = max(cluster.gpus_per_node, 1)
-    if scale == "paper" and train_steps and train_steps > BIG_STEPS:  # big: 3x the steps
-        res["timeout_min"] = min(res["timeout_min"] * 3, 14 * 24 * 60)
+    res["timeout_min"] = time_limit(run, cluster, res)[0]
     if cluster.partition:
         res["partition"] = cluster.partition
     for key, value in cluster.options:
-        res["timeout_min" if key == "time" else key] = value
+        if key != "time":  # time_limit took it
+            res[key] = value
     return res
+
+
+def time_limit(run: PlannedRun, cluster: Cluster, res: dict[str, Any]) -> tuple[int, str]:
+    """Minutes of ``run``'s time limit on nodes of ``res``'s shape, and where they come from:
+    ``--slurm time``; else, with ``--on GPU`` and GPUs asked for, the run's estimate there
+    (``TIME_MARGIN``, ``TIME_ALLOWANCE_MIN``, ``TIME_LIMITS_H``); else the scale's default (3x for
+    a paper run of more than ``BIG_STEPS`` steps)."""
+    if given := dict(cluster.options).get("time"):
+        return given, "--slurm time"
+    if cluster.on and res["gpus_per_node"]:
+        from reproduce.plan.estimates import estimate
+
+        target = gpu_target(cluster.on, res["nodes"] * res["gpus_per_node"])
+        e = estimate(run, target)
+        need = e.hours * 60 * TIME_MARGIN + TIME_ALLOWANCE_MIN
+        hours = next((h for h in TIME_LIMITS_H if h * 60 >= need), math.ceil(need / 60))
+        return hours * 60, (f"{e.hours:.1f} h of training estimated on {target.label} ("
+                            + ("bench --gpu's measured rate" if target.measured else "a GUESS: "
+                               "no bench --gpu of it") + f") x {TIME_MARGIN} + "
+                            f"{TIME_ALLOWANCE_MIN} min, rounded up")
+    minutes = int(RESOURCES.get(run.scale, RESOURCES["cpu"])["timeout_min"])
+    if run.scale == "paper" and run.config.train.train_steps > BIG_STEPS:  # big: 3x the steps
+        return min(minutes * 3, 14 * 24 * 60), "the scale's default, 3x for its steps"
+    return minutes, "the scale's default" + (" (--on GPU: from the run's estimate)"
+                                             if run.scale == "paper" else "")
+
+
+def gpu_target(on: str, devices: int):
+    """``--on``'s GPU with the run's ``devices`` (nodes x GPUs per node); a count given in
+    ``--on`` must be that one."""
+    from dataclasses import replace
+
+    from reproduce.plan.estimates import parse_on
+
+    target = parse_on(on)
+    if target.kind == "cpu":
+        raise ConfigError(f"--on {on}: with --launcher slurm, the GPU the nodes hold (e.g. H100);"
+                          " runs without GPUs get the scale's time limit")
+    count = re.match(r"\s*(\d+)\s*[xX]", on)
+    if count and int(count.group(1)) != devices:
+        raise ConfigError(f"--on {on}: a run here takes {devices} GPU(s) (--nodes x "
+                          f"--gpus-per-node); name the GPU alone (--on {target.name})")
+    return replace(target, devices=devices)
 
 
 def arrays(runs: list[PlannedRun], cluster: Cluster = Cluster()) -> list[list[PlannedRun]]:
@@ -159,7 +215,7 @@ def arrays(runs: list[PlannedRun], cluster: Cluster = Cluster()) -> list[list[Pl
     the base runs beside it), in plan order."""
     groups: dict[str, list[PlannedRun]] = {}
     for run in runs:
-        key = repr(sorted(resources(run.scale, cluster, run.config.train.train_steps).items()))
+        key = repr(sorted(resources(run, cluster).items()))
         groups.setdefault(key, []).append(run)
     return list(groups.values())
 
@@ -261,7 +317,7 @@ def run_one(spec_path: str, variant: str, scale: str, seed: int, split: str, com
 def plan_lines(runs: list[PlannedRun], cluster: Cluster = Cluster()) -> list[str]:
     lines = []
     for run in runs:
-        res = resources(run.scale, cluster, run.config.train.train_steps)
+        res = resources(run, cluster)
         nodes = f"{res['nodes']} nodes x " if res["nodes"] > 1 else ""
         shown = {"partition", "nodes", "tasks_per_node", "cpus_per_task", "gpus_per_node", "mem",
                  "timeout_min"}
@@ -269,7 +325,8 @@ def plan_lines(runs: list[PlannedRun], cluster: Cluster = Cluster()) -> list[str
                         for k, v in res.items() if k not in shown)
         lines.append(
             f"{run.run_id}: {nodes}{res['tasks_per_node']} task(s) x {res['cpus_per_task']} CPUs, "
-            f"{res['gpus_per_node']} GPU(s), {res['mem']} memory, {res['timeout_min']} min"
+            f"{res['gpus_per_node']} GPU(s), {res['mem']} memory, {res['timeout_min']} min ("
+            f"{time_limit(run, cluster, res)[1]})"
             + (f", partition {res['partition']}" if res.get("partition") else "") + extra)
     return lines
 
@@ -277,9 +334,8 @@ def plan_lines(runs: list[PlannedRun], cluster: Cluster = Cluster()) -> list[str
 def slurm_parameters(scale: str, runs: list[PlannedRun], cluster: Cluster = Cluster()
                      ) -> dict[str, Any]:
     """submitit's SLURM parameters for one array of these runs (``arrays``: the same resources;
-    were they not, the largest run's time is asked for all)."""
-    steps = max(run.config.train.train_steps for run in runs)
-    res = resources(scale, cluster, steps)
+    were they not, the longest time limit is asked for all)."""
+    res = max((resources(run, cluster) for run in runs), key=lambda r: r["timeout_min"])
     params: dict[str, Any] = {
         "job_name": f"reproduce-{scale}", "time": res.pop("timeout_min"),
         "nodes": res.pop("nodes"), "ntasks_per_node": res.pop("tasks_per_node"),
@@ -333,7 +389,7 @@ def submit(executor, spec_path: str, runs: list[PlannedRun], split: str, command
     ``trials``: ``--tune``'s, per run (0: no tuning)."""
     args = []
     for r in runs:
-        res = resources(r.scale, cluster, r.config.train.train_steps)
+        res = resources(r, cluster)
         args.append((spec_path, r.variant, r.scale, r.seed, split, command,
                      res["tasks_per_node"], r.sets, res["nodes"], trials))
     from submitit.core.utils import FailedJobError
