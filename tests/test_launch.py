@@ -59,14 +59,15 @@ def test_set_values_travel_with_each_array_task():
 
     launch.submit(Executor(), str(spec.path), runs, spec.split, "python -m reproduce test")
     [(fn, args)] = submitted
-    assert fn is launch.run_one and args[-3:] == ({"warmup_steps": 5}, 1, 0)
+    assert fn is launch.run_one and args[-4:] == ({"warmup_steps": 5}, 1, 0, "run")
 
 
 
-def test_tuning_travels_with_each_array_task_and_its_storage_in_the_environment(
+def test_tuning_submits_a_task_per_trial_then_each_run_after_them_storage_in_the_environment(
         capsys, tmp_path, monkeypatch):
-    # --tune reaches every task (its trials); the storage URL, password and all, goes in the
-    # tasks' environment, never into the arguments submitit pickles into its folders
+    # --tune: an array of a task per trial, then the runs' own array after it (afterany); the
+    # storage URL, password and all, goes in the tasks' environment, never into the arguments
+    # submitit pickles into its folders
     import contextlib
 
     from reproduce.train.tuning import STORAGE_ENV
@@ -85,14 +86,22 @@ def test_tuning_travels_with_each_array_task_and_its_storage_in_the_environment(
             return type("Job", (), {"job_id": f"9_{len(submitted) - 1}", "paths": type(
                 "Paths", (), {"stdout": "o", "stderr": "e"})})()
 
-    monkeypatch.setattr(launch, "executor_for", lambda *a, **k: Executor())
+    executors = []
+
+    def executor_for(folder, scale, runs, cluster, role, after):
+        executors.append((len(runs), role, after))
+        return Executor()
+
+    monkeypatch.setattr(launch, "executor_for", executor_for)
     url = "postgresql://me:hunter2@db.example/optuna"
     assert main(["table3", "--variant", "base", "--variant", "A1", "--scale", "smoke",
                  "--launcher", "slurm", "--tune", "--trials", "3", "--storage", url]) == 0
     out = capsys.readouterr().out
-    assert "--tune: 3 trial(s) per run" in out and "me:***@db.example" in out
+    assert "--tune: 3 trial task(s) per run" in out and "me:***@db.example" in out
     assert "hunter2" not in out
-    assert [args[-1] for args in submitted] == [3, 3]
+    assert executors == [(6, "trial", None), (2, "best", "9")]  # the runs after the trials' job
+    assert [args[-2:] for args in submitted] == [(1, "trial")] * 6 + [(0, "best")] * 2
+    assert "table3-A1-smoke-seed0: job 9_7 (after job 9)" in out
     assert "hunter2" not in repr(submitted)
     assert os.environ[STORAGE_ENV] == url
     # a second --tune submits the runs again (more trials), unless their tasks are queued
@@ -220,6 +229,29 @@ def test_status_counts_the_steps_a_run_was_submitted_with(tmp_path):
     task = queue.Task(run.run_id, "5_0", "", "", {"train_steps": 1500}, "RUNNING")
     assert progress._with_sets(run, None, task).config.train.train_steps == 1500
     assert progress._with_sets(run, None, None).config.train.train_steps == 30
+
+
+def test_status_names_a_tuned_run_s_task_and_its_trial_tasks_still_in_the_queue(
+        capsys, tmp_path, monkeypatch):
+    import json
+
+    from reproduce.plan import queue
+
+    monkeypatch.setenv("REPRODUCE_RESULTS", str(tmp_path / "results"))
+    monkeypatch.setenv("REPRODUCE_RUNS", str(tmp_path / "runs"))
+    folder = tmp_path / "runs" / "table3" / "slurm"
+    folder.mkdir(parents=True)
+    run = "table3-A1-smoke-seed0"
+    lines = [{"run_id": run, "job_id": f"7_{k}", "trial": True} for k in range(3)]
+    lines.append({"run_id": run, "job_id": "8_0"})
+    (folder / queue.LEDGER).write_text("".join(json.dumps(e) + "\n" for e in lines))
+    states = {"7_0": "RUNNING", "7_1": "RUNNING", "8_0": "PENDING"}  # 7_2 has ended
+    monkeypatch.setattr(queue, "squeue_states", lambda: states)
+    assert set(queue.tasks(folder)) == {run, f"{run} trial 7_0", f"{run} trial 7_1",
+                                        f"{run} trial 7_2"}
+    assert main(["status"]) == 0
+    out = capsys.readouterr().out
+    assert f"queued   {run} (SLURM job 8_0), after 2 trial task(s) still in the queue" in out
 
 
 def test_a_refused_requeue_is_one_line_that_says_how_to_resume(tmp_path, monkeypatch):

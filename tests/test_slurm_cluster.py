@@ -205,15 +205,25 @@ def _comparable(record: dict) -> dict:
             "curve": {k: [[p[0], p[2]] for p in v] for k, v in record["curve"].items()}}
 
 
-def test_tuning_on_the_cluster_records_the_tuned_run_as_locally(slurm_env, tmp_path):
-    # each run's task adds its trials to the run's study (optuna's journal file in the shared runs
-    # folder: SQLite's locks are unsafe there), then trains the best settings
-    out = _submit(slurm_env, tmp_path, "--variant", "A1", "--tune", "--trials", "1")
-    assert "--tune: 1 trial(s) per run" in out
+def test_tuning_on_the_cluster_runs_a_task_per_trial_then_records_the_tuned_run(slurm_env,
+                                                                                 tmp_path):
+    # a task per trial, side by side on both nodes, in one study (optuna's journal file in the
+    # shared runs folder: SQLite's locks are unsafe there); then the run's own task, held until
+    # they have ended, trains the best settings and records them
+    out = _submit(slurm_env, tmp_path, "--variant", "A1", "--tune", "--trials", "2")
+    assert "--tune: 2 trial task(s) per run" in out
+    trials = out.split("trials of table3-A1-smoke-seed0: job ")[1].split()[0]
+    assert "table3-A1-smoke-seed0: job " in out and f"(after job {trials})" in out
+    status = _status(slurm_env, tmp_path)  # the run's task waits on its trials' job
+    assert "queued   table3-A1-smoke-seed0 (SLURM job " in status, status
     _wait_for_queue(slurm_env, out)
+    folder = tmp_path / "mine" / "runs" / "table3" / "slurm"
+    for index in (0, 1):  # each trial task added its trial, and trained nothing else
+        said = (folder / f"{trials}_{index}" / f"{trials}_{index}_0_log.out").read_text()
+        assert "trial added to study table3-A1-smoke-seed0" in said, said[-2000:]
     (path,) = (tmp_path / "mine" / "table3").glob("table3-A1-smoke-seed0-tuned-*.json")
     record = json.loads(path.read_text())
     tuning = record["tuning"]
     assert tuning["storage"] == f"journal:{tmp_path / 'mine' / 'runs' / 'optuna.journal'}"
-    assert (tuning["n_trials"], tuning["complete"]) == (1, 1)
+    assert tuning["n_trials"] == 2 and tuning["complete"] + tuning["pruned"] == 2
     assert record["run_id"].endswith(path.stem.rsplit("-tuned-", 1)[1])

@@ -362,11 +362,12 @@ def _submit(args: argparse.Namespace, argv: list[str], spec, runs: list, scale: 
             trials: int = 0) -> None:
     """--launcher slurm: one array task per run without a record and without a task in the queue
     (reproduce/plan/launch.py; queue.py), one array per resource set. ``trials`` (``--tune``):
-    each task adds them to its run's study first, as a local sweep does, then trains the best."""
+    first an array of that many trial tasks per run, side by side in the run's study; then the
+    run's own task, once they have all ended, trains the best settings, as a local sweep does."""
     from reproduce.errors import ConfigError
     from reproduce.paths import runs_dir
     from reproduce.plan import launch, queue
-    from reproduce.runs.records import finished, recorded_command
+    from reproduce.runs.records import recorded_command
     from reproduce.util.secrets import mask
 
     if args.nodes < 1 or (args.gpus is not None and args.gpus < 0):
@@ -375,9 +376,66 @@ def _submit(args: argparse.Namespace, argv: list[str], spec, runs: list, scale: 
     cluster = launch.Cluster(args.nodes, args.gpus, args.partition, launch.parse_options(args.slurm),
                              args.on)
     folder = runs_dir() / spec.table / "slurm"
-    submitted = queue.tasks(folder)
+    todo = _runs_to_submit(runs, queue.tasks(folder), tuned=bool(trials))
+    groups = launch.arrays(todo, cluster)
+    if not todo:
+        print(f"submission plan: none of the {len(runs)} run(s) needs a task (each has a record "
+              "or a task in the queue): nothing to submit")
+        return
+    print(f"submission plan: {len(todo)} of {len(runs)} run(s) have no record and no task in the "
+          f"queue; one SLURM array task each, in {len(groups)} array(s)"
+          + (f", each after an array of {trials} trial task(s) per run (--tune)" if trials else "")
+          + ":")
+    for line in launch.plan_lines(todo, cluster):
+        print("  " + line)
+    if args.dry_run:
+        for group in groups:
+            arrays = [(group, "run", None)] if not trials else [
+                ([r for r in group for _ in range(trials)], "trial", None),
+                (group, "best", "TRIALS_JOB_ID")]
+            for members, role, after in arrays:
+                script = launch.sbatch_script(folder, scale, members, cluster, role, after)
+                print(f"sbatch header of the array of {', '.join(r.run_id for r in group)}"
+                      + (f" ({trials} trial task(s) each)" if role == "trial" else "")
+                      + " (submitit writes the rest):")
+                print("\n".join("  " + line for line in script.splitlines()
+                                if line.startswith("#SBATCH")))
+        return
+    if trials:
+        from reproduce.train.tuning import STORAGE_ENV, cluster_storage
+
+        # the storage reaches the tasks in their environment (sbatch passes it on), so a
+        # password in it is never written into submitit's folders
+        os.environ[STORAGE_ENV] = args.storage or cluster_storage()
+        print(f"--tune: {trials} trial task(s) per run, side by side, then each run's task trains "
+              f"the best settings; studies in {mask(os.environ[STORAGE_ENV])}")
+    done = 0
+    for group in groups:
+        after = None
+        if trials:
+            members = [r for r in group for _ in range(trials)]
+            jobs = _submit_array(folder, scale, members, cluster, "trial", None, spec,
+                                 recorded_command(argv), done)
+            queue.record_submission(folder, members, jobs, trial=True)
+            after = str(jobs[0].job_id).split("_")[0]
+            print(f"  trials of {', '.join(r.run_id for r in group)}: job {after} "
+                  f"({len(jobs)} task(s))")
+        jobs = _submit_array(folder, scale, group, cluster, "best" if trials else "run", after,
+                             spec, recorded_command(argv), done)
+        queue.record_submission(folder, group, jobs)
+        done += len(group)
+        for run, job in zip(group, jobs, strict=True):
+            print(f"  {run.run_id}: job {job.job_id}" + (f" (after job {after})" if after else ""))
+    _after_submission(folder)
+
+
+def _runs_to_submit(runs: list, submitted: dict, tuned: bool) -> list:
+    """The runs that need a task: no record (any, with ``--tune``: more trials) and no task of
+    theirs queued or running; a line for each that is skipped, or whose last task failed."""
+    from reproduce.runs.records import finished
+
     todo = []
-    for run in (run for run in runs if trials or finished(run) is None):
+    for run in (run for run in runs if tuned or finished(run) is None):
         task = submitted.get(run.run_id)
         if task is not None and (task.queued or task.running):
             print(f"  {run.run_id}: job {task.job_id} is {str(task.state).lower()}; not submitted "
@@ -387,50 +445,28 @@ def _submit(args: argparse.Namespace, argv: list[str], spec, runs: list, scale: 
             print(f"  {run.run_id}: its last task, job {task.job_id}, ended without a record "
                   f"({task.last_words()}; log {task.stderr})")
         todo.append(run)
-    groups = launch.arrays(todo, cluster)
-    if not todo:
-        print(f"submission plan: none of the {len(runs)} run(s) needs a task (each has a record "
-              "or a task in the queue): nothing to submit")
-        return
-    print(f"submission plan: {len(todo)} of {len(runs)} run(s) have no record and no task in the "
-          f"queue; one SLURM array task each, in {len(groups)} array(s):")
-    for line in launch.plan_lines(todo, cluster):
-        print("  " + line)
-    if args.dry_run:
-        for group in groups:
-            script = launch.sbatch_script(folder, scale, group, cluster)
-            print(f"sbatch header of the array of {', '.join(r.run_id for r in group)} "
-                  "(submitit writes the rest):")
-            for line in script.splitlines():
-                if line.startswith("#SBATCH"):
-                    print("  " + line)
-        return
-    if trials:
-        from reproduce.train.tuning import STORAGE_ENV, cluster_storage
+    return todo
 
-        # the storage reaches the tasks in their environment (sbatch passes it on), so a
-        # password in it is never written into submitit's folders
-        os.environ[STORAGE_ENV] = args.storage or cluster_storage()
-        print(f"--tune: {trials} trial(s) per run, in each run's task before it trains the best "
-              f"settings; studies in {mask(os.environ[STORAGE_ENV])}")
-    done = 0
-    for group in groups:
-        executor = launch.executor_for(folder, scale, group, cluster)
-        try:
-            jobs = launch.submit(executor, str(spec.path), group, spec.split,
-                                 recorded_command(argv), cluster, trials)
-        except launch.Refused as e:
-            raise ConfigError(
-                f"sbatch refused the array ({e}); " + (f"{done} run(s) were submitted before it, "
-                                                       "the rest were not" if done else
-                                                       "nothing was submitted") +
-                ". Check --partition, --gpus-per-node (0 on a partition without GPUs), --nodes "
-                "and --slurm against `sinfo`") from None
-        queue.record_submission(folder, group, jobs)
-        done += len(group)
-        for run, job in zip(group, jobs, strict=True):
-            print(f"  {run.run_id}: job {job.job_id}")
-    _after_submission(folder)
+
+def _submit_array(folder, scale: str, runs: list, cluster, role: str, after: str | None, spec,
+                  command: str, done: int) -> list:
+    """One array of ``runs``' tasks (``launch.ROLES``); sbatch's refusal as one line that says
+    what earlier arrays of this command (``done`` runs) had already submitted."""
+    from reproduce.errors import ConfigError
+    from reproduce.plan import launch
+
+    executor = launch.executor_for(folder, scale, runs, cluster, role, after)
+    try:
+        return launch.submit(executor, str(spec.path), runs, spec.split, command, cluster, role)
+    except launch.Refused as e:
+        raise ConfigError(
+            f"sbatch refused the array ({e}); "
+            + (f"{done} run(s) were submitted before it, the rest were not" if done else
+               "nothing was submitted" if role != "best" else
+               "its runs' trial tasks were submitted (they add trials to the studies), not the "
+               "runs' own tasks: submit the same command again for those")
+            + ". Check --partition, --gpus-per-node (0 on a partition without GPUs), --nodes "
+            "and --slurm against `sinfo`") from None
 
 
 def _after_submission(folder) -> None:

@@ -275,12 +275,13 @@ def stalled(work: Path, job: str, step: int | None) -> str | None:
 
 def run_one(spec_path: str, variant: str, scale: str, seed: int, split: str, command: str,
             devices: int = 1, sets: dict[str, Any] | None = None, nodes: int = 1,
-            trials: int = 0) -> str:
+            trials: int = 0, role: str = "run") -> str:
     """The body of one array task (one of ``nodes`` x ``devices`` tasks on a multi-device run):
-    plan the run afresh from the spec (with the command's ``--set`` values) and execute it;
-    ``trials`` > 0 (``--tune``): add that many trials to its study first, as a local sweep does,
-    in the storage the submitting command named (``tuning.STORAGE_ENV``, in the task's
-    environment, not in its files) or the journal file in the runs folder."""
+    plan the run afresh from the spec (with the command's ``--set`` values) and execute it.
+    ``--tune`` (``ROLES``): ``trial`` tasks each add ``trials`` trials to the run's study, in the
+    storage the submitting command named (``tuning.STORAGE_ENV``, in the task's environment, not
+    in its files) or the journal file in the runs folder; the ``best`` task, started after them,
+    trains the best settings found and records them, as a local sweep does."""
 
     quiet_libraries()
     if cpus := os.environ.get("SLURM_CPUS_PER_TASK"):  # the task's CPUs, not the node's
@@ -293,15 +294,18 @@ def run_one(spec_path: str, variant: str, scale: str, seed: int, split: str, com
     run = with_sets(spec.plan([variant], scale, [seed])[-1:], spec, sets or {})[0]
     work = runs_dir() / run.table / run.run_id
     signal.signal(signal.SIGUSR2, lambda signum, frame: requeue(work))
-    if not trials and finished(run) is not None:
+    if role == "run" and finished(run) is not None:
         return f"{run.run_id}: finished earlier"
     layout = Layout("gpu" if torch.cuda.is_available() else "cpu", devices, nodes)
     extra = None
-    if trials and (tuning := spec.search_space(scale)):
+    if role in ("trial", "best") and (tuning := spec.search_space(scale)):
         from reproduce.train.tuning import STORAGE_ENV, cluster_storage, tune
 
         storage = os.environ.get(STORAGE_ENV) or cluster_storage()
-        run, summary = tune(run, tuning, trials, storage, seed)
+        run, summary = tune(run, tuning, trials if role == "trial" else 0, storage, seed)
+        if role == "trial":
+            return (f"{run.run_id}: trial added to study {summary['study']} "
+                    f"({summary['n_trials']} trial(s), best {summary['best_value']})")
         extra = {"tuning": summary}
     try:
         outcome = execute(run, split, command, extra, layout=layout)
@@ -331,13 +335,15 @@ def plan_lines(runs: list[PlannedRun], cluster: Cluster = Cluster()) -> list[str
     return lines
 
 
-def slurm_parameters(scale: str, runs: list[PlannedRun], cluster: Cluster = Cluster()
-                     ) -> dict[str, Any]:
+def slurm_parameters(scale: str, runs: list[PlannedRun], cluster: Cluster = Cluster(),
+                     role: str = "run", after: str | None = None) -> dict[str, Any]:
     """submitit's SLURM parameters for one array of these runs (``arrays``: the same resources;
-    were they not, the longest time limit is asked for all)."""
+    were they not, the longest time limit is asked for all); ``role``: what its tasks do
+    (``ROLES``); ``after``: a job whose tasks must all end before these start."""
     res = max((resources(run, cluster) for run in runs), key=lambda r: r["timeout_min"])
     params: dict[str, Any] = {
-        "job_name": f"reproduce-{scale}", "time": res.pop("timeout_min"),
+        "job_name": f"reproduce-{scale}" + ("-trials" if role == "trial" else ""),
+        "time": res.pop("timeout_min"),
         "nodes": res.pop("nodes"), "ntasks_per_node": res.pop("tasks_per_node"),
         "array_parallelism": len(runs),
         # USR2 two minutes before the time limit (save at the step, requeue: run_one)
@@ -348,6 +354,8 @@ def slurm_parameters(scale: str, runs: list[PlannedRun], cluster: Cluster = Clus
     known = submitit_parameters()
     # --requeue: a preempted or failed node's task goes back in the queue (and USR2 requeues)
     extra: dict[str, Any] = {"requeue": True}
+    if after is not None:  # afterany: the best of the trials that ended, however they ended
+        extra["dependency"] = f"afterany:{after}"
     for key, value in res.items():
         if key in known:
             params[key] = value
@@ -363,35 +371,43 @@ def submitit_parameters() -> set[str]:
     return set(SlurmExecutor._valid_parameters()) - set(OWNED)
 
 
-def executor_for(folder: Path, scale: str, runs: list[PlannedRun], cluster: Cluster = Cluster()):
+def executor_for(folder: Path, scale: str, runs: list[PlannedRun], cluster: Cluster = Cluster(),
+                 role: str = "run", after: str | None = None):
     """A submitit SLURM executor with these runs' resources (one array)."""
     import submitit
 
     slurm = submitit.SlurmExecutor(folder=folder / "%j")
-    slurm.update_parameters(**slurm_parameters(scale, runs, cluster))
+    slurm.update_parameters(**slurm_parameters(scale, runs, cluster, role, after))
     return slurm
 
 
-def sbatch_script(folder: Path, scale: str, runs: list[PlannedRun], cluster: Cluster = Cluster()
-                  ) -> str:
+def sbatch_script(folder: Path, scale: str, runs: list[PlannedRun], cluster: Cluster = Cluster(),
+                  role: str = "run", after: str | None = None) -> str:
     """The sbatch file submitit writes for one array of these runs (for `--dry-run`, the tests)."""
     from submitit.slurm.slurm import _make_sbatch_string
 
-    params = slurm_parameters(scale, runs, cluster)
+    params = slurm_parameters(scale, runs, cluster, role, after)
     params["map_count"] = len(runs)
     return _make_sbatch_string(command="python -u -m submitit.core._submit " + str(folder),
                                folder=folder / "%A_%a", **params)
 
 
+# What an array task does: ``run`` trains and records its run; with ``--tune``, ``trial`` adds
+# one trial to the run's study (a task per trial, side by side, sharing the study's storage) and
+# ``best``, once every trial task has ended, trains the best settings and records them.
+ROLES = ("run", "trial", "best")
+
+
 def submit(executor, spec_path: str, runs: list[PlannedRun], split: str, command: str,
-           cluster: Cluster = Cluster(), trials: int = 0) -> list:
-    """One job per run (an array on SLURM: ``runs`` is one of ``arrays``); the submitit jobs.
-    ``trials``: ``--tune``'s, per run (0: no tuning)."""
+           cluster: Cluster = Cluster(), role: str = "run") -> list:
+    """One job per run (an array on SLURM: ``runs`` is one of ``arrays``, a run repeated per
+    trial for ``trial`` tasks); the submitit jobs, in order."""
     args = []
     for r in runs:
         res = resources(r, cluster)
         args.append((spec_path, r.variant, r.scale, r.seed, split, command,
-                     res["tasks_per_node"], r.sets, res["nodes"], trials))
+                     res["tasks_per_node"], r.sets, res["nodes"], 1 if role == "trial" else 0,
+                     role))
     from submitit.core.utils import FailedJobError
 
     try:

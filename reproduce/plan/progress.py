@@ -19,7 +19,7 @@ wait for it, and is not counted.
 from __future__ import annotations
 
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -101,6 +101,9 @@ def table_status(table: str, results: Path, runs: Path,
                      "checkpoint_steps": saved, "precision": dict(shown), "reuses": reuses,
                      "blocked": blocked, "ended": ended,
                      "jobs": {i: t.job_id for i, t in tasks.items() if t.queued or t.running},
+                     # --tune on SLURM: each run's trial tasks still in the queue
+                     "trials": Counter(t.run_id for i, t in tasks.items()
+                                       if i != t.run_id and (t.queued or t.running)),
                      "left": _time_left(left, to_go, everything, runs,
                                         settled=most_common(trained_in(done, scale))),
                      "train_hours": sum(r["metrics"]["train_seconds"] for r in trained) / 3600,
@@ -194,5 +197,7 @@ def report(results: Path, runs: Path, verbose: bool = False,
                         f": {row['reuses'][run_id]}" if run_id in row["reuses"] else
                         f" (checkpoint at step {step} of {steps})"
                         if step else " (no checkpoint yet)" if step == 0 else "")
-                        + (f" (SLURM job {row['jobs'][run_id]})" if run_id in row["jobs"] else ""))
+                        + (f" (SLURM job {row['jobs'][run_id]})" if run_id in row["jobs"] else "")
+                        + (f", after {row['trials'][run_id]} trial task(s) still in the queue"
+                           if row["trials"].get(run_id) else ""))
     return "\n".join(lines)

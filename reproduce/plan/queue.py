@@ -71,18 +71,21 @@ def ledger(folder: Path) -> Path:
     return folder / LEDGER
 
 
-def record_submission(folder: Path, runs: list, jobs: list) -> None:
-    """Append a line per submitted task (``runs`` and their submitit ``jobs``, in order)."""
+def record_submission(folder: Path, runs: list, jobs: list, trial: bool = False) -> None:
+    """Append a line per submitted task (``runs`` and their submitit ``jobs``, in order);
+    ``trial``: tasks that add a trial to their run's study (``--tune``), kept apart from the
+    run's own task."""
     folder.mkdir(parents=True, exist_ok=True)
     with ledger(folder).open("a") as out:
         for run, job in zip(runs, jobs, strict=True):
             out.write(json.dumps({"run_id": run.run_id, "job_id": str(job.job_id),
                                   "stdout": str(job.paths.stdout), "stderr": str(job.paths.stderr),
-                                  "sets": run.sets}) + "\n")
+                                  "sets": run.sets, **({"trial": True} if trial else {})}) + "\n")
 
 
 def tasks(folder: Path) -> dict[str, Task]:
-    """Each run's last submitted task, with its state in the queue now."""
+    """Each run's last submitted task, with its state in the queue now; and each trial task
+    (``--tune``) under ``<run> trial <job id>``."""
     last: dict[str, dict[str, Any]] = {}
     try:
         lines = ledger(folder).read_text().splitlines()
@@ -91,14 +94,17 @@ def tasks(folder: Path) -> dict[str, Task]:
     for line in lines:
         try:
             entry = json.loads(line)
-            last[entry["run_id"]] = entry
+            # a trial task under its own key (`<run> trial <job>`): never taken for the run's task
+            key = f"{entry['run_id']} trial {entry['job_id']}" if entry.get("trial") \
+                else entry["run_id"]
+            last[key] = entry
         except (json.JSONDecodeError, KeyError, TypeError):
             continue  # a line cut by a full disk: the tasks before and after it still count
     states = squeue_states() if last else {}
-    return {run_id: Task(run_id, e["job_id"], e.get("stdout", ""), e.get("stderr", ""),
-                         e.get("sets") or {},
-                         "UNKNOWN" if states is None else states.get(e["job_id"]))
-            for run_id, e in last.items()}
+    return {key: Task(e["run_id"], e["job_id"], e.get("stdout", ""), e.get("stderr", ""),
+                      e.get("sets") or {},
+                      "UNKNOWN" if states is None else states.get(e["job_id"]))
+            for key, e in last.items()}
 
 
 def squeue_states() -> dict[str, str] | None:

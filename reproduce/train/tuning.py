@@ -165,20 +165,23 @@ def check_trials(trials: int) -> None:
 
 def tune(run: PlannedRun, tuning: Tuning, trials: int, storage: str | None = None,
          seed: int = 0) -> tuple[PlannedRun, dict[str, Any]]:
-    """Add ``trials`` trials to the study of ``run`` (created or resumed), then return the run with
-    the best settings found so far and a summary of the study for its record."""
+    """Add ``trials`` trials to the study of ``run`` (created or resumed; 0: none, as the task
+    that trains the best of trials run by other SLURM tasks), then return the run with the best
+    settings found so far and a summary of the study for its record."""
     import optuna
 
-    check_trials(trials)
+    if trials < 0:
+        raise ConfigError(f"--trials {trials}: must be at least 0")
     url = storage or default_storage()
     study = optuna.create_study(
         study_name=run.run_id, storage=_storage(url),
         direction=tuning.direction,  # type: ignore[arg-type]  # minimize/maximize: the spec checks
         load_if_exists=True, pruner=optuna.pruners.MedianPruner(n_startup_trials=2))
     # Seeded by the trials already run, so a resumed study does not repeat its first suggestions;
-    # workers sharing a database (an explicit --storage) draw apart.
+    # workers and SLURM tasks sharing a storage (an explicit --storage) draw apart.
+    apart = (os.getpid(), os.environ.get("SLURM_ARRAY_TASK_ID")) if storage else 0
     study.sampler = optuna.samplers.TPESampler(
-        seed=hash((seed, len(study.trials), os.getpid() if storage else 0)) % 2**32)
+        seed=hash((seed, len(study.trials), apart)) % 2**32)
     done = len(study.trials)
     log.info("%s: study %r in %s, %d trial(s) so far, %d more", run.run_id, run.run_id,
              mask(url), done, trials)
