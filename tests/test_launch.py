@@ -163,6 +163,40 @@ def test_with_on_gpu_each_run_asks_the_time_its_estimate_needs_and_similar_runs_
         launch.resources(runs[0], launch.Cluster(gpus_per_node=8, on="cpu"))
 
 
+def test_a_partition_s_max_time_caps_the_estimates_and_refuses_a_longer_time_in_one_line(
+        tmp_path, monkeypatch):
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "sinfo").write_text("#!/bin/sh\necho 'debug* infinite'\necho 'gpu 2-00:00:00'\n"
+                                "echo 'short 5:00'\n")
+    (fake / "sinfo").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    assert [launch.partition_minutes(p) for p in (None, "gpu", "short", "nowhere")] == \
+        [None, 2880, 5, None]
+    (big,) = load_spec("table3").plan(["big"], "paper", [0])
+    capped = launch.Cluster(gpus_per_node=1, on="H100", max_minutes=600)
+    minutes, why = launch.time_limit(big, capped, launch.resources(big, capped))
+    assert minutes == 600 and "the partition's MaxTime" in why  # big on 1 GPU: hours more
+    over = launch.Cluster(options=launch.parse_options(["time=3000"]), max_minutes=2880)
+    with pytest.raises(ConfigError, match="--slurm time=3000: more than the partition's MaxTime "
+                                          "of 2880 min"):
+        launch.resources(big, over)
+    # the runs' own array waits on the trials' and on a dependency of the user's
+    mine = launch.Cluster(options=launch.parse_options(["dependency=afterok:5"]))
+    header = launch.sbatch_script(Path("/jobs"), "paper", [big], mine, "best", "77")
+    assert "#SBATCH --dependency=afterany:77,afterok:5" in header.splitlines()
+
+
+def test_tuning_a_run_of_several_tasks_on_slurm_is_one_line(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("REPRODUCE_RESULTS", str(tmp_path / "results"))
+    monkeypatch.setenv("REPRODUCE_RUNS", str(tmp_path / "runs"))
+    assert main(["table3", "--variant", "A1", "--scale", "smoke", "--launcher", "slurm",
+                 "--nodes", "2", "--gpus-per-node", "0", "--tune", "--trials", "2",
+                 "--dry-run"]) == 2
+    assert "--tune with --launcher slurm: a trial trains in one task, and table3-A1-smoke-seed0 " \
+           "takes 2" in capsys.readouterr().err
+
+
 def test_on_without_a_dry_run_or_a_cluster_is_one_line(capsys):
     assert main(["table3", "--variant", "base", "--scale", "smoke", "--on", "H100"]) == 2
     assert "--on H100: a local sweep trains on this machine" in capsys.readouterr().err

@@ -5,6 +5,7 @@ where they fail."""
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -60,24 +61,63 @@ def _wait_for_queue(env: dict[str, str], stdout: str, timeout: float = 600) -> N
     pytest.fail(f"jobs {jobs} still queued after {timeout:.0f} s")
 
 
-def test_an_array_task_per_run_leaves_their_records(slurm_env, tmp_path):
-    out = _submit(slurm_env, tmp_path, "--variant", "base", "--variant", "A1")
-    _wait_for_queue(slurm_env, out)
+def _page_blocks(heading: str) -> list[list[list[str]]]:
+    """The ``python -m reproduce`` commands of each bash block under ``heading`` in
+    docs/cluster.md, as argument lists."""
+    text = (ROOT / "docs" / "cluster.md").read_text().split(f"## {heading}\n", 1)[1]
+    text = text.split("\n## ", 1)[0]
+    return [[shlex.split(line)[3:] for line in block.split("```")[0].splitlines()
+             if line.startswith("python -m reproduce ")] for block in text.split("```bash\n")[1:]]
+
+
+def test_the_first_cluster_sweep_works_as_docs_cluster_md_writes_it(slurm_env, tmp_path):
+    # row A at smoke, as a user with a GPU-less SLURM follows the page: an array task per run,
+    # status while they run, every record, nothing submitted twice, the table rendered
+    submit, finish = _page_blocks("A first sweep on a cluster without GPUs")
+    user = {k: v for k, v in slurm_env.items() if not k.startswith("REPRODUCE_")}
+    env = {**user, "REPRODUCE_CACHE": str(tmp_path / "cache"), "WANDB_MODE": "disabled"}
+
+    def run(args: list[str]) -> str:
+        out = subprocess.run([sys.executable, "-m", "reproduce", *args], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, f"{args}\n{out.stdout}\n{out.stderr}"
+        return out.stdout
+
+    plan, submitted, status = (run(args) for args in submit)
+    assert "#SBATCH --array=0-4%5" in plan and "nothing" not in submitted
+    assert "submission plan: 5 of 5 run(s)" in submitted and submitted.count(": job ") == 5
+    assert "  queued   table3-" in status or "  running  table3-" in status, status
+    _wait_for_queue(slurm_env, submitted)
     records = sorted(p.name for p in (tmp_path / "mine" / "table3").glob("*.json"))
-    assert records == ["table3-A1-smoke-seed0.json", "table3-base-smoke-seed0.json"]
+    assert records == [f"table3-{v}-smoke-seed0.json" for v in ("A1", "A2", "A3", "A4", "base")]
+    again, _ = (run(args) for args in finish)
+    assert "nothing to submit" in again
+    assert "table3-A1-smoke-seed0" in (tmp_path / "mine" / "table3.md").read_text()
 
 
-def test_a_request_the_cluster_refuses_is_one_line(slurm_env, tmp_path):
-    # a GPU on a partition without GPUs: sbatch's own reason, no traceback, nothing submitted
+REFUSED = "error: sbatch refused the array (sbatch: error: {}); nothing was submitted"
+
+
+@pytest.mark.parametrize("ask, said", [
+    # a GPU on a partition without GPUs: sbatch's own reason
+    (["--gpus-per-node", "1"], REFUSED.format("Invalid generic resource (gres) specification")),
+    (["--partition", "nowhere"], REFUSED.format("invalid partition specified: nowhere")),
+    # more time than the partition allows (MaxTime 5 minutes), which this SLURM, as many do,
+    # would accept and leave pending for ever: refused before sbatch, from sinfo's MaxTime
+    (["--partition", "short", "--slurm", "time=10"],
+     "error: --slurm time=10: more than the partition's MaxTime of 5 min (sinfo)"),
+])
+def test_a_request_the_cluster_refuses_is_one_line(slurm_env, tmp_path, ask, said):
+    # one line, no traceback, nothing submitted
     user = {k: v for k, v in slurm_env.items() if not k.startswith("REPRODUCE_")}
     out = subprocess.run([sys.executable, "-m", "reproduce", "table3", "--scale", "smoke",
-                          "--launcher", "slurm", "--variant", "base", "--gpus-per-node", "1",
+                          "--launcher", "slurm", "--variant", "base", *ask,
                           "--results", str(tmp_path / "mine")], env=user, capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 2, out.stdout + out.stderr
-    assert "error: sbatch refused the array (sbatch: error: Invalid generic resource (gres) " \
-           "specification); nothing was submitted" in out.stderr
+    assert said in out.stderr, out.stderr
     assert "Traceback" not in out.stderr
+    assert not (tmp_path / "mine" / "runs" / "table3" / "slurm" / "submitted.jsonl").exists()
 
 
 def _status(env: dict[str, str], root: Path) -> str:
@@ -227,3 +267,54 @@ def test_tuning_on_the_cluster_runs_a_task_per_trial_then_records_the_tuned_run(
     assert tuning["storage"] == f"journal:{tmp_path / 'mine' / 'runs' / 'optuna.journal'}"
     assert tuning["n_trials"] == 2 and tuning["complete"] + tuning["pruned"] == 2
     assert record["run_id"].endswith(path.stem.rsplit("-tuned-", 1)[1])
+
+
+def _wait_for_text(path: Path, text: str, timeout: float) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if path.exists() and text in path.read_text():
+            return
+        time.sleep(1)
+    pytest.fail(f"{path}: no {text!r} within {timeout:.0f} s")
+
+
+def _scontrol(env: dict[str, str], *args: str) -> None:
+    subprocess.run(["scontrol", *args], env=env, check=True, capture_output=True, timeout=30)
+
+
+def test_a_time_limit_and_a_lost_node_stop_a_run_that_ends_as_an_uninterrupted_one(slurm_env,
+                                                                                   tmp_path):
+    """SLURM's own USR2, sent by a one-minute time limit 45 s ahead, saves the run at its step
+    and requeues it; then the node it trains on is set DOWN mid-run: SLURM kills the task (SIGTERM,
+    saved at the step) and requeues the job, which resumes on the other node. The record equals
+    the same run's here, never interrupted."""
+    steps = ("--variant", "base", "--set", "train.train_steps=400")
+    folder = tmp_path / "mine" / "runs" / "table3" / "slurm"
+    out = _submit(slurm_env, tmp_path, *steps, "--slurm", "time=1", "--slurm",
+                  "signal_delay_s=45")
+    job = _job_of(out)
+    log, err = (folder / job / f"{job}_0_log.{kind}" for kind in ("out", "err"))
+    _wait_for_text(log, "requeueing job", timeout=150)  # the time limit's USR2, at a step
+    assert "stopped by SIGUSR2 at step" in err.read_text(), err.read_text()[-3000:]
+    _wait_for_step(log, 1, after="resuming from", timeout=120)
+    node = subprocess.run(["squeue", "-h", "-j", job, "-o", "%N"], env=slurm_env,
+                          capture_output=True, text=True).stdout.strip()
+    assert node in ("n1", "n2"), node
+    _scontrol(slurm_env, "update", f"nodename={node}", "state=DOWN", "reason=reproduce test")
+    try:
+        _wait_for_queue(slurm_env, out, timeout=400)
+    finally:
+        _scontrol(slurm_env, "update", f"nodename={node}", "state=RESUME")
+    record = json.loads((tmp_path / "mine" / "table3" / "table3-base-smoke-seed0.json").read_text())
+    assert log.read_text().count("resuming from") >= 2  # after the time limit, after the node
+    assert "Traceback" not in err.read_text()
+    user = {k: v for k, v in slurm_env.items() if not k.startswith("REPRODUCE_")}
+    here = subprocess.run([sys.executable, "-m", "reproduce", "table3", "--scale", "smoke", *steps,
+                           "--results", str(tmp_path / "here")],
+                          env={**user, "REPRODUCE_CACHE": str(tmp_path / "cache"),
+                               "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"},
+                          capture_output=True, text=True, timeout=300)
+    assert here.returncode == 0, here.stdout + here.stderr
+    reference = json.loads((tmp_path / "here" / "table3" / "table3-base-smoke-seed0.json")
+                           .read_text())
+    assert _comparable(record) == _comparable(reference)

@@ -109,3 +109,19 @@ def test_a_storage_password_is_never_written(tmp_path, monkeypatch, capsys):
     (record,) = [json.loads(p.read_text()) for p in (tmp_path / "results" / "table3").glob("*.json")]
     assert record["tuning"]["storage"] == "postgresql://me:***@db.example/optuna"
     assert "--storage postgresql://me:***@db.example/optuna" in record["command"]
+
+
+def test_a_trial_whose_settings_another_process_is_training_is_pruned(tmp_path, monkeypatch):
+    # two SLURM trial tasks that drew the same settings share one run folder: the second stops
+    import optuna
+
+    from reproduce.runs.claims import claim
+    from reproduce.train.tuning import train_and_score
+
+    monkeypatch.setenv("REPRODUCE_RUNS", str(tmp_path))
+    (run,) = load_spec("table3").plan(["A1"], "smoke", [0])
+    with claim(tmp_path / run.table / run.run_id) as held:  # another trial's, trained now
+        assert held
+        with pytest.raises(optuna.TrialPruned, match="the same settings are training in another"):
+            train_and_score(run)
+    assert not (tmp_path / run.table / run.run_id / "checkpoints").exists()

@@ -374,9 +374,15 @@ def _submit(args: argparse.Namespace, argv: list[str], spec, runs: list, scale: 
         raise ConfigError(f"--nodes {args.nodes} --gpus-per-node {args.gpus}: nodes must be 1 or "
                           "more and GPUs per node 0 or more")
     cluster = launch.Cluster(args.nodes, args.gpus, args.partition, launch.parse_options(args.slurm),
-                             args.on)
+                             args.on, launch.partition_minutes(args.partition))
     folder = runs_dir() / spec.table / "slurm"
     todo = _runs_to_submit(runs, queue.tasks(folder), tuned=bool(trials))
+    wide = {r.run_id: n for r in todo if trials and (n := launch.tasks_per_run(r, cluster)) > 1}
+    if wide:
+        run_id, n = next(iter(wide.items()))
+        raise ConfigError(f"--tune with --launcher slurm: a trial trains in one task, and {run_id}"
+                          f" takes {n} (--nodes x --gpus-per-node); tune with --gpus-per-node 1 "
+                          "(the batch is kept by accumulation), or locally")
     groups = launch.arrays(todo, cluster)
     if not todo:
         print(f"submission plan: none of the {len(runs)} run(s) needs a task (each has a record "
@@ -461,10 +467,11 @@ def _submit_array(folder, scale: str, runs: list, cluster, role: str, after: str
     except launch.Refused as e:
         raise ConfigError(
             f"sbatch refused the array ({e}); "
+            + ("its runs' trial tasks were submitted (they add trials to the studies), not the "
+               "runs' own tasks" if role == "best" else "")
+            + ("; " if role == "best" and done else "")
             + (f"{done} run(s) were submitted before it, the rest were not" if done else
-               "nothing was submitted" if role != "best" else
-               "its runs' trial tasks were submitted (they add trials to the studies), not the "
-               "runs' own tasks: submit the same command again for those")
+               "" if role == "best" else "nothing was submitted")
             + ". Check --partition, --gpus-per-node (0 on a partition without GPUs), --nodes "
             "and --slurm against `sinfo`") from None
 

@@ -20,6 +20,9 @@ import numpy as np
 class TokenFile:
     """A 1-D array in an ``.npy`` file, read a sequence at a time: ``gather(starts, lengths)``."""
 
+    _fd: int | None = None  # opened on the first read, in each process
+    _pid = 0
+
     def __init__(self, path: Path):
         self.path = Path(path)
         with open(self.path, "rb") as f:
@@ -36,8 +39,6 @@ class TokenFile:
         if size != self.offset + self.length * self.dtype.itemsize:
             raise ValueError(f"{self.path}: {size} bytes, not the {self.offset} + "
                              f"{self.length} x {self.dtype.itemsize} its header states")
-        self._fd: int | None = None
-        self._pid = 0
 
     def __len__(self) -> int:
         return self.length

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import re
 import signal
@@ -63,7 +62,7 @@ BIG_STEPS = 100_000  # a paper run with more steps than this (big: 300k) gets 3x
 # run; a shorter limit is scheduled sooner (backfill) than the scale's default.
 TIME_MARGIN = 1.5
 TIME_ALLOWANCE_MIN = 30
-TIME_LIMITS_H = (1, 2, 3, 4, 6, 8, 12, 18, 24, 36, 48, 72, 96, 120, 168, 240, 336)
+TIME_LIMITS_H = (1, 2, 3, 4, 6, 8, 12, 18, 24, 36, 48, 72, 96, 120, 168, 240, 336)  # at most 14 d
 
 # --slurm KEY=VALUE: what the harness sets itself (the run's shape, its logs, its signal), so a
 # value there would break the run rather than change it; every other sbatch option passes through
@@ -98,6 +97,7 @@ class Cluster:
     partition: str | None = None
     options: tuple[tuple[str, Any], ...] = ()
     on: str | None = None  # --on: the GPU the nodes hold, e.g. H100 (time limits from estimates)
+    max_minutes: int | None = None  # the partition's MaxTime (``partition_minutes``); None: none
 
 
 def parse_options(values: list[str]) -> tuple[tuple[str, Any], ...]:
@@ -167,20 +167,39 @@ def resources(run: PlannedRun, cluster: Cluster = Cluster()) -> dict[str, Any]:
     return res
 
 
+def tasks_per_run(run: PlannedRun, cluster: Cluster = Cluster()) -> int:
+    """The SLURM tasks one run takes: one per GPU (or one), on each of its nodes."""
+    res = resources(run, cluster)
+    return res["nodes"] * res["tasks_per_node"]
+
+
 def time_limit(run: PlannedRun, cluster: Cluster, res: dict[str, Any]) -> tuple[int, str]:
     """Minutes of ``run``'s time limit on nodes of ``res``'s shape, and where they come from:
     ``--slurm time``; else, with ``--on GPU`` and GPUs asked for, the run's estimate there
     (``TIME_MARGIN``, ``TIME_ALLOWANCE_MIN``, ``TIME_LIMITS_H``); else the scale's default (3x for
     a paper run of more than ``BIG_STEPS`` steps)."""
+    most = cluster.max_minutes
     if given := dict(cluster.options).get("time"):
+        if most and given > most:
+            raise ConfigError(f"--slurm time={given}: more than the partition's MaxTime of {most} "
+                              "min (sinfo); ask for at most that: a run longer than its limit is "
+                              "saved and requeued there")
         return given, "--slurm time"
+    minutes, why = _time_limit(run, cluster, res)
+    if most and minutes > most:
+        return most, f"{why}; the partition's MaxTime (sinfo), less than that: saved and " \
+            "requeued at the limit"
+    return minutes, why
+
+
+def _time_limit(run: PlannedRun, cluster: Cluster, res: dict[str, Any]) -> tuple[int, str]:
     if cluster.on and res["gpus_per_node"]:
         from reproduce.plan.estimates import estimate
 
         target = gpu_target(cluster.on, res["nodes"] * res["gpus_per_node"])
         e = estimate(run, target)
         need = e.hours * 60 * TIME_MARGIN + TIME_ALLOWANCE_MIN
-        hours = next((h for h in TIME_LIMITS_H if h * 60 >= need), math.ceil(need / 60))
+        hours = next((h for h in TIME_LIMITS_H if h * 60 >= need), TIME_LIMITS_H[-1])
         return hours * 60, (f"{e.hours:.1f} h of training estimated on {target.label} ("
                             + ("bench --gpu's measured rate" if target.measured else "a GUESS: "
                                "no bench --gpu of it") + f") x {TIME_MARGIN} + "
@@ -189,7 +208,26 @@ def time_limit(run: PlannedRun, cluster: Cluster, res: dict[str, Any]) -> tuple[
     if run.scale == "paper" and run.config.train.train_steps > BIG_STEPS:  # big: 3x the steps
         return min(minutes * 3, 14 * 24 * 60), "the scale's default, 3x for its steps"
     return minutes, "the scale's default" + (" (--on GPU: from the run's estimate)"
-                                             if run.scale == "paper" else "")
+                                             if run.scale == "paper" and not cluster.on else "")
+
+
+def partition_minutes(partition: str | None) -> int | None:
+    """The MaxTime of ``partition`` (None: the cluster's default partition) in minutes, as
+    ``sinfo`` gives it; None where it is unlimited or cannot be asked. Many clusters accept a job
+    over it and leave it pending for ever (``EnforcePartLimits=NO``), so limits are checked here."""
+    try:
+        out = subprocess.run(["sinfo", "-h", "-o", "%P %l"], capture_output=True, text=True,
+                             timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for line in out.stdout.splitlines() if out.returncode == 0 else []:
+        name, _, limit = line.strip().partition(" ")
+        if (name.rstrip("*") == partition) if partition else name.endswith("*"):
+            try:
+                return minutes(limit.strip())
+            except ConfigError:  # infinite, UNLIMITED, n/a
+                return None
+    return None
 
 
 def gpu_target(on: str, devices: int):
@@ -302,10 +340,11 @@ def run_one(spec_path: str, variant: str, scale: str, seed: int, split: str, com
         from reproduce.train.tuning import STORAGE_ENV, cluster_storage, tune
 
         storage = os.environ.get(STORAGE_ENV) or cluster_storage()
-        run, summary = tune(run, tuning, trials if role == "trial" else 0, storage, seed)
+        run, summary = tune(run, tuning, trials if role == "trial" else 0, storage, seed,
+                            need_best=role == "best")
         if role == "trial":
             return (f"{run.run_id}: trial added to study {summary['study']} "
-                    f"({summary['n_trials']} trial(s), best {summary['best_value']})")
+                    f"({summary['n_trials']} trial(s), best so far {summary['best_value']})")
         extra = {"tuning": summary}
     try:
         outcome = execute(run, split, command, extra, layout=layout)
@@ -354,13 +393,15 @@ def slurm_parameters(scale: str, runs: list[PlannedRun], cluster: Cluster = Clus
     known = submitit_parameters()
     # --requeue: a preempted or failed node's task goes back in the queue (and USR2 requeues)
     extra: dict[str, Any] = {"requeue": True}
-    if after is not None:  # afterany: the best of the trials that ended, however they ended
-        extra["dependency"] = f"afterany:{after}"
     for key, value in res.items():
         if key in known:
             params[key] = value
         else:  # any other sbatch option, as `#SBATCH --key=value`
             extra[key] = value
+    if after is not None:  # afterany: the best of the trials that ended, however they ended
+        # beside a dependency of the user's own (--slurm dependency=...): both must hold
+        mine = params.pop("dependency", None) or extra.pop("dependency", None)
+        extra["dependency"] = ",".join(d for d in (f"afterany:{after}", mine) if d)
     params["additional_parameters"] = extra
     return params
 

@@ -19,6 +19,7 @@ import os
 import shutil
 import warnings
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
@@ -27,6 +28,7 @@ from reproduce import paths
 from reproduce.config import FIELDS
 from reproduce.errors import ConfigError, Diverged
 from reproduce.paths import runs_dir
+from reproduce.runs.claims import claim, holder
 from reproduce.runs.sweep import Knob, PlannedRun, Tuning
 from reproduce.train import evaluate, precision
 from reproduce.train import fit as training
@@ -94,11 +96,21 @@ def train_and_score(run: PlannedRun, callbacks=()) -> dict[str, Any]:
     """Train ``run`` (resuming its checkpoint if any) and return its dev metrics, no test split."""
     import optuna
 
+    work = paths.runs_dir() / run.table / run.run_id
+    with claim(work) as held:  # two trials that drew the same settings (parallel SLURM tasks)
+        if not held:
+            raise optuna.TrialPruned(f"{run.run_id}: the same settings are training in another "
+                                     f"process ({(holder(work) or {}).get('worker', 'unknown')})")
+        return _train_and_score(run, work, callbacks)
+
+
+def _train_and_score(run: PlannedRun, work: Path, callbacks) -> dict[str, Any]:
+    import optuna
+
     c = run.config
     chosen, _ = precision.choose_precision(run)
     pl.seed_everything(c.train.seed, workers=True, verbose=False)
     tokenizer, data = training.build_data(c)
-    work = paths.runs_dir() / run.table / run.run_id
     logger = wandb_logger(run, work, chosen)
     try:
         try:
@@ -164,10 +176,12 @@ def check_trials(trials: int) -> None:
 
 
 def tune(run: PlannedRun, tuning: Tuning, trials: int, storage: str | None = None,
-         seed: int = 0) -> tuple[PlannedRun, dict[str, Any]]:
+         seed: int = 0, need_best: bool = True) -> tuple[PlannedRun, dict[str, Any]]:
     """Add ``trials`` trials to the study of ``run`` (created or resumed; 0: none, as the task
     that trains the best of trials run by other SLURM tasks), then return the run with the best
-    settings found so far and a summary of the study for its record."""
+    settings found so far and a summary of the study for its record. With no finished trial: an
+    error, or (``need_best`` False: a trial task, whose trial was pruned while others still
+    run) ``run`` as it is, and a summary without a best."""
     import optuna
 
     if trials < 0:
@@ -200,17 +214,17 @@ def tune(run: PlannedRun, tuning: Tuning, trials: int, storage: str | None = Non
     study.optimize(objective, n_trials=trials, catch=())
     states = [t.state for t in study.trials]
     complete = states.count(optuna.trial.TrialState.COMPLETE)
-    if not complete:
+    if not complete and need_best:
         raise ConfigError(f"{run.run_id}: no finished trial in study {run.run_id!r} ({mask(url)}); "
                           "run --tune with more --trials")
-    best = study.best_trial
+    best = study.best_trial if complete else None
     summary = {
         "study": run.run_id, "storage": mask(url), "metric": tuning.metric,
-        "direction": tuning.direction, "split": "dev", "best_trial": best.number,
-        "best_value": best.value, "best_params": best.params,
-        "n_trials": len(states), "complete": complete,
+        "direction": tuning.direction, "split": "dev",
+        "best_trial": best and best.number, "best_value": best and best.value,
+        "best_params": best and best.params, "n_trials": len(states), "complete": complete,
         "pruned": states.count(optuna.trial.TrialState.PRUNED),
         "knobs": {k: list(v.choices) if v.choices else {"low": v.low, "high": v.high, "log": v.log}
                   for k, v in tuning.knobs.items()},
     }
-    return with_settings(run, best.params), summary
+    return (run if best is None else with_settings(run, best.params)), summary

@@ -38,7 +38,7 @@ write_conf() {
     cpus=$(nproc)
     # what slurmd -C reports for this machine, shared by both nodes (they are the same machine)
     mem=$(slurmd -C | sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p')
-    cat >"$CONF" <<EOF
+    cat >"${1:-$CONF}" <<EOF
 ClusterName=reproduce
 SlurmctldHost=$host(127.0.0.1)
 SlurmctldPort=$CTLD_PORT
@@ -73,6 +73,7 @@ AccountingStorageType=accounting_storage/none
 NodeName=${NODES[0]} NodeHostname=$host NodeAddr=127.0.0.1 Port=${NODE_PORTS[0]} CPUs=$cpus RealMemory=$mem State=UNKNOWN
 NodeName=${NODES[1]} NodeHostname=$host NodeAddr=127.0.0.1 Port=${NODE_PORTS[1]} CPUs=$cpus RealMemory=$mem State=UNKNOWN
 PartitionName=debug Nodes=${NODES[0]},${NODES[1]} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+PartitionName=short Nodes=${NODES[0]},${NODES[1]} MaxTime=5 State=UP OverSubscribe=YES
 EOF
 }
 
@@ -116,10 +117,15 @@ up() {
     resolve_nodes
     mkdir -p "$DIR/state" "$DIR/log" "$DIR/spool/${NODES[0]}" "$DIR/spool/${NODES[1]}"
     start_munge
-    [ -f "$CONF" ] || write_conf
+    # this script's slurm.conf: a cluster started by an older one gets it, and rereads it
+    local changed=0
+    write_conf "$CONF.new"
+    if cmp -s "$CONF.new" "$CONF"; then rm "$CONF.new"; else mv "$CONF.new" "$CONF"; changed=1; fi
     export SLURM_CONF=$CONF
     if ! { [ -f "$DIR/slurmctld.pid" ] && kill -0 "$(cat "$DIR/slurmctld.pid")" 2>/dev/null; }; then
         slurmctld -f "$CONF"
+    elif [ "$changed" = 1 ]; then
+        scontrol reconfigure
     fi
     for n in "${NODES[@]}"; do
         if ! { [ -f "$DIR/slurmd-$n.pid" ] && kill -0 "$(cat "$DIR/slurmd-$n.pid")" 2>/dev/null; }; then
