@@ -164,3 +164,29 @@ def test_a_record_from_the_hub_s_snapshot_is_stale_once_a_later_download_holds_o
         assert data_changed(record, Config().overrides(corpus="bible-en-de")) is None
     finally:
         hub.hub_download.cache_clear()
+
+
+def test_a_shard_in_the_hub_cache_is_named_by_its_blob_not_hashed_again(tmp_path, monkeypatch):
+    # huggingface_hub's cache: snapshots/<rev>/de-en/<shard> -> ../../../blobs/<sha256 of it>
+    import hashlib
+
+    from reproduce.data import hub
+
+    repo = tmp_path / "datasets--wmt--wmt14"
+    snapshot = write_snapshot(repo / "snapshots" / REVISION, metadata=False)
+    (repo / "blobs").mkdir()
+    digests = {}
+    for shard in sorted((snapshot / "de-en").glob("*.parquet")):
+        digest = hashlib.sha256(shard.read_bytes()).hexdigest()
+        shard.rename(repo / "blobs" / digest)
+        shard.symlink_to(os.path.relpath(repo / "blobs" / digest, shard.parent))
+        digests[shard.name] = digest
+    monkeypatch.setattr(hub, "file_sha256", lambda *a: pytest.fail(f"hashed {a[0]}"))
+    files = local_files("wmt14-en-de", str(snapshot))
+    assert {s["name"]: s["sha256"] for s in files["train"]["shards"]} == \
+        {k: v for k, v in digests.items() if k.startswith("train-")}
+    # the same bytes elsewhere (a --local-dir download) are hashed, to the same fingerprint
+    monkeypatch.undo()
+    copy = write_snapshot(tmp_path / "download")
+    assert CorpusSource("wmt14-en-de", str(copy)).fingerprint == \
+        CorpusSource("wmt14-en-de", str(snapshot)).fingerprint

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import socket
 import threading
 from collections.abc import Iterator
@@ -205,16 +206,25 @@ def _snapshot_files(snapshot: Snapshot) -> dict[str, dict[str, Any]]:
     for split, file_split in FILE_SPLITS.items():
         shards: list[dict[str, Any]] = []
         for path in snapshot.shards(file_split):
-            stat = path.stat()
-            shards.append({"name": path.name, "bytes": stat.st_size,
-                           "sha256": file_sha256(str(path.resolve()), stat.st_size,
-                                                 stat.st_mtime_ns)})
+            shards.append({"name": path.name, "bytes": path.stat().st_size,
+                           "sha256": _shard_sha256(path)})
         out[split] = {"file": str(snapshot.folder / f"{file_split}-*.parquet"),
                       "bytes": sum(s["bytes"] for s in shards),
                       "sha256": hashlib.sha256("\n".join(s["sha256"] for s in shards).encode())
                       .hexdigest(),
                       "shards": shards, "repo": snapshot.repo, "revision": snapshot.revision}
     return out
+
+
+def _shard_sha256(path: Path) -> str:
+    """A shard's SHA-256. In huggingface_hub's cache a shard is a link to ``blobs/<LFS id>``, the
+    SHA-256 the Hub gave the file and huggingface_hub checked on download: read from the name,
+    so that ``status`` does not hash gigabytes of shards in every process. Else hashed."""
+    real = path.resolve()
+    if real.parent.name == "blobs" and re.fullmatch(r"[0-9a-f]{64}", real.name):
+        return real.name
+    stat = real.stat()
+    return file_sha256(str(real), stat.st_size, stat.st_mtime_ns)
 
 
 @lru_cache(maxsize=64)

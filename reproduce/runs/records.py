@@ -321,7 +321,7 @@ def _retire_checkpoints_of_other_data(run: PlannedRun, work: Path) -> None:
     if then is not None and then != now and (work / "checkpoints").exists():
         aside = move_aside(work / "checkpoints", work / "superseded-{time}" / "checkpoints")
         log.warning("%s: its checkpoints were trained on %s as it was before an edit; moved to "
-                    "%s", run.run_id, c.data_dir, aside.parent)
+                    "%s", run.run_id, c.data_dir or files["train"]["file"], aside.parent)
     if then != now:
         work.mkdir(parents=True, exist_ok=True)
         write_atomic(path, json.dumps(now, indent=1).encode())
