@@ -232,12 +232,12 @@ def is_current(record: Record, config: Config) -> bool:
     return same_config(record.get("config"), config) and not data_changed(record, config)
 
 
-def data_changed(record: Record, config: Config) -> str | None:
+def data_changed(record: Record, config: Config, fetch: bool = False) -> str | None:
     """How the data of ``record`` differs from what its corpus's files hold now, or None. Only
     a corpus read from files (``data_dir``: a user's own files, a Hub download) can change under
     the same config; each file's SHA-256 is compared with the record's (``files_now``)."""
     then = (record.get("data") or {}).get("files")
-    now = files_now(config) if then else None
+    now = files_now(config, fetch) if then else None
     if not then or now is None:
         return None
     for split, files in sorted(now.items()):
@@ -258,7 +258,7 @@ def retire_stale(run: PlannedRun, work: Path) -> None:
     if record is not None and not same_config(record.get("config"), run.config):
         moved = move_aside(path, path.parent / "superseded" / f"{run.run_id}.{{time}}.json")
         log.warning("%s: its record was made with another config; moved to %s", run.run_id, moved)
-    elif record is not None and (why := data_changed(record, run.config)):
+    elif record is not None and (why := data_changed(record, run.config, fetch=True)):
         # trained on the files as they were: its record and its checkpoints both go aside
         moved = move_aside(path, path.parent / "superseded" / f"{run.run_id}.{{time}}.json")
         log.warning("%s: %s; its record moved to %s", run.run_id, why, moved)
@@ -284,13 +284,15 @@ def retire_stale(run: PlannedRun, work: Path) -> None:
 DATA_FILE = "data.json"  # in a run's folder: the SHA-256 of each file its checkpoints trained on
 
 
-def files_now(config: Config) -> dict[str, dict[str, Any]] | None:
+def files_now(config: Config, fetch: bool = False) -> dict[str, dict[str, Any]] | None:
     """What the files of ``config``'s corpus hold now (``data.hub.local_files``: per split, the
     file and its SHA-256, hashed once per process while its size and modification time stay the
     same), or None: a corpus not read from files, or files that cannot be read now (the run that
     needs them says what is wrong). Files are a ``data_dir`` (treebanks aside) or, for a Hub
     corpus named without one, the snapshot of it on this machine that a run would read now
-    (``data.hub.hub_download``, never downloading): a later download is a new snapshot."""
+    (``data.hub.hub_download``): a later download is a new snapshot. ``fetch``: as a run about
+    to train reads it, downloaded first where the Hub is reachable (so the SHA-256 its folder
+    notes are those of what it trains on); else never downloading (``status``)."""
     from reproduce.data import is_treebank
     from reproduce.data.hub import hub_download, local_files
     from reproduce.errors import DataError
@@ -299,7 +301,7 @@ def files_now(config: Config) -> dict[str, dict[str, Any]] | None:
     if is_treebank(c.corpus):
         return None
     try:
-        data_dir = c.data_dir or hub_download(c.corpus, local_only=True)
+        data_dir = c.data_dir or hub_download(c.corpus, local_only=not fetch)
         return None if data_dir is None else local_files(c.corpus, str(data_dir))
     except (DataError, OSError):
         return None
@@ -308,7 +310,7 @@ def files_now(config: Config) -> dict[str, dict[str, Any]] | None:
 def _retire_checkpoints_of_other_data(run: PlannedRun, work: Path) -> None:
     """A run on files (``data_dir``) notes their SHA-256 in its folder before it trains; its
     checkpoints from files since changed (stopped before the edit, no record yet) go aside."""
-    files = files_now(run.config)
+    files = files_now(run.config, fetch=True)
     if files is None:
         return
     c = run.config.data
