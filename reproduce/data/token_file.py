@@ -2,8 +2,8 @@
 
 A batch gathers sentences from all over the corpus. Through a memory map each of them faults in
 its page and the kernel maps the neighbouring pages too (read-around, fault-around, large folios),
-so a run's resident memory climbs toward the token file's size (``results/first-run.md`` against
-``results/first-run-9m.md``, before this file). Every rank and every DataLoader worker counts those
+so a run's resident memory climbs toward the token file's size (``results/first-run-mapped.md``
+against ``results/first-run-9m-mapped.md``). Every rank and every DataLoader worker counts those
 pages again, and a scheduler that polices RSS (SLURM's ``jobacct_gather/linux``) sees a job grow
 with its corpus. Read with ``pread`` the pages still come from (and stay in) the kernel's page cache,
 shared by every process, but none of them is mapped: a process holds only the batch it reads.
