@@ -18,12 +18,15 @@ off (``devices.cluster_plugins``).
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import logging
 import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -311,9 +314,16 @@ def stalled(work: Path, job: str, step: int | None) -> str | None:
             "prepare its data first (a local run of the same command does)")
 
 
-def run_one(spec_path: str, variant: str, scale: str, seed: int, split: str, command: str,
-            devices: int = 1, sets: dict[str, Any] | None = None, nodes: int = 1,
-            trials: int = 0, role: str = "run") -> str:
+def run_one(*args: Any, **kwargs: Any) -> str:
+    """An array task (``_run_one``); what it did, in its log's last line and as its result."""
+    said = _run_one(*args, **kwargs)
+    print(said, flush=True)
+    return said
+
+
+def _run_one(spec_path: str, variant: str, scale: str, seed: int, split: str, command: str,
+             devices: int = 1, sets: dict[str, Any] | None = None, nodes: int = 1,
+             trials: int = 0, role: str = "run") -> str:
     """The body of one array task (one of ``nodes`` x ``devices`` tasks on a multi-device run):
     plan the run afresh from the spec (with the command's ``--set`` values) and execute it.
     ``--tune`` (``ROLES``): ``trial`` tasks each add ``trials`` trials to the run's study, in the
@@ -451,12 +461,15 @@ def submit(executor, spec_path: str, runs: list[PlannedRun], split: str, command
                      role))
     from submitit.core.utils import FailedJobError
 
+    said = io.StringIO()  # submitit prints sbatch's stderr when it fails: ours is the one line
     try:
-        with executor.batch():
+        with contextlib.redirect_stderr(said), executor.batch():
             jobs = [executor.submit(run_one, *a) for a in args]
     except FailedJobError as e:  # sbatch refused it: its own words, one line
         why = " ".join(str(e).split()) or "no reason given"
         raise Refused(why) from None
+    if said.getvalue().strip():  # sbatch's warnings on a submission it took
+        print(said.getvalue().rstrip(), file=sys.stderr)
     return jobs
 
 
