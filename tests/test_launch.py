@@ -93,14 +93,19 @@ def test_tuning_submits_a_task_per_trial_then_each_run_after_them_storage_in_the
         return Executor()
 
     monkeypatch.setattr(launch, "executor_for", executor_for)
+    monkeypatch.setattr(launch, "render_executor", lambda folder, table, after, cluster:
+                        executors.append((table, "render", after)) or Executor())
     url = "postgresql://me:hunter2@db.example/optuna"
     assert main(["table3", "--variant", "base", "--variant", "A1", "--scale", "smoke",
                  "--launcher", "slurm", "--tune", "--trials", "3", "--storage", url]) == 0
     out = capsys.readouterr().out
     assert "--tune: 3 trial task(s) per run" in out and "me:***@db.example" in out
     assert "hunter2" not in out
-    assert executors == [(6, "trial", None), (2, "best", "9")]  # the runs after the trials' job
-    assert [args[-2:] for args in submitted] == [(1, "trial")] * 6 + [(0, "best")] * 2
+    # the runs after the trials' job; the table once both have ended
+    assert executors == [(6, "trial", None), (2, "best", "9"), ("table3", "render", ["9", "9"])]
+    assert "table3: job 9_8 renders" in out
+    assert [args[-2:] for args in submitted[:-1]] == [(1, "trial")] * 6 + [(0, "best")] * 2
+    assert submitted[-1][0].endswith("table3.yaml")  # the render job's one argument
     assert "table3-A1-smoke-seed0: job 9_7 (after job 9)" in out
     assert "hunter2" not in repr(submitted)
     assert os.environ[STORAGE_ENV] == url

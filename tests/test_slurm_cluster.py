@@ -87,9 +87,12 @@ def test_the_first_cluster_sweep_works_as_docs_cluster_md_writes_it(slurm_env, t
     assert "#SBATCH --array=0-4%5" in plan and "nothing" not in submitted
     assert "submission plan: 5 of 5 run(s)" in submitted and submitted.count(": job ") == 5
     assert "  queued   table3-" in status or "  running  table3-" in status, status
-    _wait_for_queue(slurm_env, submitted)
+    assert "table3: job " in submitted and " renders " in submitted  # waits on the array
+    _wait_for_queue(slurm_env, submitted)  # the render job's too
     records = sorted(p.name for p in (tmp_path / "mine" / "table3").glob("*.json"))
     assert records == [f"table3-{v}-smoke-seed0.json" for v in ("A1", "A2", "A3", "A4", "base")]
+    page = (tmp_path / "mine" / "table3.md").read_text()  # rendered by the render job
+    assert all(f"\n| {variant} | " in page for variant in ("A1", "A2", "A3", "A4")), page
     again, _ = (run(args) for args in finish)
     assert "nothing to submit" in again
     page = (tmp_path / "mine" / "table3.md").read_text()

@@ -396,10 +396,10 @@ def _submit(args: argparse.Namespace, argv: list[str], spec, runs: list, scale: 
         print("  " + line)
     if args.dry_run:
         for group in groups:
-            arrays = [(group, "run", None)] if not trials else [
+            headers = [(group, "run", None)] if not trials else [
                 ([r for r in group for _ in range(trials)], "trial", None),
                 (group, "best", "TRIALS_JOB_ID")]
-            for members, role, after in arrays:
+            for members, role, after in headers:
                 script = launch.sbatch_script(folder, scale, members, cluster, role, after)
                 print(f"sbatch header of the array of {', '.join(r.run_id for r in group)}"
                       + (f" ({trials} trial task(s) each)" if role == "trial" else "")
@@ -416,6 +416,7 @@ def _submit(args: argparse.Namespace, argv: list[str], spec, runs: list, scale: 
         print(f"--tune: {trials} trial task(s) per run, side by side, then each run's task trains "
               f"the best settings; studies in {mask(os.environ[STORAGE_ENV])}")
     done = 0
+    arrays: list[str] = []
     for group in groups:
         after = None
         if trials:
@@ -430,9 +431,27 @@ def _submit(args: argparse.Namespace, argv: list[str], spec, runs: list, scale: 
                              spec, recorded_command(argv), done)
         queue.record_submission(folder, group, jobs)
         done += len(group)
+        arrays += [a for a in (after, str(jobs[0].job_id).split("_")[0]) if a]
         for run, job in zip(group, jobs, strict=True):
             print(f"  {run.run_id}: job {job.job_id}" + (f" (after job {after})" if after else ""))
+    _render_after(folder, spec, arrays, cluster)
     _after_submission(folder)
+
+
+def _render_after(folder, spec, arrays: list[str], cluster) -> None:
+    """The render job: the table once every array task has ended (or one line: render by hand)."""
+    from reproduce.paths import results_dir
+    from reproduce.plan import launch
+
+    out = results_dir() / f"{spec.table}.md"
+    try:
+        job = launch.submit_render(launch.render_executor(folder, spec.table, arrays, cluster),
+                                   render_job, str(spec.path))
+    except launch.Refused as e:  # the runs are in; the table is one command away
+        print(f"  {spec.table}: no render job ({e}); once the tasks end: python -m reproduce "
+              f"{spec.table} --render")
+        return
+    print(f"  {spec.table}: job {job.job_id} renders {out} once every task above has ended")
 
 
 def _runs_to_submit(runs: list, submitted: dict, tuned: bool) -> list:
@@ -474,6 +493,22 @@ def _submit_array(folder, scale: str, runs: list, cluster, role: str, after: str
                "" if role == "best" else "nothing was submitted")
             + ". Check --partition, --gpus-per-node (0 on a partition without GPUs), --nodes "
             "and --slurm against `sinfo`") from None
+
+
+def render_job(spec_path: str) -> str:
+    """The render job's body, on a node: the table from the records there are (as ``--render``),
+    once the arrays it waits on have ended, however they ended."""
+    from reproduce.paths import results_dir
+    from reproduce.runs.sweep import load_spec
+    from reproduce.tables.render import render
+    from reproduce.util.logs import quiet_libraries
+
+    quiet_libraries()
+    spec = load_spec(spec_path)
+    out = results_dir() / f"{spec.table}.md"
+    render(spec, out, log=True)
+    print(f"rendered {out}", flush=True)
+    return str(out)
 
 
 def _after_submission(folder) -> None:

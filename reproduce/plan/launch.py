@@ -28,6 +28,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -471,6 +472,37 @@ def submit(executor, spec_path: str, runs: list[PlannedRun], split: str, command
     if said.getvalue().strip():  # sbatch's warnings on a submission it took
         print(said.getvalue().rstrip(), file=sys.stderr)
     return jobs
+
+
+RENDER_MINUTES = 15  # the render job's time limit: it reads records and writes a page
+
+
+def render_executor(folder: Path, table: str, after: list[str], cluster: Cluster = Cluster()):
+    """A one-task job that waits for the ``after`` jobs (``afterany``), on the runs' partition
+    with their account, QoS and other options, a CPU and ``RENDER_MINUTES``."""
+    import submitit
+
+    extra: dict[str, Any] = {"dependency": "afterany:" + ":".join(after)}
+    skip = {"time", "mem", "cpus_per_task", "constraint", "dependency", "begin", "exclusive"}
+    extra.update((k, v) for k, v in cluster.options if k not in skip)
+    slurm = submitit.SlurmExecutor(folder=folder / "%j")
+    slurm.update_parameters(job_name=f"reproduce-render-{table}", nodes=1, ntasks_per_node=1,
+                            cpus_per_task=1, mem="4G", time=min(RENDER_MINUTES, cluster.max_minutes
+                                                               or RENDER_MINUTES),
+                            **({"partition": cluster.partition} if cluster.partition else {}),
+                            additional_parameters=extra)
+    return slurm
+
+
+def submit_render(executor, render: Callable[[str], str], spec_path: str):
+    """Submit the render job (``render_executor``): ``render(spec_path)``; its submitit job."""
+    from submitit.core.utils import FailedJobError
+
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            return executor.submit(render, spec_path)
+    except FailedJobError as e:
+        raise Refused(" ".join(str(e).split()) or "no reason given") from None
 
 
 class Refused(Exception):
