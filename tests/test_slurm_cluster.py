@@ -85,7 +85,7 @@ def test_the_first_cluster_sweep_works_as_docs_cluster_md_writes_it(slurm_env, t
 
     plan, submitted, status = (run(args) for args in submit)
     assert "#SBATCH --array=0-4%5" in plan and "nothing" not in submitted
-    assert "submission plan: 5 of 5 run(s)" in submitted and submitted.count(": job ") == 5
+    assert "submission plan: 5 of 5 run(s)" in submitted and submitted.count("-seed0: job ") == 5
     assert "  queued   table3-" in status or "  running  table3-" in status, status
     assert "table3: job " in submitted and " renders " in submitted  # waits on the array
     _wait_for_queue(slurm_env, submitted)  # the render job's too
@@ -138,7 +138,7 @@ def test_a_queued_task_is_not_submitted_twice_and_status_reads_the_queue(slurm_e
     first = _submit(slurm_env, tmp_path, "--variant", "base", "--variant", "A1",
                     "--slurm", "begin=now+600", "--slurm", "time=0:07:30")
     jobs = {line.split(": job ")[0].strip(): line.split(": job ")[1].strip()
-            for line in first.splitlines() if ": job " in line}
+            for line in first.splitlines() if "-seed0: job " in line}
     assert sorted(jobs) == ["table3-A1-smoke-seed0", "table3-base-smoke-seed0"]
     try:
         limits = subprocess.run(["squeue", "-h", "-r", "-j", jobs["table3-A1-smoke-seed0"].split(
