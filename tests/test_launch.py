@@ -168,14 +168,19 @@ def test_with_on_gpu_each_run_asks_the_time_its_estimate_needs_and_similar_runs_
         launch.resources(runs[0], launch.Cluster(gpus_per_node=8, on="cpu"))
 
 
+def _fake_command(tmp_path: Path, monkeypatch, name: str, body: str) -> None:
+    """``name`` on PATH as a shell script of ``body`` (SLURM's commands, without a SLURM)."""
+    fake = tmp_path / "bin"
+    fake.mkdir(exist_ok=True)
+    (fake / name).write_text(f"#!/bin/sh\n{body}\n")
+    (fake / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+
+
 def test_a_partition_s_max_time_caps_the_estimates_and_refuses_a_longer_time_in_one_line(
         tmp_path, monkeypatch):
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    (fake / "sinfo").write_text("#!/bin/sh\necho 'debug* infinite'\necho 'gpu 2-00:00:00'\n"
-                                "echo 'short 5:00'\n")
-    (fake / "sinfo").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    _fake_command(tmp_path, monkeypatch, "sinfo",
+                  "echo 'debug* infinite'\necho 'gpu 2-00:00:00'\necho 'short 5:00'")
     assert [launch.partition_minutes(p) for p in (None, "gpu", "short", "nowhere")] == \
         [None, 2880, 5, None]
     (big,) = load_spec("table3").plan(["big"], "paper", [0])
@@ -294,12 +299,8 @@ def test_status_names_a_tuned_run_s_task_and_its_trial_tasks_still_in_the_queue(
 
 
 def test_a_refused_requeue_is_one_line_that_says_how_to_resume(tmp_path, monkeypatch):
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    (fake / "scontrol").write_text("#!/bin/sh\necho 'scontrol: error: Requested operation is "
-                                   "presently disabled for job 42' >&2\nexit 1\n")
-    (fake / "scontrol").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    _fake_command(tmp_path, monkeypatch, "scontrol", "echo 'scontrol: error: Requested "
+                  "operation is presently disabled for job 42' >&2\nexit 1")
     for key, value in (("SUBMITIT_EXECUTOR", "slurm"), ("SLURM_JOB_ID", "42"),
                        ("SLURM_PROCID", "0"), ("SLURM_NTASKS", "1")):
         monkeypatch.setenv(key, value)
