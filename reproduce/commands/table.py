@@ -484,13 +484,12 @@ def _submit_array(folder, scale: str, runs: list, cluster, role: str, after: str
     try:
         return launch.submit(executor, str(spec.path), runs, spec.split, command, cluster, role)
     except launch.Refused as e:
+        trials = ("its runs' trial tasks were submitted (they add trials to the studies), not "
+                  "the runs' own tasks" if role == "best" else "")
+        earlier = f"{done} run(s) were submitted before it, the rest were not" if done else ""
         raise ConfigError(
             f"sbatch refused the array ({e}); "
-            + ("its runs' trial tasks were submitted (they add trials to the studies), not the "
-               "runs' own tasks" if role == "best" else "")
-            + ("; " if role == "best" and done else "")
-            + (f"{done} run(s) were submitted before it, the rest were not" if done else
-               "" if role == "best" else "nothing was submitted")
+            + ("; ".join(part for part in (trials, earlier) if part) or "nothing was submitted")
             + ". Check --partition, --gpus-per-node (0 on a partition without GPUs), --nodes "
             "and --slurm against `sinfo`") from None
 

@@ -19,6 +19,7 @@ off (``devices.cluster_plugins``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import logging
@@ -28,7 +29,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -189,11 +190,11 @@ def time_limit(run: PlannedRun, cluster: Cluster, res: dict[str, Any]) -> tuple[
                               "min (sinfo); ask for at most that: a run longer than its limit is "
                               "saved and requeued there")
         return given, "--slurm time"
-    minutes, why = _time_limit(run, cluster, res)
-    if most and minutes > most:
+    limit, why = _time_limit(run, cluster, res)
+    if most and limit > most:
         return most, f"{why}; the partition's MaxTime (sinfo), less than that: saved and " \
             "requeued at the limit"
-    return minutes, why
+    return limit, why
 
 
 def _time_limit(run: PlannedRun, cluster: Cluster, res: dict[str, Any]) -> tuple[int, str]:
@@ -208,10 +209,10 @@ def _time_limit(run: PlannedRun, cluster: Cluster, res: dict[str, Any]) -> tuple
                             + ("bench --gpu's measured rate" if target.measured else "a GUESS: "
                                "no bench --gpu of it") + f") x {TIME_MARGIN} + "
                             f"{TIME_ALLOWANCE_MIN} min, rounded up")
-    minutes = int(RESOURCES.get(run.scale, RESOURCES["cpu"])["timeout_min"])
+    default = int(RESOURCES.get(run.scale, RESOURCES["cpu"])["timeout_min"])
     if run.scale == "paper" and run.config.train.train_steps > BIG_STEPS:  # big: 3x the steps
-        return min(minutes * 3, 14 * 24 * 60), "the scale's default, 3x for its steps"
-    return minutes, "the scale's default" + (" (--on GPU: from the run's estimate)"
+        return min(default * 3, 14 * 24 * 60), "the scale's default, 3x for its steps"
+    return default, "the scale's default" + (" (--on GPU: from the run's estimate)"
                                              if run.scale == "paper" and not cluster.on else "")
 
 
@@ -234,9 +235,10 @@ def partition_minutes(partition: str | None) -> int | None:
     return None
 
 
+@functools.lru_cache(maxsize=8)
 def gpu_target(on: str, devices: int):
     """``--on``'s GPU with the run's ``devices`` (nodes x GPUs per node); a count given in
-    ``--on`` must be that one."""
+    ``--on`` must be that one. Once per process: every run's resources ask for it."""
     from dataclasses import replace
 
     from reproduce.plan.estimates import parse_on
@@ -460,18 +462,25 @@ def submit(executor, spec_path: str, runs: list[PlannedRun], split: str, command
         args.append((spec_path, r.variant, r.scale, r.seed, split, command,
                      res["tasks_per_node"], r.sets, res["nodes"], 1 if role == "trial" else 0,
                      role))
+    with sbatch(), executor.batch():
+        return [executor.submit(run_one, *a) for a in args]
+
+
+@contextlib.contextmanager
+def sbatch() -> Iterator[None]:
+    """Around a submitit submission: sbatch's refusal as ``Refused``, its own words in one line
+    (submitit also prints sbatch's stderr when it fails: held back here); on a submission sbatch
+    took, its warnings are passed on."""
     from submitit.core.utils import FailedJobError
 
-    said = io.StringIO()  # submitit prints sbatch's stderr when it fails: ours is the one line
+    said = io.StringIO()
     try:
-        with contextlib.redirect_stderr(said), executor.batch():
-            jobs = [executor.submit(run_one, *a) for a in args]
-    except FailedJobError as e:  # sbatch refused it: its own words, one line
-        why = " ".join(str(e).split()) or "no reason given"
-        raise Refused(why) from None
-    if said.getvalue().strip():  # sbatch's warnings on a submission it took
+        with contextlib.redirect_stderr(said):
+            yield
+    except FailedJobError as e:
+        raise Refused(" ".join(str(e).split()) or "no reason given") from None
+    if said.getvalue().strip():
         print(said.getvalue().rstrip(), file=sys.stderr)
-    return jobs
 
 
 RENDER_MINUTES = 15  # the render job's time limit: it reads records and writes a page
@@ -496,13 +505,8 @@ def render_executor(folder: Path, table: str, after: list[str], cluster: Cluster
 
 def submit_render(executor, render: Callable[[str], str], spec_path: str):
     """Submit the render job (``render_executor``): ``render(spec_path)``; its submitit job."""
-    from submitit.core.utils import FailedJobError
-
-    try:
-        with contextlib.redirect_stderr(io.StringIO()):
-            return executor.submit(render, spec_path)
-    except FailedJobError as e:
-        raise Refused(" ".join(str(e).split()) or "no reason given") from None
+    with sbatch():
+        return executor.submit(render, spec_path)
 
 
 class Refused(Exception):
