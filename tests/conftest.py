@@ -12,6 +12,8 @@ import os
 import pytest
 import torch
 
+from tests import helpers
+
 
 @pytest.fixture(scope="session", autouse=True)
 def offline_environment(tmp_path_factory):
@@ -27,7 +29,9 @@ def offline_environment(tmp_path_factory):
     for key in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR"):
         os.makedirs(env[key], exist_ok=True)
     torch.set_num_threads(1)
+    helpers.SESSION_ENV.update(os.environ)  # the CLI's zygotes start from it (helpers.cli)
     yield
+    helpers.close_zygotes()
 
 
 @pytest.fixture(autouse=True)

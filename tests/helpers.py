@@ -1,9 +1,13 @@
 """The real CLI in a subprocess, with results and runs in a folder of the test's own; the
 label-smoothed loss written plainly, the reference for ``optim.output_loss``."""
 
+import json
 import os
+import signal
 import subprocess
 import sys
+import tempfile
+import threading
 from pathlib import Path
 
 import torch
@@ -20,12 +24,90 @@ def cli_env(root: Path, threads: int = 1) -> dict[str, str]:
 
 
 def cli(env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    """``python -m reproduce *args``; with ``check``, a non-zero exit fails with its output."""
-    out = subprocess.run([sys.executable, "-m", "reproduce", *args], capture_output=True,
-                         text=True, env=env, check=False, timeout=600)
+    """``python -m reproduce *args``; with ``check``, a non-zero exit fails with its output. A
+    process forked from a zygote (``tests/zygote.py``) where ``env`` allows it, else a fresh one."""
+    command = [sys.executable, "-m", "reproduce", *args]
+    if forkable(env):
+        out = _zygote(env).run(command, env)
+    else:
+        out = subprocess.run(command, capture_output=True, text=True, env=env, check=False,
+                             timeout=TIMEOUT)
     if check and out.returncode != 0:
         raise AssertionError(f"exit {out.returncode}\n{out.stdout}\n{out.stderr}")
     return out
+
+
+TIMEOUT = 600
+# what the zygote's imports did not read: a CLI forked from it with other values of these behaves
+# as a fresh one (its results and runs folders, W&B's settings, the seed Lightning leaves in the
+# environment of a test that trained in its own process, pytest's own variables)
+READ_LATER = ("REPRODUCE_", "WANDB_", "PL_GLOBAL_SEED", "PL_SEED_WORKERS", "PYTEST_")
+# read by torch once: a zygote for each value a test asks for (cli_env's threads)
+PER_ZYGOTE = ("OMP_NUM_THREADS",)
+# the environment the session's tests start from (conftest.py)
+SESSION_ENV: dict[str, str] = {}
+
+
+def forkable(env: dict[str, str]) -> bool:
+    """Whether a CLI with ``env`` may be forked from a zygote: it differs from the session's
+    environment only in variables read later, or in a zygote's own."""
+    return bool(SESSION_ENV) and all(
+        key.startswith(READ_LATER) or key in PER_ZYGOTE for key in env.keys() | SESSION_ENV.keys()
+        if env.get(key) != SESSION_ENV.get(key))
+
+
+class _Zygote:
+    """``tests/zygote.py`` started with ``env``, on first use and again if it died."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+        self.process: subprocess.Popen | None = None
+
+    def run(self, command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+        if self.process is None or self.process.poll() is not None:
+            self.process = subprocess.Popen(
+                [sys.executable, str(Path(__file__).with_name("zygote.py"))], env=self.env,
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.process.stdin is not None and self.process.stdout is not None
+        with tempfile.TemporaryDirectory(prefix="cli-") as folder:
+            out, err = Path(folder, "stdout"), Path(folder, "stderr")
+            self.process.stdin.write(json.dumps({
+                "argv": command[3:], "env": env, "cwd": os.getcwd(), "stdout": str(out),
+                "stderr": str(err)}) + "\n")
+            self.process.stdin.flush()
+            pid = int(self.process.stdout.readline())
+            killed = threading.Event()
+            timer = threading.Timer(TIMEOUT, lambda: (killed.set(), os.kill(pid, signal.SIGKILL)))
+            timer.start()
+            code = int(self.process.stdout.readline())
+            timer.cancel()
+            if killed.is_set():
+                raise subprocess.TimeoutExpired(command, TIMEOUT, out.read_text(),
+                                                err.read_text())
+            return subprocess.CompletedProcess(command, code, out.read_text(errors="replace"),
+                                               err.read_text(errors="replace"))
+
+    def close(self) -> None:
+        """End it (its stdin closed) and wait for it."""
+        if self.process is not None:
+            self.process.communicate(timeout=60)
+            self.process = None
+
+
+_zygotes: dict[tuple, _Zygote] = {}
+
+
+def _zygote(env: dict[str, str]) -> _Zygote:
+    key = tuple(env.get(k) for k in PER_ZYGOTE)
+    if key not in _zygotes:
+        own = {k: v for k, v in zip(PER_ZYGOTE, key, strict=True) if v is not None}
+        _zygotes[key] = _Zygote({**SESSION_ENV, **own})
+    return _zygotes[key]
+
+
+def close_zygotes() -> None:
+    for zygote in _zygotes.values():
+        zygote.close()
 
 
 def smoothed_loss(logits: torch.Tensor, target: torch.Tensor, eps_ls: float,
