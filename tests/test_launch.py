@@ -289,13 +289,49 @@ def test_status_names_a_tuned_run_s_task_and_its_trial_tasks_still_in_the_queue(
     lines = [{"run_id": run, "job_id": f"7_{k}", "trial": True} for k in range(3)]
     lines.append({"run_id": run, "job_id": "8_0"})
     (folder / queue.LEDGER).write_text("".join(json.dumps(e) + "\n" for e in lines))
-    states = {"7_0": "RUNNING", "7_1": "RUNNING", "8_0": "PENDING"}  # 7_2 has ended
+    states = {"7_0": ("RUNNING", 0), "7_1": ("RUNNING", 0), "8_0": ("PENDING", 0)}  # 7_2 ended
     monkeypatch.setattr(queue, "squeue_states", lambda: states)
     assert set(queue.tasks(folder)) == {run, f"{run} trial 7_0", f"{run} trial 7_1",
                                         f"{run} trial 7_2"}
     assert main(["status"]) == 0
     out = capsys.readouterr().out
     assert f"queued   {run} (SLURM job 8_0), after 2 trial task(s) still in the queue" in out
+
+
+def test_status_says_how_sacct_says_tasks_ended_and_how_often_squeue_says_one_was_requeued(
+        capsys, tmp_path, monkeypatch):
+    """``squeue`` and ``sacct`` as a cluster with accounting (slurmdbd) answers them: stand-ins,
+    since the test cluster (tools/slurm/cluster.sh) keeps no accounting; squeue's restart count
+    as the real one gives it (``-O JobArrayID:|,State:|,RestartCnt``)."""
+    import json
+
+    from reproduce.plan import queue
+
+    monkeypatch.setenv("REPRODUCE_RESULTS", str(tmp_path / "results"))
+    monkeypatch.setenv("REPRODUCE_RUNS", str(tmp_path / "runs"))
+    folder = tmp_path / "runs" / "table3" / "slurm"
+    folder.mkdir(parents=True)
+    runs = ["table3-A1-smoke-seed0", "table3-A2-smoke-seed0", "table3-A3-smoke-seed0",
+            "table3-A4-smoke-seed0", "table3-base-smoke-seed0"]
+    (folder / queue.LEDGER).write_text("".join(
+        json.dumps({"run_id": run, "job_id": f"9_{k}", "stderr": f"/logs/9_{k}.err"}) + "\n"
+        for k, run in enumerate(runs)))
+    _fake_command(tmp_path, monkeypatch, "squeue", "echo '9_4|RUNNING|2|'")
+    _fake_command(tmp_path, monkeypatch, "sacct", "echo '9_0|TIMEOUT|0:0'\necho "
+                  "'9_1|OUT_OF_MEMORY|0:125'\necho '9_2|NODE_FAIL|0:0'\necho '9_3|FAILED|1:0'\n"
+                  "echo '8_1|COMPLETED|0:0'")  # 8_1: not one of ours
+    assert main(["status"]) == 0
+    out = capsys.readouterr().out
+    for k, said in enumerate(("TIMEOUT (its time limit ran out)", "OUT_OF_MEMORY (out of memory)",
+                              "NODE_FAIL (its node failed)", "FAILED (exit code 1:0)")):
+        assert f"ended    {runs[k]}: its SLURM task 9_{k} ended {said} without a record: it " \
+               f"left no log (log /logs/9_{k}.err)" in out
+    assert "running  table3-base-smoke-seed0 (no checkpoint yet) (SLURM job 9_4, requeued 2 " \
+           "time(s))" in out
+    # a cluster without accounting (as the test cluster): how they ended is not claimed
+    _fake_command(tmp_path, monkeypatch, "sacct", "echo 'Slurm accounting storage is disabled' "
+                  ">&2\nexit 1")
+    assert queue.tasks(folder)["table3-A1-smoke-seed0"].ending() is None
 
 
 def test_a_refused_requeue_is_one_line_that_says_how_to_resume(tmp_path, monkeypatch):

@@ -232,6 +232,7 @@ def test_one_run_over_both_nodes_stopped_requeued_and_a_node_lost_ends_as_two_lo
     assert noted["step"] > 20  # stopped while training, at a step, and saved there
     _wait_for_text(log, "resuming from", timeout=120, count=2)
     _wait_for_step(log, 1, after="resuming from", timeout=120)
+    assert f"(SLURM job {job}, requeued 1 time(s))" in _status(slurm_env, tmp_path)
     _scontrol(slurm_env, "update", "nodename=n2", "state=DOWN", "reason=reproduce test: lost")
     try:
         _wait_for_state(slurm_env, job, "PENDING", timeout=120)  # killed there, and requeued

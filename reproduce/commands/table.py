@@ -467,8 +467,9 @@ def _runs_to_submit(runs: list, submitted: dict, tuned: bool) -> list:
                   "again")
             continue
         if task is not None and task.ended:
-            print(f"  {run.run_id}: its last task, job {task.job_id}, ended without a record "
-                  f"({task.last_words()}; log {task.stderr})")
+            print(f"  {run.run_id}: its last task, job {task.job_id}, ended"
+                  + (f" {task.ending()}" if task.ending() else "")
+                  + f" without a record ({task.last_words()}; log {task.stderr})")
         todo.append(run)
     return todo
 

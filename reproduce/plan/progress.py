@@ -100,7 +100,9 @@ def table_status(table: str, results: Path, runs: Path,
         rows.append({"table": spec.table, "scale": scale, "seeds": sorted(seen[scale]), **state,
                      "checkpoint_steps": saved, "precision": dict(shown), "reuses": reuses,
                      "blocked": blocked, "ended": ended,
-                     "jobs": {i: t.job_id for i, t in tasks.items() if t.queued or t.running},
+                     "jobs": {i: t.job_id + (f", requeued {t.restarts} time(s)" if t.restarts
+                                             else "")
+                              for i, t in tasks.items() if t.queued or t.running},
                      # --tune on SLURM: each run's trial tasks still in the queue
                      "trials": Counter(t.run_id for i, t in tasks.items()
                                        if i != t.run_id and (t.queued or t.running)),
@@ -186,8 +188,9 @@ def report(results: Path, runs: Path, verbose: bool = False,
                 lines.append(f"  diverged {run_id}: not trained again with this config "
                              "(docs/records.md, diverged runs)")
             for run_id, task in row["ended"].items():
-                lines.append(f"  ended    {run_id}: its SLURM task {task.job_id} left the queue "
-                             f"without a record: {task.last_words()} (log {task.stderr})")
+                how = f"ended {task.ending()}" if task.ending() else "left the queue"
+                lines.append(f"  ended    {run_id}: its SLURM task {task.job_id} {how} without "
+                             f"a record: {task.last_words()} (log {task.stderr})")
             for key in ("stale", "queued", "running", "stopped") + (("missing",) if verbose else ()):
                 for run_id in row[key]:
                     if run_id in row["blocked"]:

@@ -3,9 +3,12 @@ ledger (``runs/<table>/slurm/submitted.jsonl``, a line per task: run, job id, lo
 values), and their state now from ``squeue``.
 
 A submission skips the runs whose last task is still queued or running, and says why; ``status``
-counts them as *queued* or *running*, and says of a task that ended without a record how it
-ended (the last line of its log) and where its log is. Where ``squeue`` cannot be asked (no SLURM
-on this machine), their state is UNKNOWN: nothing is skipped for it, nothing called ended.
+counts them as *queued* or *running* (and how many times SLURM requeued them), and says of a task
+that ended without a record how it ended: SLURM's own word where the cluster keeps accounting
+(``sacct``: TIMEOUT, OUT_OF_MEMORY, NODE_FAIL, FAILED with its exit code, CANCELLED), the last
+line of its log, and where its log is.
+Where ``squeue`` cannot be asked (no SLURM on this machine), their state is UNKNOWN: nothing is
+skipped for it, nothing called ended.
 """
 
 from __future__ import annotations
@@ -22,6 +25,11 @@ LEDGER = "submitted.jsonl"
 WAITING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SUSPENDED",
            "CONFIGURING", "RESIZING", "SIGNALING", "STAGE_OUT"}
 RUNNING = {"RUNNING", "COMPLETING"}
+# what sacct's states of an ended task mean to a user (FAILED with its exit code)
+ENDINGS = {"TIMEOUT": "its time limit ran out", "OUT_OF_MEMORY": "out of memory",
+           "NODE_FAIL": "its node failed", "BOOT_FAIL": "its node failed to start",
+           "FAILED": "exit code {code}", "CANCELLED": "cancelled", "PREEMPTED": "preempted",
+           "DEADLINE": "past its deadline", "COMPLETED": "exit code 0"}
 
 
 @dataclass(frozen=True)
@@ -36,6 +44,8 @@ class Task:
     stderr: str
     sets: dict[str, Any] = field(default_factory=dict)
     state: str | None = None
+    restarts: int = 0  # times SLURM requeued it (preempted, its node lost, its time limit's USR2)
+    outcome: tuple[str, str] | None = None  # (state, exit code) as sacct keeps it, once ended
 
     @property
     def queued(self) -> bool:
@@ -49,6 +59,15 @@ class Task:
     def ended(self) -> bool:
         """Gone from the queue (finished, failed or cancelled), as far as squeue says."""
         return self.state is None
+
+    def ending(self) -> str | None:
+        """SLURM's word for how it ended and what that means (``TIMEOUT (its time limit ran
+        out)``); None where the cluster keeps no record of ended jobs."""
+        if self.outcome is None:
+            return None
+        state, code = self.outcome
+        meaning = ENDINGS.get(state, "").format(code=code)
+        return state + (f" ({meaning})" if meaning else "")
 
     def last_words(self) -> str:
         """The last line its logs end with (an error's last line), or why there is none."""
@@ -64,7 +83,9 @@ class Task:
             if said := [line.strip() for line in lines
                         if line.strip() and not line.startswith(("srun: ", "slurmstepd: "))]:
                 return said[-1][:400]
-        return "its logs are empty" if found else "it left no log (cancelled before it started?)"
+        if found:
+            return "its logs are empty"
+        return "it left no log" + ("" if self.outcome else " (cancelled before it started?)")
 
 
 def ledger(folder: Path) -> Path:
@@ -100,21 +121,51 @@ def tasks(folder: Path) -> dict[str, Task]:
             last[key] = entry
         except (json.JSONDecodeError, KeyError, TypeError):
             continue  # a line cut by a full disk: the tasks before and after it still count
-    states = squeue_states() if last else {}
+    queued = squeue_states() if last else {}
+    gone = [e["job_id"] for e in last.values() if queued is not None and e["job_id"] not in queued]
+    ended = sacct_states(gone) if gone else {}
     return {key: Task(e["run_id"], e["job_id"], e.get("stdout", ""), e.get("stderr", ""),
                       e.get("sets") or {},
-                      "UNKNOWN" if states is None else states.get(e["job_id"]))
+                      "UNKNOWN" if queued is None else queued.get(e["job_id"], (None, 0))[0],
+                      0 if queued is None else queued.get(e["job_id"], (None, 0))[1],
+                      ended.get(e["job_id"]))
             for key, e in last.items()}
 
 
-def squeue_states() -> dict[str, str] | None:
-    """This user's tasks in the queue: job id (an array task as ``<array>_<index>``) -> state.
-    None where squeue is missing or does not answer."""
+def squeue_states() -> dict[str, tuple[str, int]] | None:
+    """This user's tasks in the queue: job id (an array task as ``<array>_<index>``) -> its
+    state and the times it was requeued. None where squeue is missing or does not answer."""
     try:
-        out = subprocess.run(["squeue", "-h", "-r", "-u", getpass.getuser(), "-o", "%i %T"],
+        out = subprocess.run(["squeue", "-h", "-r", "-u", getpass.getuser(),
+                              "-O", "JobArrayID:|,State:|,RestartCnt"],
                              capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None
     if out.returncode != 0:
         return None
-    return dict(line.split(None, 1) for line in out.stdout.splitlines() if " " in line.strip())
+    states = {}
+    for line in out.stdout.splitlines():
+        job, state, restarts = (line.split("|") + ["", ""])[:3]
+        if job.strip() and state.strip():
+            states[job.strip()] = (state.strip(), int(restarts) if restarts.strip().isdigit()
+                                   else 0)
+    return states
+
+
+def sacct_states(job_ids: list[str]) -> dict[str, tuple[str, str]]:
+    """How tasks that left the queue ended: job id -> (state, exit code), from the cluster's
+    accounting (``sacct``). Empty where it keeps none ("Slurm accounting storage is disabled").
+    Not ``sacct -c`` (a job completion log): SLURM 22.05's names array tasks by their own job
+    ids, not as ``<array>_<index>``."""
+    try:
+        out = subprocess.run(["sacct", "-X", "-n", "-P", "-j", ",".join(job_ids),
+                              "-o", "JobID,State,ExitCode"], capture_output=True, text=True,
+                             timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    ended = {}
+    for line in out.stdout.splitlines() if out.returncode == 0 else []:
+        job, state, code = (line.split("|") + ["", ""])[:3]
+        if job in job_ids and state:
+            ended[job] = (state.split()[0], code)  # "CANCELLED by 0": CANCELLED
+    return ended

@@ -122,10 +122,14 @@ up() {
     write_conf "$CONF.new"
     if cmp -s "$CONF.new" "$CONF"; then rm "$CONF.new"; else mv "$CONF.new" "$CONF"; changed=1; fi
     export SLURM_CONF=$CONF
+    if [ "$changed" = 1 ] && [ -f "$DIR/slurmctld.pid" ]; then
+        # restarted, not reconfigured: plugins (JobCompType) load when slurmctld starts
+        kill "$(cat "$DIR/slurmctld.pid")" 2>/dev/null || true
+        for _ in $(seq 30); do kill -0 "$(cat "$DIR/slurmctld.pid")" 2>/dev/null || break; sleep 1; done
+    fi
     if ! { [ -f "$DIR/slurmctld.pid" ] && kill -0 "$(cat "$DIR/slurmctld.pid")" 2>/dev/null; }; then
         slurmctld -f "$CONF"
-    elif [ "$changed" = 1 ]; then
-        scontrol reconfigure
+        [ "$changed" = 1 ] && { sleep 2; scontrol reconfigure || true; }  # the nodes reread it
     fi
     for n in "${NODES[@]}"; do
         if ! { [ -f "$DIR/slurmd-$n.pid" ] && kill -0 "$(cat "$DIR/slurmd-$n.pid")" 2>/dev/null; }; then
