@@ -71,19 +71,25 @@ class _Zygote:
         assert self.process.stdin is not None and self.process.stdout is not None
         with tempfile.TemporaryDirectory(prefix="cli-") as folder:
             out, err = Path(folder, "stdout"), Path(folder, "stderr")
-            self.process.stdin.write(json.dumps({
-                "argv": command[3:], "env": env, "cwd": os.getcwd(), "stdout": str(out),
-                "stderr": str(err)}) + "\n")
-            self.process.stdin.flush()
-            pid = int(self.process.stdout.readline())
-            killed = threading.Event()
-            timer = threading.Timer(TIMEOUT, lambda: (killed.set(), os.kill(pid, signal.SIGKILL)))
-            timer.start()
-            code = int(self.process.stdout.readline())
-            timer.cancel()
+            try:
+                self.process.stdin.write(json.dumps({
+                    "argv": command[3:], "env": env, "cwd": os.getcwd(), "stdout": str(out),
+                    "stderr": str(err)}) + "\n")
+                self.process.stdin.flush()
+                pid = int(self.process.stdout.readline())
+                killed = threading.Event()
+                timer = threading.Timer(TIMEOUT, _kill, (pid, killed))
+                timer.start()
+                code = int(self.process.stdout.readline())
+                timer.cancel()
+            except (OSError, ValueError):  # the zygote died, or its answers are out of step
+                self.process.kill()
+                self.process.wait()
+                self.process = None
+                raise
             if killed.is_set():
-                raise subprocess.TimeoutExpired(command, TIMEOUT, out.read_text(),
-                                                err.read_text())
+                raise subprocess.TimeoutExpired(command, TIMEOUT, out.read_text(errors="replace"),
+                                                err.read_text(errors="replace"))
             return subprocess.CompletedProcess(command, code, out.read_text(errors="replace"),
                                                err.read_text(errors="replace"))
 
@@ -94,6 +100,14 @@ class _Zygote:
             self.process = None
 
 
+def _kill(pid: int, killed: threading.Event) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+        killed.set()
+    except ProcessLookupError:  # it ended as the timer fired
+        pass
+
+
 _zygotes: dict[tuple, _Zygote] = {}
 
 
@@ -101,7 +115,8 @@ def _zygote(env: dict[str, str]) -> _Zygote:
     key = tuple(env.get(k) for k in PER_ZYGOTE)
     if key not in _zygotes:
         own = {k: v for k, v in zip(PER_ZYGOTE, key, strict=True) if v is not None}
-        _zygotes[key] = _Zygote({**SESSION_ENV, **own})
+        session = {k: v for k, v in SESSION_ENV.items() if k not in PER_ZYGOTE}
+        _zygotes[key] = _Zygote({**session, **own})
     return _zygotes[key]
 
 

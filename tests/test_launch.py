@@ -316,14 +316,14 @@ def test_status_says_how_sacct_says_tasks_ended_and_how_often_squeue_says_one_wa
     (folder / queue.LEDGER).write_text("".join(
         json.dumps({"run_id": run, "job_id": f"9_{k}", "stderr": f"/logs/9_{k}.err"}) + "\n"
         for k, run in enumerate(runs)))
-    _fake_command(tmp_path, monkeypatch, "squeue", "echo '9_4|RUNNING|2|'")
+    _fake_command(tmp_path, monkeypatch, "squeue", "echo '9_4|RUNNING|2                   '")
     _fake_command(tmp_path, monkeypatch, "sacct", "echo '9_0|TIMEOUT|0:0'\necho "
                   "'9_1|OUT_OF_MEMORY|0:125'\necho '9_2|NODE_FAIL|0:0'\necho '9_3|FAILED|1:0'\n"
                   "echo '8_1|COMPLETED|0:0'")  # 8_1: not one of ours
     assert main(["status"]) == 0
     out = capsys.readouterr().out
     for k, said in enumerate(("TIMEOUT (its time limit ran out)", "OUT_OF_MEMORY (out of memory)",
-                              "NODE_FAIL (its node failed)", "FAILED (exit code 1:0)")):
+                              "NODE_FAIL (its node failed)", "FAILED (exit code 1)")):
         assert f"ended    {runs[k]}: its SLURM task 9_{k} ended {said} without a record: it " \
                f"left no log (log /logs/9_{k}.err)" in out
     assert "running  table3-base-smoke-seed0 (no checkpoint yet) (SLURM job 9_4, requeued 2 " \

@@ -15,45 +15,85 @@ gets a fresh ``python -m reproduce``."""
 
 import json
 import os
+import selectors
 import sys
+import tempfile
 import threading
 
-import pytorch_lightning  # noqa: F401
-import torch  # noqa: F401
+# what the imports print on stderr (warnings) goes to every child's stderr, as a fresh process
+# prints it
+with tempfile.TemporaryFile() as _said:
+    _stderr = os.dup(2)
+    os.dup2(_said.fileno(), 2)
+    try:
+        import pytorch_lightning  # noqa: F401
+        import torch  # noqa: F401
 
-import reproduce.__main__  # noqa: F401
-import reproduce.commands.table  # noqa: F401
-import reproduce.tables.render  # noqa: F401
-import reproduce.train.runner  # noqa: F401
+        import reproduce.__main__
+        import reproduce.commands.table  # noqa: F401
+        import reproduce.tables.render  # noqa: F401
+        import reproduce.train.runner  # noqa: F401
+    finally:
+        sys.stderr.flush()
+        os.dup2(_stderr, 2)
+        os.close(_stderr)
+    _said.seek(0)
+    IMPORT_STDERR = _said.read()
 
 
 def serve() -> dict:
-    """Fork a child per request; the child returns its request, this process never returns."""
+    """Fork a child per request; the child returns its request, this process never returns. As
+    ``subprocess.run(capture_output=True)``, the exit code is answered once the child has exited
+    and its stdout and stderr are closed (by any process it left holding them, too)."""
     assert threading.active_count() == 1, "forking a process with threads"
     for line in sys.stdin:
         request = json.loads(line)
+        pipes = [os.pipe(), os.pipe()]  # stdout, stderr: (read, write)
         sys.stdout.flush()
         pid = os.fork()
         if pid == 0:
+            for read, _ in pipes:
+                os.close(read)
+            request["fds"] = [write for _, write in pipes]
             return request
+        for _, write in pipes:
+            os.close(write)
         print(pid, flush=True)
+        _drain([pipes[0][0], pipes[1][0]], [request["stdout"], request["stderr"]])
         _, status = os.waitpid(pid, 0)
         print(os.waitstatus_to_exitcode(status), flush=True)
     raise SystemExit(0)
 
 
+def _drain(fds: list[int], paths: list[str]) -> None:
+    """Copy the child's stdout and stderr pipes into their files until every writer has closed
+    them; the imports' stderr first."""
+    files = {fd: open(path, "wb") for fd, path in zip(fds, paths, strict=True)}
+    files[fds[1]].write(IMPORT_STDERR)
+    with selectors.DefaultSelector() as selector:
+        for fd in files:
+            selector.register(fd, selectors.EVENT_READ)
+        while selector.get_map():
+            for key, _ in selector.select():
+                if data := os.read(key.fd, 65536):
+                    files[key.fd].write(data)
+                else:
+                    selector.unregister(key.fd)
+                    os.close(key.fd)
+    for file in files.values():
+        file.close()
+
+
 def become(request: dict) -> None:
     """This child as ``python -m reproduce <argv>`` started in ``cwd`` with ``env``."""
-    os.chdir(request["cwd"])
-    os.environ.clear()
-    os.environ.update(request["env"])
-    for fd, path, mode in ((0, os.devnull, os.O_RDONLY),
-                           (1, request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
-                           (2, request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)):
-        opened = os.open(path, mode, 0o644)
+    null = os.open(os.devnull, os.O_RDONLY)
+    for fd, opened in ((0, null), (1, request["fds"][0]), (2, request["fds"][1])):
         os.dup2(opened, fd)
         os.close(opened)
     sys.stdin = open(0, closefd=False)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
     sys.path[0] = os.getcwd()  # as -m sets it, not this script's folder
     sys.argv = [reproduce.__main__.__file__, *request["argv"]]
     del sys.modules["reproduce.__main__"]  # run afresh as __main__, as -m does

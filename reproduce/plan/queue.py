@@ -28,8 +28,8 @@ RUNNING = {"RUNNING", "COMPLETING"}
 # what sacct's states of an ended task mean to a user (FAILED with its exit code)
 ENDINGS = {"TIMEOUT": "its time limit ran out", "OUT_OF_MEMORY": "out of memory",
            "NODE_FAIL": "its node failed", "BOOT_FAIL": "its node failed to start",
-           "FAILED": "exit code {code}", "CANCELLED": "cancelled", "PREEMPTED": "preempted",
-           "DEADLINE": "past its deadline", "COMPLETED": "exit code 0"}
+           "FAILED": "{code}", "CANCELLED": "cancelled", "PREEMPTED": "preempted",
+           "DEADLINE": "past its deadline", "COMPLETED": "{code}"}
 
 
 @dataclass(frozen=True)
@@ -66,8 +66,9 @@ class Task:
         if self.outcome is None:
             return None
         state, code = self.outcome
-        meaning = ENDINGS.get(state, "").format(code=code)
-        return state + (f" ({meaning})" if meaning else "")
+        status, _, signal = code.partition(":")  # sacct's ExitCode is <exit code>:<signal>
+        said = f"signal {signal}" if signal not in ("", "0") else f"exit code {status}"
+        return f"{state} ({ENDINGS[state].format(code=said)})"
 
     def last_words(self) -> str:
         """The last line its logs end with (an error's last line), or why there is none."""
@@ -166,6 +167,7 @@ def sacct_states(job_ids: list[str]) -> dict[str, tuple[str, str]]:
     ended = {}
     for line in out.stdout.splitlines() if out.returncode == 0 else []:
         job, state, code = (line.split("|") + ["", ""])[:3]
-        if job in job_ids and state:
-            ended[job] = (state.split()[0], code)  # "CANCELLED by 0": CANCELLED
+        state = state.split()[0] if state else ""  # "CANCELLED by 0": CANCELLED
+        if job in job_ids and state in ENDINGS:  # not RUNNING: just gone from squeue
+            ended[job] = (state, code)
     return ended
