@@ -125,12 +125,13 @@ def tasks(folder: Path) -> dict[str, Task]:
     queued = squeue_states() if last else {}
     gone = [e["job_id"] for e in last.values() if queued is not None and e["job_id"] not in queued]
     ended = sacct_states(gone) if gone else {}
-    return {key: Task(e["run_id"], e["job_id"], e.get("stdout", ""), e.get("stderr", ""),
-                      e.get("sets") or {},
-                      "UNKNOWN" if queued is None else queued.get(e["job_id"], (None, 0))[0],
-                      0 if queued is None else queued.get(e["job_id"], (None, 0))[1],
-                      ended.get(e["job_id"]))
-            for key, e in last.items()}
+
+    def task(e: dict[str, Any]) -> Task:
+        state, restarts = ("UNKNOWN", 0) if queued is None else queued.get(e["job_id"], (None, 0))
+        return Task(e["run_id"], e["job_id"], e.get("stdout", ""), e.get("stderr", ""),
+                    e.get("sets") or {}, state, restarts, ended.get(e["job_id"]))
+
+    return {key: task(e) for key, e in last.items()}
 
 
 def squeue_states() -> dict[str, tuple[str, int]] | None:
