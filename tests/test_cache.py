@@ -359,3 +359,32 @@ def test_an_encode_that_fails_midway_leaves_no_cache_and_no_temporary_folder(tmp
     assert [p.name for p in (cache / "encoded").iterdir() if p.is_dir()] == []
     monkeypatch.setattr(tokenizer, "encode", encode)
     assert len(encoded_corpus(_source(corpus), tokenizer, cache_dir=cache).train) == 400
+
+
+def test_the_bibles_fingerprint_is_kept_per_database_file_and_read_again_when_it_changes(
+        tmp_path, monkeypatch):
+    """Hashing every verse costs each run a second or two: the fingerprint is kept beside the
+    caches it names, for the same database file; an edited file (or an unreadable memo) is read
+    and hashed again."""
+    import sqlite3
+
+    from reproduce.data.bible import BIBLE_DB_ENV, extract_bible_db
+
+    db = tmp_path / "bible.db"
+    extract_bible_db(db, ("4", "e"))  # bible-en-de's two versions
+    monkeypatch.setenv(BIBLE_DB_ENV, str(db))
+    monkeypatch.setenv("REPRODUCE_CACHE", str(tmp_path / "cache"))
+    first = CorpusSource("bible-en-de")
+    fingerprint = first.fingerprint
+    assert first._pairs and first._bible_memo().is_file()  # read and hashed, then kept
+    again = CorpusSource("bible-en-de")
+    assert again.fingerprint == fingerprint and not again._pairs  # nothing read
+    with sqlite3.connect(db) as connection:  # Ruth 1:1 in English, said otherwise
+        connection.execute("UPDATE bible SET vText = 'Once upon a time.' "
+                           "WHERE bbName = 'e' AND bNumber = 8 AND cNumber = 1 AND vNumber = 1")
+    edited = CorpusSource("bible-en-de")
+    assert edited.fingerprint != fingerprint and edited._pairs
+    memo = edited._bible_memo()
+    memo.write_text("{\"fingerprint\": \"not one\"")  # damaged: read the verses again
+    damaged = CorpusSource("bible-en-de")
+    assert damaged.fingerprint == edited.fingerprint and damaged._pairs

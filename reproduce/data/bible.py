@@ -132,9 +132,11 @@ def load_bible_verses(corpus: str, split: str) -> list[BibleVerse]:
 
 
 def _bible_rows(
-    db_uri: str, versions: tuple[str, str], books: tuple[int, ...]
+    db_uri: str, versions: tuple[str, str], books: tuple[int, ...], stamp: tuple[int, int]
 ) -> Iterator[dict[str, Any]]:
-    """Verse-aligned raw rows of two versions: the generator behind the Bible datasets."""
+    """Verse-aligned raw rows of two versions: the generator behind the Bible datasets.
+    ``stamp``, the file's size and modification time, is not read: ``datasets`` names its cache
+    of the rows by these arguments, so an edited or reinstalled file is read again."""
     source, target = versions
     marks = ",".join("?" * len(books))
     # LEFT JOIN: a verse missing from the target version comes back empty and is dropped later.
@@ -179,7 +181,8 @@ def bible_dataset(versions: tuple[str, str], books: tuple[int, ...]) -> datasets
             _bible_rows,
             features=features,
             # Tuples, not lists: datasets would read list arguments as shards.
-            gen_kwargs={"db_uri": db_uri, "versions": tuple(versions), "books": tuple(books)},
+            gen_kwargs={"db_uri": db_uri, "versions": tuple(versions), "books": tuple(books),
+                        "stamp": (path.stat().st_size, path.stat().st_mtime_ns)},
         )
 
 

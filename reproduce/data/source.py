@@ -4,18 +4,27 @@ corpus), so that new text in the same files is never read through an old cache."
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import inspect
 import json
 import logging
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
+from importlib.metadata import version
+from pathlib import Path
 
+from reproduce.data import bible, corpora, loading
+from reproduce.data.bible import bible_db_path
 from reproduce.data.corpora import SPLITS, corpus_spec, nonempty_pairs, pairs_sha256, report_pairs
 from reproduce.data.hub import hub_download, local_files, translation_batches, translation_dataset
 from reproduce.data.loading import load_pairs
 from reproduce.errors import DataError
+from reproduce.paths import cache_dir
+from reproduce.util.files import write_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +111,8 @@ class CorpusSource:
         shards', whether from the Hub's snapshot or a folder). The Hub without a snapshot on
         disk: the fingerprints ``datasets`` gives its Arrow files. The Bible and treebanks (a few
         seconds to read): the pairs of every split themselves, so their reading code is covered
-        too."""
+        too; the Bible's is then kept (``_bible_memo``) for the next run that reads the same
+        database with the same code."""
         parts: dict[str, object] = {"format": FORMAT, "corpus": self.corpus}
         if self.large and self.data_dir is not None:
             parts["files"] = {split: f["sha256"]
@@ -111,10 +121,48 @@ class CorpusSource:
             parts["hub"] = {split: translation_dataset(self.corpus, split, None)[0]._fingerprint
                             for split in SPLITS}
         else:
+            memo = self._bible_memo()
+            if memo is not None and (kept := _memo_fingerprint(memo)):
+                return kept
             parts["pairs"] = {split: pairs_sha256(self.pairs(split)) for split in SPLITS}
+            fingerprint = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+            if memo is not None:
+                with contextlib.suppress(OSError):  # a cache that cannot be written: only slower
+                    write_atomic(memo, json.dumps({"corpus": self.corpus,
+                                                   "fingerprint": fingerprint}).encode())
+            return fingerprint
         return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+    def _bible_memo(self) -> Path | None:
+        """Where a Bible corpus's fingerprint is kept (``cache/fingerprints/``), named by what its
+        pairs are read from: the database file (path, size, modification time), the source of
+        the modules that read and clean them, and ``datasets``'s version. Hashing every verse
+        takes a second or two in every run; with the memo, a run whose corpus is encoded already
+        reads only its dev and test books. None for a treebank."""
+        if corpus_spec(self.corpus).bible is None:
+            return None
+        db = bible_db_path().resolve()
+        stat = db.stat()
+        code = hashlib.sha256()
+        for module in (bible, corpora, loading, sys.modules[__name__]):
+            code.update(Path(inspect.getfile(module)).read_bytes())
+        key = json.dumps({"format": FORMAT, "corpus": self.corpus, "db": str(db),
+                          "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+                          "code": code.hexdigest(), "datasets": version("datasets")},
+                         sort_keys=True)
+        return (cache_dir() / "fingerprints"
+                / f"{self.corpus}-{hashlib.sha256(key.encode()).hexdigest()[:24]}.json")
 
     def tokenizer_name(self) -> str:
         """The BPE model's cache name: the corpus and its fingerprint (a treebank's linearization
         is in its pairs, so in the fingerprint)."""
         return f"{self.corpus}-{self.fingerprint[:16]}"
+
+
+def _memo_fingerprint(memo: Path) -> str | None:
+    """The fingerprint kept in ``memo``; None where there is none or it cannot be read."""
+    try:
+        kept = json.loads(memo.read_text())["fingerprint"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return kept if isinstance(kept, str) and len(kept) == 64 else None
