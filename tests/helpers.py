@@ -23,15 +23,17 @@ def cli_env(root: Path, threads: int = 1) -> dict[str, str]:
             "REPRODUCE_RUNS": str(root / "runs"), "OMP_NUM_THREADS": str(threads)}
 
 
-def cli(env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    """``python -m reproduce *args``; with ``check``, a non-zero exit fails with its output. A
-    process forked from a zygote (``tests/zygote.py``) where ``env`` allows it, else a fresh one."""
+def cli(env: dict[str, str], *args: str, check: bool = True,
+        cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """``python -m reproduce *args`` in ``cwd`` (default: this process's); with ``check``, a
+    non-zero exit fails with its output. A process forked from a zygote (``tests/zygote.py``)
+    where ``env`` allows it, else a fresh one."""
     command = [sys.executable, "-m", "reproduce", *args]
     if forkable(env):
-        out = _zygote(env).run(command, env)
+        out = _zygote(env).run(command, env, cwd or Path.cwd())
     else:
         out = subprocess.run(command, capture_output=True, text=True, env=env, check=False,
-                             timeout=TIMEOUT)
+                             timeout=TIMEOUT, cwd=cwd)
     if check and out.returncode != 0:
         raise AssertionError(f"exit {out.returncode}\n{out.stdout}\n{out.stderr}")
     return out
@@ -40,8 +42,9 @@ def cli(env: dict[str, str], *args: str, check: bool = True) -> subprocess.Compl
 TIMEOUT = 600
 # what the zygote's imports did not read: a CLI forked from it with other values of these behaves
 # as a fresh one (its results and runs folders, W&B's settings, the seed Lightning leaves in the
-# environment of a test that trained in its own process, pytest's own variables)
-READ_LATER = ("REPRODUCE_", "WANDB_", "PL_GLOBAL_SEED", "PL_SEED_WORKERS", "PYTEST_")
+# environment of a test that trained in its own process, pytest's own variables, SLURM's, read
+# when a job is submitted or a run's cluster environment is built)
+READ_LATER = ("REPRODUCE_", "WANDB_", "PL_GLOBAL_SEED", "PL_SEED_WORKERS", "PYTEST_", "SLURM_")
 # read by torch once: a zygote for each value a test asks for (cli_env's threads)
 PER_ZYGOTE = ("OMP_NUM_THREADS",)
 # the environment the session's tests start from (conftest.py)
@@ -63,7 +66,8 @@ class _Zygote:
         self.env = env
         self.process: subprocess.Popen | None = None
 
-    def run(self, command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    def run(self, command: list[str], env: dict[str, str],
+            cwd: Path) -> subprocess.CompletedProcess:
         if self.process is None or self.process.poll() is not None:
             self.process = subprocess.Popen(
                 [sys.executable, str(Path(__file__).with_name("zygote.py"))], env=self.env,
@@ -73,7 +77,7 @@ class _Zygote:
             out, err = Path(folder, "stdout"), Path(folder, "stderr")
             try:
                 self.process.stdin.write(json.dumps({
-                    "argv": command[3:], "env": env, "cwd": os.getcwd(), "stdout": str(out),
+                    "argv": command[3:], "env": env, "cwd": str(cwd), "stdout": str(out),
                     "stderr": str(err)}) + "\n")
                 self.process.stdin.flush()
                 pid = int(self.process.stdout.readline())

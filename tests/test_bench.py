@@ -1,5 +1,6 @@
 """The benchmark's contenders are our model (same size, same function) and its quick mode runs end
-to end; MarianMT parts skip without ``transformers`` (the ``bench`` extra)."""
+to end; MarianMT parts skip without ``transformers`` (the ``bench`` extra, which ``nox -s tests``
+installs and README's test command does not)."""
 
 import json
 

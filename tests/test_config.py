@@ -1,14 +1,14 @@
 """Configs, presets, sweep specs and the parameter table's CLI."""
 
 import json
-import subprocess
-import sys
+import os
 
 import pytest
 
 from reproduce.config import BASE, BIG, PARSING, Config, ModelConfig, apply_overrides
 from reproduce.errors import ConfigError, SpecError
 from reproduce.runs.sweep import load_spec, shipped_specs
+from tests.helpers import cli
 
 from .test_model import independent_count
 
@@ -189,8 +189,7 @@ def test_a_shared_scale_may_not_name_rows(tmp_path):
 
 
 def test_params_cli_lists_all_variants_with_exact_counts():
-    out = subprocess.run([sys.executable, "-m", "reproduce", "table3", "--params", "--json",
-                          "--vocab-size", "41000"], capture_output=True, text=True, check=True)
+    out = cli(dict(os.environ), "table3", "--params", "--json", "--vocab-size", "41000")
     rows = json.loads(out.stdout)
     spec = load_spec("table3")
     assert [r["variant"] for r in rows] == list(spec.variants)
@@ -203,8 +202,7 @@ def test_params_cli_lists_all_variants_with_exact_counts():
 
 
 def test_params_cli_states_the_vocabulary():
-    out = subprocess.run([sys.executable, "-m", "reproduce", "table3", "--params"],
-                         capture_output=True, text=True, check=True).stdout
+    out = cli(dict(os.environ), "table3", "--params").stdout
     assert "shared vocabulary 37000" in out and "41000" in out
 
 

@@ -7,8 +7,6 @@ import json
 import os
 import shlex
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -31,8 +29,7 @@ def _commands() -> list[list[str]]:
 def _run(args: list[str], cwd: Path) -> str:
     if args[0].startswith("table"):
         args = [*args, "--scale", "smoke", "--workers", "1"]
-    out = subprocess.run([sys.executable, "-m", "reproduce", *args], cwd=cwd, capture_output=True,
-                         text=True, timeout=600, env=_env(cwd))
+    out = cli(_env(cwd), *args, cwd=cwd, check=False)
     assert out.returncode == 0, f"{args}\n{out.stdout}\n{out.stderr}"
     return out.stdout + out.stderr
 

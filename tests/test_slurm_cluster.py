@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from reproduce.tables.common import layouts
+from tests.helpers import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = Path(os.environ.get("REPRODUCE_SLURM_DIR", "/tmp/reproduce-slurm")) / "slurm.conf"
@@ -39,11 +40,9 @@ def slurm_env() -> dict[str, str]:
 
 def _submit(env: dict[str, str], root: Path, *args: str, **extra: str) -> str:
     user = {k: v for k, v in env.items() if not k.startswith("REPRODUCE_")}
-    out = subprocess.run([sys.executable, "-m", "reproduce", "table3", "--scale", "smoke",
-                          "--launcher", "slurm", "--results", str(root / "mine"), *args],
-                         env={**user, "REPRODUCE_CACHE": str(root / "cache"),
-                              "WANDB_MODE": "disabled", **extra},
-                         capture_output=True, text=True, timeout=300)
+    out = cli({**user, "REPRODUCE_CACHE": str(root / "cache"), "WANDB_MODE": "disabled", **extra},
+              "table3", "--scale", "smoke", "--launcher", "slurm", "--results", str(root / "mine"),
+              *args, check=False)
     assert out.returncode == 0, out.stdout + out.stderr
     return out.stdout
 
@@ -78,8 +77,7 @@ def test_the_first_cluster_sweep_works_as_docs_cluster_md_writes_it(slurm_env, t
     env = {**user, "REPRODUCE_CACHE": str(tmp_path / "cache"), "WANDB_MODE": "disabled"}
 
     def run(args: list[str]) -> str:
-        out = subprocess.run([sys.executable, "-m", "reproduce", *args], cwd=tmp_path, env=env,
-                             capture_output=True, text=True, timeout=300)
+        out = cli(env, *args, cwd=tmp_path, check=False)
         assert out.returncode == 0, f"{args}\n{out.stdout}\n{out.stderr}"
         return out.stdout
 
@@ -114,10 +112,8 @@ REFUSED = "error: sbatch refused the array (sbatch: error: {}"
 def test_a_request_the_cluster_refuses_is_one_line(slurm_env, tmp_path, ask, said):
     # one line, no traceback, nothing submitted
     user = {k: v for k, v in slurm_env.items() if not k.startswith("REPRODUCE_")}
-    out = subprocess.run([sys.executable, "-m", "reproduce", "table3", "--scale", "smoke",
-                          "--launcher", "slurm", "--variant", "base", *ask,
-                          "--results", str(tmp_path / "mine")], env=user, capture_output=True,
-                         text=True, timeout=300)
+    out = cli(user, "table3", "--scale", "smoke", "--launcher", "slurm", "--variant", "base", *ask,
+              "--results", str(tmp_path / "mine"), check=False)
     assert out.returncode == 2, out.stdout + out.stderr
     assert out.stderr.startswith(said) and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert "nothing was submitted" in out.stderr or "sbatch" not in out.stderr
@@ -127,8 +123,7 @@ def test_a_request_the_cluster_refuses_is_one_line(slurm_env, tmp_path, ask, sai
 
 def _status(env: dict[str, str], root: Path) -> str:
     user = {k: v for k, v in env.items() if not k.startswith("REPRODUCE_")}
-    out = subprocess.run([sys.executable, "-m", "reproduce", "status", "--results",
-                          str(root / "mine")], env=user, capture_output=True, text=True, timeout=120)
+    out = cli(user, "status", "--results", str(root / "mine"), check=False)
     assert out.returncode == 0, out.stdout + out.stderr
     return out.stdout
 

@@ -3,13 +3,13 @@ recorded with the final run."""
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
 from reproduce.errors import SpecError
 from reproduce.runs.sweep import load_spec
+from tests.helpers import cli
 
 pytestmark = pytest.mark.slow
 
@@ -37,9 +37,8 @@ def test_table3_study_persists_and_resumes(tmp_path):
            "OMP_NUM_THREADS": "1"}
 
     def run(trials):
-        out = subprocess.run([sys.executable, "-m", "reproduce", "table3", "--variant", "A3",
-                              "--scale", "smoke", "--tune", "--trials", str(trials)],
-                             capture_output=True, text=True, env=env, check=False)
+        out = cli(env, "table3", "--variant", "A3", "--scale", "smoke", "--tune", "--trials",
+                  str(trials), check=False)
         assert out.returncode == 0, out.stdout + out.stderr
         return out.stdout
 
@@ -80,12 +79,10 @@ def test_a_storage_password_is_never_written(tmp_path, monkeypatch, capsys):
         "--storage postgresql://db/x?sslmode=*** key ***"
     assert mask("https://example.org/v1?key=abc&monkey=1") == "https://example.org/v1?key=***&monkey=1"
     secret_url = "postgresql://me:hunter2@db.example/optuna"
-    out = subprocess.run([sys.executable, "-m", "reproduce", "table3", "--variant", "A3", "--scale",
-                          "smoke", "--tune", "--trials", "1", "--storage",
-                          "postgresql://me:hunter2@127.0.0.1:9/optuna"],
-                         capture_output=True, text=True, check=False,
-                         env={**os.environ, "REPRODUCE_RESULTS": str(tmp_path / "r0"),
-                              "REPRODUCE_RUNS": str(tmp_path / "r0")})
+    out = cli({**os.environ, "REPRODUCE_RESULTS": str(tmp_path / "r0"),
+               "REPRODUCE_RUNS": str(tmp_path / "r0")},
+              "table3", "--variant", "A3", "--scale", "smoke", "--tune", "--trials", "1",
+              "--storage", "postgresql://me:hunter2@127.0.0.1:9/optuna", check=False)
     assert out.returncode == 2 and "me:***@127.0.0.1" in out.stderr
     assert "hunter2" not in out.stdout + out.stderr
 

@@ -33,6 +33,9 @@ with tempfile.TemporaryFile() as _said:
         import reproduce.commands.table  # noqa: F401
         import reproduce.tables.render  # noqa: F401
         import reproduce.train.runner  # noqa: F401
+        from reproduce.tables.figures import pyplot
+
+        pyplot()  # matplotlib, imported when a table's figures are drawn (~1 s)
     finally:
         sys.stderr.flush()
         os.dup2(_stderr, 2)
