@@ -274,6 +274,15 @@ def test_the_changes_figure_survives_a_base_of_zero_bleu(tmp_path):
     assert all(p.stat().st_size > 10_000 for p in paths)
 
 
+def test_base_alone_has_no_changes_figure_and_one_left_from_its_rows_goes(tmp_path):
+    from reproduce.tables.figures import plot_table
+
+    left = tmp_path / "table3-smoke.png"  # drawn while row A's records were there
+    left.write_bytes(b"\x89PNG")
+    paths = plot_table(load_spec("table3"), [record("base")], tmp_path)
+    assert [p.name for p in paths] == ["table3-smoke-curves.png"] and not left.exists()
+
+
 def test_the_figure_marks_a_change_where_the_paper_has_none(tmp_path, monkeypatch):
     import matplotlib.axes
 

@@ -38,18 +38,20 @@ def _by_scale(records: list[Record]) -> dict[str, list[Record]]:
 
 def plot_table(spec: Spec, records: list[Record], directory: Path) -> list[Path]:
     """The figures of a table, per scale with records; returns the files written. Table 3:
-    ``table3-<scale>.png`` (changes from base, ``plot_changes``) and ``table3-<scale>-curves.png``;
-    Table 2: ``table2-<scale>.png`` (BLEU against parameters, and the curves); Table 4: none.
-    Which of these is the spec's ``kind``."""
+    ``table3-<scale>.png`` (changes from base, ``plot_changes``, once a row has run) and
+    ``table3-<scale>-curves.png``; Table 2: ``table2-<scale>.png`` (BLEU against parameters,
+    and the curves); Table 4: none. Which of these is the spec's ``kind``."""
     if spec.kind == "table4":
         return []
     if spec.kind == "table2":
         return _plot_bleu_params(spec, records, directory)
     written = []
     for scale, recs in sorted(_by_scale(records).items()):
-        if spec.rows_at(scale):  # a spec of base alone has no changes to draw
-            written.append(plot_changes(spec, recs, directory / f"{spec.table}-{scale}.png",
-                                        scale))
+        changes = directory / f"{spec.table}-{scale}.png"
+        if rows_with_runs(spec, recs) != [("base", [])]:
+            written.append(plot_changes(spec, recs, changes, scale))
+        else:  # base alone has no change to draw; one drawn before its rows' records went is gone
+            changes.unlink(missing_ok=True)
         written.append(_plot_curves(spec, recs, directory / f"{spec.table}-{scale}-curves.png",
                                     scale))
     return written
@@ -60,17 +62,15 @@ VERDICT_MARKS = {"yes": "✓ agrees", "no": "✗ opposite", "no effect": "≈ wi
 
 
 def plot_changes(spec: Spec, records: list[Record], path: Path, scale: str) -> Path:
-    """One panel per row that has run (A, B, ...; ``rows_with_runs``; every row when none has)
-    and metric (PPL left, BLEU right): each variant's change from base in % of base, the paper's
-    (grey) above ours (colour, mean over seeds; error bar: the 95% interval of the difference,
-    as the verdict uses), the verdict at the right. The title names the rows left out."""
+    """One panel per row that has run (A, B, ...; ``rows_with_runs``) and metric (PPL left,
+    BLEU right): each variant's change from base in % of base, the paper's (grey) above ours
+    (colour, mean over seeds; error bar: the 95% interval of the difference, as the verdict
+    uses), the verdict at the right. The title names the rows left out."""
     plt = pyplot()
     runs: dict[str, list[Record]] = defaultdict(list)
     for r in records:
         runs[r["variant"]].append(r)
     shown = dict(rows_with_runs(spec, records))
-    if shown == {"base": []}:  # no row has run: the paper's bars of every row
-        shown = spec.rows_at(scale)
     rows = [(row, [n for n in names if n in spec.variants]) for row, names in shown.items()]
     unrun = [row for row in spec.rows_at(scale) if row not in shown]
     heights = [max(1, len(names)) for _, names in rows]
