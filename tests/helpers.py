@@ -43,8 +43,11 @@ TIMEOUT = 600
 # what the zygote's imports did not read: a CLI forked from it with other values of these behaves
 # as a fresh one (its results and runs folders, W&B's settings, the seed Lightning leaves in the
 # environment of a test that trained in its own process, pytest's own variables, SLURM's, read
-# when a job is submitted or a run's cluster environment is built)
-READ_LATER = ("REPRODUCE_", "WANDB_", "PL_GLOBAL_SEED", "PL_SEED_WORKERS", "PYTEST_", "SLURM_")
+# when a job is submitted or a run's cluster environment is built, and the pointer torch's
+# inductor sets before each compiled library it loads reads it, which an in-process compile
+# leaves behind: without it, no later CLI call of that worker was forked)
+READ_LATER = ("REPRODUCE_", "WANDB_", "PL_GLOBAL_SEED", "PL_SEED_WORKERS", "PYTEST_", "SLURM_",
+              "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR")
 # read by torch once: a zygote for each value a test asks for (cli_env's threads)
 PER_ZYGOTE = ("OMP_NUM_THREADS",)
 # the environment the session's tests start from (conftest.py)

@@ -101,10 +101,9 @@ def test_own_results_and_set_values_stay_apart_from_the_projects(tmp_path):
 ])
 def test_the_example_specs_run_at_smoke_scale(tmp_path, spec, table, variants):
     # run from the repository root, as docs/specs.md says (local_corpus's data_dir is relative)
-    out = subprocess.run([sys.executable, "-m", "reproduce", "table3", "--spec",
-                          f"sweeps/examples/{spec}.yaml", "--scale", "smoke", "--results",
-                          str(tmp_path / "mine"), "--workers", "1"], cwd=paths.REPO,
-                         env=_own_env(tmp_path), capture_output=True, text=True, timeout=600)
+    out = cli(_own_env(tmp_path), "table3", "--spec", f"sweeps/examples/{spec}.yaml", "--scale",
+              "smoke", "--results", str(tmp_path / "mine"), "--workers", "1", cwd=paths.REPO,
+              check=False)
     assert out.returncode == 0, out.stdout + out.stderr
     mine = tmp_path / "mine"
     assert sorted(p.stem for p in (mine / table).glob("*.json")) == [
