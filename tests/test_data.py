@@ -25,7 +25,7 @@ from reproduce.data import (
     load_bible_verses,
     load_pairs,
 )
-from reproduce.data.module import TranslationData
+from reproduce.data.module import LOADER_WORKERS_ENV, TranslationData
 from reproduce.errors import ConfigError, DataError
 from reproduce.paper import tokenizer
 from reproduce.paper.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
@@ -490,15 +490,22 @@ def _fit_recording_batches(dm: TranslationData, work: Path, max_steps: int, stop
     return seen
 
 
-@pytest.mark.parametrize("accumulate", [1, 2])
+@pytest.mark.parametrize("accumulate, into, workers", [
+    (1, 2, 0), (2, 2, 0),  # stopped inside the second epoch
+    # stopped at the first epoch's last step: Lightning makes the resumed run's iterator before it
+    # counts that epoch done, then iterates it as the second (which a stream settled when the
+    # iterator was made skipped whole), with or without loader workers
+    (1, 0, 0), (2, 0, 0), (1, 0, 2),
+])
 def test_a_run_resumed_mid_epoch_sees_the_batches_an_uninterrupted_run_sees(
-        small_tokenizer, tmp_path, accumulate):
+        small_tokenizer, tmp_path, monkeypatch, accumulate, into, workers):
+    monkeypatch.setenv(LOADER_WORKERS_ENV, str(workers))
     dm = data_module("bible-en-de", small_tokenizer, batch_tokens=1200, max_train_pairs=300)
     dm.setup()
     per_epoch = len(dm.train_dataloader())
     steps_per_epoch = -(-per_epoch // accumulate)
-    # Stop inside the second epoch, resume, and run into the third.
-    stop = steps_per_epoch + 2
+    # Stop `into` steps into the second epoch, resume, and run into the third.
+    stop = steps_per_epoch + into
     total = 2 * steps_per_epoch + 2
     whole = _fit_recording_batches(dm, tmp_path / "whole", total, None, False, accumulate)
     first = _fit_recording_batches(dm, tmp_path / "cut", total, stop, False, accumulate)

@@ -222,6 +222,8 @@ class BatchStream(IterableDataset):
         epoch = self._iterations if epoch is None else epoch
         self._iterations += 1
         skip, self._skip = self._skip, None
+        if skip is not None and skip[0] > epoch:  # settled before Lightning counted epochs
+            epoch = skip[0]
         self._pass = (epoch, skip[1] if skip is not None and skip[0] == epoch else 0)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
@@ -257,7 +259,12 @@ class ResumableLoader(DataLoader):
         self._done = done
 
     def __iter__(self):  # noqa: ANN204 - DataLoader's own iterator type
-        self.dataset.begin()  # before the workers copy the stream
+        # Workers copy the stream when the iterator is made: its pass is settled before. Without
+        # workers it is settled at the first batch, once Lightning has counted its epochs: resuming
+        # from a checkpoint of an epoch's last step, Lightning makes the iterator, then counts that
+        # epoch done, and iterates it as the next one (settled at once, that epoch was skipped).
+        if self.num_workers:
+            self.dataset.begin()
         return super().__iter__()
 
     def state_dict(self) -> dict[str, int]:
@@ -269,6 +276,9 @@ class ResumableLoader(DataLoader):
         devices (or micro-batch size) counted its own batches: its position maps by the fraction
         of the epoch done (the same sentences are not guaranteed; the step count is)."""
         batches, before, now = int(state["batches"]), state.get("per_epoch"), len(self.dataset)
+        epoch = int(state["epoch"])
         if before and before != now:
             batches = min(now, round(batches * now / before))
-        self.dataset.resume(int(state["epoch"]), batches)
+        if batches >= now:  # saved at the epoch's last step: Lightning resumes at the next epoch
+            epoch, batches = epoch + 1, 0
+        self.dataset.resume(epoch, batches)
