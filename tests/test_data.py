@@ -514,6 +514,18 @@ def test_a_run_resumed_mid_epoch_sees_the_batches_an_uninterrupted_run_sees(
     assert first + rest == whole
 
 
+def test_a_position_from_another_device_count_moves_to_the_next_epoch_only_if_its_was_done():
+    from reproduce.data.batching import BatchStream, ResumableLoader
+
+    stream = BatchStream(plan=lambda epoch: [[epoch, i] for i in range(30)],
+                         collate=lambda indices: indices, epoch_of=lambda: None, count=lambda: 30)
+    loader = ResumableLoader(stream, done=lambda: (0, 0))
+    loader.load_state_dict({"epoch": 0, "batches": 60, "per_epoch": 61})  # 60 of 61 onto 30
+    assert stream._skip == (0, 30)  # rounds to the whole epoch, which Lightning ends itself
+    loader.load_state_dict({"epoch": 0, "batches": 61, "per_epoch": 61})
+    assert stream._skip == (1, 0)  # its last step: the next epoch, from its start
+
+
 def test_a_bible_extract_named_by_the_environment_gives_the_same_verses(tmp_path, monkeypatch,
                                                                           capsys, bible_en_de):
     from reproduce.__main__ import main

@@ -33,15 +33,18 @@ with tempfile.TemporaryFile() as _said:
         import reproduce.commands.table  # noqa: F401
         import reproduce.tables.render  # noqa: F401
         import reproduce.train.runner  # noqa: F401
-        from reproduce.tables.figures import pyplot
-
-        pyplot()  # matplotlib, imported when a table's figures are drawn (~1 s)
     finally:
         sys.stderr.flush()
         os.dup2(_stderr, 2)
         os.close(_stderr)
     _said.seek(0)
     IMPORT_STDERR = _said.read()
+
+# matplotlib (~1 s), which a fresh CLI imports only when it draws a table's figures: what it says
+# here (on a new machine, that it builds its font cache) is not every child's to say
+from reproduce.tables.figures import pyplot  # noqa: E402
+
+pyplot()
 
 
 def serve() -> dict:

@@ -277,8 +277,8 @@ class ResumableLoader(DataLoader):
         of the epoch done (the same sentences are not guaranteed; the step count is)."""
         batches, before, now = int(state["batches"]), state.get("per_epoch"), len(self.dataset)
         epoch = int(state["epoch"])
-        if before and before != now:
+        if batches >= (before or now):  # saved at its epoch's last step: Lightning resumes at
+            epoch, batches = epoch + 1, 0  # the next epoch (decided before any rescaling)
+        elif before and before != now:
             batches = min(now, round(batches * now / before))
-        if batches >= now:  # saved at the epoch's last step: Lightning resumes at the next epoch
-            epoch, batches = epoch + 1, 0
         self.dataset.resume(epoch, batches)

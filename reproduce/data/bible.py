@@ -168,7 +168,7 @@ def bible_dataset(versions: tuple[str, str], books: tuple[int, ...]) -> datasets
     )
     # Read-only URI: sqlite must not create journal files inside site-packages.
     path = bible_db_path()
-    db_uri = path.as_uri() + "?mode=ro"
+    db_uri, stat = path.as_uri() + "?mode=ro", path.stat()
     try:  # a damaged or foreign file: one line, not datasets' generator traceback
         with contextlib.closing(sqlite3.connect(db_uri, uri=True)) as connection:
             connection.execute("SELECT bbName, bNumber, cNumber, vNumber, vText FROM bible LIMIT 1")
@@ -182,7 +182,7 @@ def bible_dataset(versions: tuple[str, str], books: tuple[int, ...]) -> datasets
             features=features,
             # Tuples, not lists: datasets would read list arguments as shards.
             gen_kwargs={"db_uri": db_uri, "versions": tuple(versions), "books": tuple(books),
-                        "stamp": (path.stat().st_size, path.stat().st_mtime_ns)},
+                        "stamp": (stat.st_size, stat.st_mtime_ns)},
         )
 
 

@@ -165,4 +165,6 @@ def _memo_fingerprint(memo: Path) -> str | None:
         kept = json.loads(memo.read_text())["fingerprint"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return kept if isinstance(kept, str) and len(kept) == 64 else None
+    if not isinstance(kept, str) or len(kept) != 64 or set(kept) - set("0123456789abcdef"):
+        return None
+    return kept
