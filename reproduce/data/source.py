@@ -114,6 +114,7 @@ class CorpusSource:
         too; the Bible's is then kept (``_bible_memo``) for the next run that reads the same
         database with the same code."""
         parts: dict[str, object] = {"format": FORMAT, "corpus": self.corpus}
+        memo = None
         if self.large and self.data_dir is not None:
             parts["files"] = {split: f["sha256"]
                               for split, f in local_files(self.corpus, self.data_dir).items()}
@@ -125,13 +126,12 @@ class CorpusSource:
             if memo is not None and (kept := _memo_fingerprint(memo)):
                 return kept
             parts["pairs"] = {split: pairs_sha256(self.pairs(split)) for split in SPLITS}
-            fingerprint = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
-            if memo is not None:
-                with contextlib.suppress(OSError):  # a cache that cannot be written: only slower
-                    write_atomic(memo, json.dumps({"corpus": self.corpus,
-                                                   "fingerprint": fingerprint}).encode())
-            return fingerprint
-        return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+        fingerprint = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+        if memo is not None:
+            with contextlib.suppress(OSError):  # a cache that cannot be written: only slower
+                write_atomic(memo, json.dumps({"corpus": self.corpus,
+                                               "fingerprint": fingerprint}).encode())
+        return fingerprint
 
     def _bible_memo(self) -> Path | None:
         """Where a Bible corpus's fingerprint is kept (``cache/fingerprints/``), named by what its
