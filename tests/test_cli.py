@@ -73,3 +73,20 @@ def test_a_bad_wandb_init_timeout_is_one_line_before_training(tmp_path):
         "error: WANDB_INIT_TIMEOUT='soon': allowed values are seconds above 0 (how long an "
         "online run waits for W&B before logging offline)")
     assert not (tmp_path / "runs" / "table3").exists()
+
+
+def test_a_flag_of_several_values_given_twice_keeps_both():
+    """`--set a=1 --set b=2` (or --seeds, --scales, --cap twice) adds, as --variant does: the
+    second does not drop the first without a word."""
+    from reproduce.__main__ import build_parser
+
+    parser = build_parser()
+    table = parser.parse_args(["table3", "--set", "train.warmup_steps=5", "--set", "decode.beam=2",
+                               "model.N=2", "--seeds", "1", "--seeds", "2"])
+    assert (table.set, table.seeds) == (["train.warmup_steps=5", "decode.beam=2", "model.N=2"],
+                                        [1, 2])
+    assert parser.parse_args(["table3"]).seeds is None  # the default, 0, comes with the plan
+    bench = parser.parse_args(["bench", "--scales", "cpu", "--scales", "smoke", "--cap", "base=5",
+                               "--cap", "big=9", "--set", "N=1", "--set", "h=2"])
+    assert (bench.scales, bench.cap, bench.set) == (["cpu", "smoke"], ["base=5", "big=9"],
+                                                    ["N=1", "h=2"])

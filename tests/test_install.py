@@ -80,8 +80,9 @@ def test_own_results_and_set_values_stay_apart_from_the_projects(tmp_path):
                   "--set", *bad, check=False)
         assert out.returncode == 2 and message in out.stderr, out.stderr
 
+    # --set repeated adds to the values before it (none dropped)
     out = cli(env, "table3", "--variant", "base", "--scale", "smoke", "--results", str(mine),
-              "--set", "train.warmup_steps=5", "decode.beam=2", "--workers", "1")
+              "--set", "train.warmup_steps=5", "--set", "decode.beam=2", "--workers", "1")
     assert "--set, for every run: warmup_steps 10 -> 5, beam 4 -> 2" in out.stdout
     record = json.loads((mine / "table3" / "table3-base-smoke-seed0.json").read_text())
     assert record["set"] == {"warmup_steps": 5, "beam": 2}

@@ -17,7 +17,7 @@ class Bench(Command):
         b.add_argument("--gpu", action="store_true", help="one GPU with the paper's base and big: "
                        "step time, tokens/s, MFU, memory, projected hours -> results/gpu.md (on a "
                        "CPU: says so and checks the same code on a tiny model)")
-        b.add_argument("--scales", nargs="+", default=["cpu", "paper"],
+        b.add_argument("--scales", nargs="+", action="extend",
                        help="scales whose base config to measure (default: cpu paper)")
         b.add_argument("--data", choices=["bible", "synthetic"], default="bible",
                        help="training batches: Bible EN-DE (default) or random ids")
@@ -28,13 +28,15 @@ class Bench(Command):
         b.add_argument("--compile", action="store_true", help="add our model under torch.compile")
         b.add_argument("--no-lightning", action="store_true",
                        help="skip the Lightning-loop contender")
-        b.add_argument("--set", nargs="+", default=[], metavar="SECTION.FIELD=VALUE",
+        b.add_argument("--set", nargs="+", action="extend", default=[],
+                       metavar="SECTION.FIELD=VALUE",
                        help="config values for every scale, as the table commands' --set, e.g. "
                        "model.N=2 (a quick look, or tests)")
         b.add_argument("--budget", type=float, default=420.0, help="with --gpu: seconds after "
                        "which the parts not yet started are skipped (default 420, for a 10-minute "
                        "call with the start); each part is written as it ends")
-        b.add_argument("--cap", nargs="+", default=[], metavar="PART=SECONDS",
+        b.add_argument("--cap", nargs="+", action="extend", default=[],
+                       metavar="PART=SECONDS",
                        help="with --gpu: a part's hard cap, for parts base, big, beam, compiled, "
                        "tf32, micro (defaults in reproduce/bench/gpu.py's PARTS)")
         b.add_argument("--seed", type=int, default=0)

@@ -24,7 +24,8 @@ class Table(Command):
         t.add_argument("--variant", action="append", help="one variant (repeatable)")
         t.add_argument("--scale", help="a scale of sweeps/scales.yaml or of the spec: paper, "
                        "cpu, smoke, ... (default: fits this machine)")
-        t.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds (default 0)")
+        t.add_argument("--seeds", type=int, nargs="+", action="extend",
+                       help="seeds (default 0)")
         t.add_argument("--dry-run", action="store_true", help="print the plan and what each run "
                        "should take, from counted FLOPs and a cached probe, and exit")
         t.add_argument("--on", help="with --dry-run: plan for other hardware, e.g. 8xH100, "
@@ -65,10 +66,11 @@ class Table(Command):
         t.add_argument("--storage", help="with --tune: an optuna storage URL shared by workers, "
                        "or journal:PATH (optuna's journal file) (default: sqlite:///runs/optuna.db;"
                        " with --launcher slurm, journal:runs/optuna.journal)")
-        t.add_argument("--set", nargs="+", default=[], metavar="SECTION.FIELD=VALUE",
+        t.add_argument("--set", nargs="+", action="extend", default=[],
+                       metavar="SECTION.FIELD=VALUE",
                        help="config values for every run, over the spec and scale, e.g. "
-                       "train.warmup_steps=8000 decode.beam=8 (checked as a spec is; not what a "
-                       "chosen row varies); recorded. Needs --results DIR in a checkout")
+                       "train.warmup_steps=8000 decode.beam=8, repeatable (checked as a spec is; "
+                       "not what a chosen row varies); recorded. Needs --results DIR in a checkout")
         t.add_argument("--skip-disk-check", action="store_true", help="start runs even where "
                        "the free space is short of what their checkpoints need (the plan says "
                        "how much each needs)")
@@ -103,7 +105,8 @@ class Table(Command):
         return 1 if _train_and_render(args, argv, spec, todo, scale, tuning, self.report) else 0
 
     def planned(self, spec, scale: str, args: argparse.Namespace) -> list:
-        return spec.plan(spec.select(args.row, args.variant, scale), scale, args.seeds)
+        return spec.plan(spec.select(args.row, args.variant, scale), scale,
+                         list(dict.fromkeys(args.seeds or [0])))
 
     def announce(self, spec, runs: list, args: argparse.Namespace, tuning) -> list:
         """Print each planned run; return those to run."""
