@@ -29,14 +29,34 @@ def cli(env: dict[str, str], *args: str, check: bool = True,
     non-zero exit fails with its output. A process forked from a zygote (``tests/zygote.py``)
     where ``env`` allows it, else a fresh one."""
     command = [sys.executable, "-m", "reproduce", *args]
-    if forkable(env):
-        out = _zygote(env).run(command, env, cwd or Path.cwd())
+    if forkable(env) and not (zygote := _zygote(env)).busy:
+        out = zygote.run(command, env, cwd or Path.cwd())
     else:
         out = subprocess.run(command, capture_output=True, text=True, env=env, check=False,
                              timeout=TIMEOUT, cwd=cwd)
     if check and out.returncode != 0:
         raise AssertionError(f"exit {out.returncode}\n{out.stdout}\n{out.stderr}")
     return out
+
+
+def start(env: dict[str, str], *args: str, new_session: bool = False,
+          sigint: bool = False) -> "Started | subprocess.Popen":
+    """``python -m reproduce *args`` started, not waited for, its output captured: a ``Started``
+    forked from a zygote where ``env`` allows it and the zygote is free, else a ``Popen``; both
+    answer ``pid``, ``poll``, ``send_signal``, ``kill``, ``wait`` and ``communicate``.
+    ``new_session``: in a process group of its own (``os.killpg(pid, ...)`` ends it and what it
+    started); ``sigint``: Ctrl-C raises KeyboardInterrupt, as from a terminal (a suite started in
+    the background hands its commands SIGINT ignored)."""
+    command = [sys.executable, "-m", "reproduce", *args]
+    if forkable(env) and not (zygote := _zygote(env)).busy:
+        return zygote.start(command, env, Path.cwd(), new_session, sigint)
+    return subprocess.Popen(command, env=env, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=new_session,
+                            preexec_fn=_default_sigint if sigint else None)
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 TIMEOUT = 600
@@ -56,55 +76,147 @@ SESSION_ENV: dict[str, str] = {}
 
 def forkable(env: dict[str, str]) -> bool:
     """Whether a CLI with ``env`` may be forked from a zygote: it differs from the session's
-    environment only in variables read later, or in a zygote's own."""
+    environment only in variables read later, in a zygote's own, or in the PYTHONPATH of a fault
+    ``inject`` adds (the child runs it as it starts)."""
     return bool(SESSION_ENV) and all(
-        key.startswith(READ_LATER) or key in PER_ZYGOTE for key in env.keys() | SESSION_ENV.keys()
-        if env.get(key) != SESSION_ENV.get(key))
+        key.startswith(READ_LATER) or key in PER_ZYGOTE
+        or (key == "PYTHONPATH" and env.get(key) == _injected_path(env))
+        for key in env.keys() | SESSION_ENV.keys() if env.get(key) != SESSION_ENV.get(key))
+
+
+def _injected_path(env: dict[str, str]) -> str | None:
+    """The session's PYTHONPATH with the folder of ``env``'s injected fault before it."""
+    if INJECTED not in env:
+        return None
+    return _path_with(Path(env[INJECTED]).parent, SESSION_ENV.get("PYTHONPATH"))
+
+
+def _path_with(folder: Path, pythonpath: str | None) -> str:
+    return os.pathsep.join(p for p in (str(folder), pythonpath) if p)
 
 
 class _Zygote:
-    """``tests/zygote.py`` started with ``env``, on first use and again if it died."""
+    """``tests/zygote.py`` started with ``env``, on first use and again if it died; one child at
+    a time (``busy`` while a started one runs)."""
 
     def __init__(self, env: dict[str, str]) -> None:
         self.env = env
         self.process: subprocess.Popen | None = None
+        self.started: Started | None = None
+
+    @property
+    def busy(self) -> bool:
+        return self.started is not None and self.started.poll() is None
 
     def run(self, command: list[str], env: dict[str, str],
             cwd: Path) -> subprocess.CompletedProcess:
-        if self.process is None or self.process.poll() is not None:
-            self.process = subprocess.Popen(
-                [sys.executable, str(Path(__file__).with_name("zygote.py"))], env=self.env,
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        assert self.process.stdin is not None and self.process.stdout is not None
         with tempfile.TemporaryDirectory(prefix="cli-") as folder:
             out, err = Path(folder, "stdout"), Path(folder, "stderr")
-            try:
-                self.process.stdin.write(json.dumps({
-                    "argv": command[3:], "env": env, "cwd": str(cwd), "stdout": str(out),
-                    "stderr": str(err)}) + "\n")
-                self.process.stdin.flush()
-                pid = int(self.process.stdout.readline())
-                killed = threading.Event()
-                timer = threading.Timer(TIMEOUT, _kill, (pid, killed))
-                timer.start()
-                code = int(self.process.stdout.readline())
-                timer.cancel()
-            except (OSError, ValueError):  # the zygote died, or its answers are out of step
-                self.process.kill()
-                self.process.wait()
-                self.process = None
-                raise
+            pid = self._fork(command, env, cwd, out, err, {})
+            killed = threading.Event()
+            timer = threading.Timer(TIMEOUT, _kill, (pid, killed))
+            timer.start()
+            code = self._exit_code()
+            timer.cancel()
             if killed.is_set():
                 raise subprocess.TimeoutExpired(command, TIMEOUT, out.read_text(errors="replace"),
                                                 err.read_text(errors="replace"))
             return subprocess.CompletedProcess(command, code, out.read_text(errors="replace"),
                                                err.read_text(errors="replace"))
 
+    def start(self, command: list[str], env: dict[str, str], cwd: Path, new_session: bool,
+              sigint: bool) -> "Started":
+        folder = Path(tempfile.mkdtemp(prefix="cli-"))
+        out, err = folder / "stdout", folder / "stderr"
+        pid = self._fork(command, env, cwd, out, err,
+                         {"new_session": new_session, "sigint": sigint})
+        self.started = Started(command, pid, self._exit_code, folder)
+        return self.started
+
+    def _fork(self, command: list[str], env: dict[str, str], cwd: Path, out: Path, err: Path,
+              options: dict) -> int:
+        """Ask for a child running ``command``; its pid."""
+        if self.process is None or self.process.poll() is not None:
+            self.process = subprocess.Popen(
+                [sys.executable, str(Path(__file__).with_name("zygote.py"))], env=self.env,
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.process.stdin is not None
+        try:
+            self.process.stdin.write(json.dumps({
+                "argv": command[3:], "env": env, "cwd": str(cwd), "stdout": str(out),
+                "stderr": str(err), **options}) + "\n")
+            self.process.stdin.flush()
+            return self._answer()
+        except (OSError, ValueError):
+            self._lost()
+            raise
+
+    def _exit_code(self) -> int:
+        """The exit code of the child asked for last, once it has ended."""
+        try:
+            return self._answer()
+        except (OSError, ValueError):
+            self._lost()
+            raise
+
+    def _answer(self) -> int:
+        assert self.process is not None and self.process.stdout is not None
+        return int(self.process.stdout.readline())
+
+    def _lost(self) -> None:
+        """The zygote died, or its answers are out of step: a new one next time."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+        self.process = None
+
     def close(self) -> None:
-        """End it (its stdin closed) and wait for it."""
+        """End it (its stdin closed; a started child still running killed) and wait for it."""
+        if self.busy:
+            assert self.started is not None
+            self.started.kill()
         if self.process is not None:
             self.process.communicate(timeout=60)
             self.process = None
+
+
+class Started:
+    """A CLI forked from a zygote and not waited for (``start``), as a ``Popen`` with its
+    stdout and stderr captured."""
+
+    def __init__(self, command: list[str], pid: int, exit_code, folder: Path) -> None:
+        self.args, self.pid, self.returncode = command, pid, None
+        self._folder = folder
+        self._ended = threading.Event()
+        threading.Thread(target=self._wait_for, args=(exit_code,), daemon=True).start()
+
+    def _wait_for(self, exit_code) -> None:
+        try:
+            self.returncode = exit_code()
+        finally:
+            self._ended.set()
+
+    def poll(self) -> int | None:
+        return self.returncode if self._ended.is_set() else None
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._ended.wait(timeout):
+            raise subprocess.TimeoutExpired(self.args, timeout or 0)
+        if self.returncode is None:
+            raise RuntimeError(f"{self.args}: the zygote that forked it died")
+        return self.returncode
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        self.wait(timeout)
+        return tuple(Path(self._folder, name).read_text(errors="replace")  # type: ignore[return-value]
+                     for name in ("stdout", "stderr"))
+
+    def send_signal(self, signum: int) -> None:
+        if not self._ended.is_set():  # else its pid may be another process's by now
+            os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
 
 
 def _kill(pid: int, killed: threading.Event) -> None:
@@ -146,12 +258,16 @@ def smoothed_loss(logits: torch.Tensor, target: torch.Tensor, eps_ls: float,
 
 def inject(env: dict[str, str], folder: Path, code: str) -> dict[str, str]:
     """``env`` with ``code`` run at the start of every Python process it starts (a
-    ``sitecustomize`` on PYTHONPATH): a fault injected into the real CLI, e.g. a write that fails
-    or a step that runs out of memory."""
+    ``sitecustomize`` on PYTHONPATH, which a CLI forked from a zygote runs as it starts): a fault
+    injected into the real CLI, e.g. a write that fails or a step that runs out of memory."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "sitecustomize.py").write_text(code)
-    return {**env, "PYTHONPATH": os.pathsep.join(p for p in (str(folder), env.get("PYTHONPATH"))
-                                                 if p)}
+    return {**env, "PYTHONPATH": _path_with(folder, env.get("PYTHONPATH")),
+            INJECTED: str(folder / "sitecustomize.py")}
+
+
+# the fault ``inject`` wrote: a child forked from a zygote runs it as it starts
+INJECTED = "REPRODUCE_TEST_INJECTED"
 
 
 def data_module(corpus: str, tokenizer, cache_dir=None, **fields):

@@ -17,7 +17,7 @@ import torch
 
 from reproduce.runs import checkpoints, claims, disk
 from reproduce.runs.sweep import load_spec
-from tests.helpers import WANDB_OFFLINE, cli, cli_env, inject
+from tests.helpers import WANDB_OFFLINE, cli, cli_env, inject, start
 
 pytestmark = pytest.mark.slow
 
@@ -52,13 +52,11 @@ def _newest_step(work: Path) -> int:
 def _kill_after(env, args, work: Path, step: int) -> None:
     """Start the command and kill -9 its whole process group once a checkpoint of ``step`` or
     later is on disk (the kill lands a little after: wherever it lands, resuming must not tell)."""
-    proc = subprocess.Popen([sys.executable, "-m", "reproduce", *args], env=env, text=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            start_new_session=True)
+    proc = start(env, *args, new_session=True)
     deadline = time.time() + 300
     while _newest_step(work) < step:
         if proc.poll() is not None:
-            raise AssertionError(f"finished before step {step}: {proc.stderr.read()}")
+            raise AssertionError(f"finished before step {step}: {proc.communicate()[1]}")
         assert time.time() < deadline
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)
@@ -378,39 +376,43 @@ def test_a_diverged_run_stops_is_not_recorded_and_is_not_trained_again_blindly(t
     assert not (work / "diverged.json").exists() and list(work.glob("diverged-*.json"))
 
 
-def test_sigterm_saves_the_step_it_stopped_at_and_the_run_resumes_from_it_exactly(tmp_path, clean):
+def test_sigterm_saves_the_step_it_stopped_at_and_the_run_resumes_from_it_exactly(tmp_path):
     """A preemption or time limit (SIGTERM) loses no more than the step in flight: a checkpoint is
     saved at the step it stopped at, the next start resumes there, and averaging never counts it,
-    so the record equals an uninterrupted run's."""
-    args = ["table3", "--spec", str(_spec(tmp_path / "mine.yaml")), "--scale", "smoke"]
+    so the record equals an uninterrupted run's. Stopped twice: mid-epoch, then at the first
+    epoch's last step (where Lightning has counted the epoch done before it stops: resumed as
+    saved, it counted it again and trained the third epoch's batches in place of the second's)."""
+    # 600 training pairs: epochs of 20 steps, so the 30 steps run into a second
+    args = ["table3", "--spec", str(_spec(tmp_path / "mine.yaml")), "--scale", "smoke", "--set",
+            "data.max_train_pairs=600"]
+    clean = tmp_path / "clean"
+    cli(_env(clean), *args)
     work = tmp_path / "runs" / "mine" / RUN
-    proc = subprocess.Popen([sys.executable, "-m", "reproduce", *args], env=_env(tmp_path),
-                            text=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.time() + 300
-    while _newest_step(work) < 13:  # past a few regular checkpoints, mid-run
-        assert proc.poll() is None and time.time() < deadline
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 1 and "Traceback" not in err
-    line = err.strip().splitlines()[-1]
-    match = re.search(r"stopped by SIGTERM at step (\d+) of 30; saved at that step \((.+)\)", line)
-    assert match, line
-    step, saved = int(match[1]), Path(match[2])
-    assert saved == work / "checkpoints" / "preempted.ckpt"
-    assert torch.load(saved, map_location="cpu", weights_only=False)["global_step"] == step
-    assert not (tmp_path / "results" / "mine" / f"{RUN}.json").exists()
+    env = inject(_env(tmp_path), tmp_path / "inject", FAULTS)
+    stops = []
+    for fault in ("sigterm-at-13", "sigterm-at-epoch-end"):
+        out = cli({**env, "REPRODUCE_TEST_FAULT": fault}, *args, check=False)
+        assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+        line = out.stderr.strip().splitlines()[-1]
+        match = re.search(r"stopped by SIGTERM at step (\d+) of 30; saved at that step \((.+)\)",
+                          line)
+        assert match, line
+        step, saved = int(match[1]), Path(match[2])
+        assert saved == work / "checkpoints" / "preempted.ckpt"
+        assert torch.load(saved, map_location="cpu", weights_only=False)["global_step"] == step
+        assert not (tmp_path / "results" / "mine" / f"{RUN}.json").exists()
+        stops.append(step)
+    assert stops[0] == 13 < stops[1] < 30
     cli(_env(tmp_path), *args)
     resumed = _record(tmp_path)
-    assert resumed["resumed_from"]["step"] == step  # the step it stopped at, not a checkpoint before
+    assert resumed["resumed_from"]["step"] == stops[1]  # where it stopped, not a checkpoint before
     assert _comparable(resumed) == _comparable(_record(clean))
 
 
-
 # Faults injected into the real CLI (``helpers.inject``), chosen by REPRODUCE_TEST_FAULT (several
-# with commas): a GPU running out of memory at step 7; a full disk when the step-9 checkpoint is
-# written; a read-only results folder (every durable write and the writable check make their
-# temporary file first); a disk with 2 MB free.
+# with commas): SIGTERM during a step; a GPU running out of memory at step 7; a full disk when
+# the step-9 checkpoint is written; a read-only results folder (every durable write and the
+# writable check make their temporary file first); a disk with 2 MB free.
 FAULTS = '''
 import errno, os, shutil, tempfile
 
@@ -423,6 +425,20 @@ if "small-disk" in faults:
         return _usage(path)._replace(free=2_000_000)
 
     shutil.disk_usage = disk_usage
+if fault.startswith("sigterm-at-"):  # as a scheduler's, during the step named (or an epoch's last)
+    import signal
+    import reproduce.train.lit as lit
+
+    _train = lit.TranslationModule.training_step
+
+    def stopped_step(self, batch, batch_idx):
+        at = fault.removeprefix("sigterm-at-")
+        last = self.trainer.is_last_batch and self.trainer.current_epoch == 0
+        if (last if at == "epoch-end" else self.trainer.global_step + 1 == int(at)):
+            os.kill(os.getpid(), signal.SIGTERM)
+        return _train(self, batch, batch_idx)
+
+    lit.TranslationModule.training_step = stopped_step
 if "oom" in faults:
     import torch
     import reproduce.train.lit as lit

@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +17,7 @@ import torch
 
 from reproduce.runs import claims
 from reproduce.train import devices
-from tests.helpers import WANDB_OFFLINE, cli, cli_env
+from tests.helpers import WANDB_OFFLINE, cli, cli_env, start
 
 pytestmark = pytest.mark.slow
 
@@ -103,8 +102,7 @@ def test_a_killed_rank_stops_the_run_in_one_line_and_leaves_its_checkpoints(tmp_
     env = _env(tmp_path)
     args = [*two_ranks.args, "--devices", "2"]
     work = tmp_path / "runs" / "table3" / RUN
-    proc = subprocess.Popen([sys.executable, "-m", "reproduce", *args], env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = start(env, *args)
     deadline = time.time() + 300
     while not (work / "checkpoints" / "step6.ckpt").exists():
         assert proc.poll() is None and time.time() < deadline, proc.communicate()
@@ -131,10 +129,8 @@ def test_ctrl_c_stops_every_rank(tmp_path):
     work = tmp_path / "runs" / "mine" / "mine-base-smoke-seed0"
     # As from a terminal: a suite started in the background (`pytest &`) inherits SIGINT ignored,
     # and so would the command, which then trained to the end through the Ctrl-C.
-    proc = subprocess.Popen([sys.executable, "-m", "reproduce", "table3", "--spec", str(spec),
-                             "--scale", "smoke", "--devices", "2"], env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = start(env, "table3", "--spec", str(spec), "--scale", "smoke", "--devices", "2",
+                 sigint=True)
     deadline = time.time() + 300
     while not (work / "checkpoints" / "step6.ckpt").exists():
         assert proc.poll() is None and time.time() < deadline, proc.communicate()
@@ -161,9 +157,8 @@ def test_sigterm_then_kill_9_of_the_sweep_process_and_the_rerun_equals_an_uninte
     work = tmp_path / "runs" / "table3" / RUN
     payload = work / devices.PAYLOAD
 
-    def start_and_wait_for(step: int) -> subprocess.Popen:
-        proc = subprocess.Popen([sys.executable, "-m", "reproduce", *args], env=env, text=True,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    def start_and_wait_for(step: int):
+        proc = start(env, *args)
         deadline = time.time() + 300
         while _newest_step(work) < step or len(_ranks(payload)) < 2:
             assert proc.poll() is None and time.time() < deadline, proc.communicate()

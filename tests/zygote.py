@@ -10,12 +10,16 @@ does: SystemExit's code, threads joined, ``atexit`` handlers run, streams flushe
 
 Imports read some environment variables once (the HF hub's, torch's threads): ``helpers.cli``
 forks only where a call's environment differs from this process's in variables read later (the
-results and runs folders, W&B's); any other difference, e.g. a ``PYTHONPATH`` that injects a fault,
-gets a fresh ``python -m reproduce``."""
+results and runs folders, W&B's) or in the ``PYTHONPATH`` of a fault ``helpers.inject`` wrote (the
+child runs it before the CLI, as Python runs a ``sitecustomize``; the faults patch attributes of
+modules, which works the same after the imports); any other difference gets a fresh
+``python -m reproduce``. A request may also ask for a process group of the child's own and for
+Ctrl-C to raise KeyboardInterrupt (``helpers.start``)."""
 
 import json
 import os
 import selectors
+import signal
 import sys
 import tempfile
 import threading
@@ -103,6 +107,14 @@ def become(request: dict) -> None:
     sys.path[0] = os.getcwd()  # as -m sets it, not this script's folder
     sys.argv = [reproduce.__main__.__file__, *request["argv"]]
     del sys.modules["reproduce.__main__"]  # run afresh as __main__, as -m does
+    if request.get("new_session"):  # a process group of its own, as Popen(start_new_session=True)
+        os.setsid()
+    if request.get("sigint"):  # as a fresh Python started with SIGINT not ignored
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if injected := os.environ.get("REPRODUCE_TEST_INJECTED"):  # helpers.inject's sitecustomize
+        sys.path.insert(1, os.path.dirname(injected))
+        with open(injected) as code:
+            exec(compile(code.read(), injected, "exec"), {"__name__": "sitecustomize"})
 
 
 if __name__ == "__main__":

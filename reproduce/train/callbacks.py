@@ -164,9 +164,24 @@ class SaveOnStop(pl.Callback):
         if not isinstance(exception, SIGTERMException):
             return
         self.diverged.check(trainer)  # never save a diverged model
+        _at_next_epoch_start(trainer)
         path = self.folder / checkpoints.PREEMPTED
         trainer.save_checkpoint(path)
         self.saved = path
+
+
+def _at_next_epoch_start(trainer) -> None:
+    """A stop at an epoch's last step leaves Lightning's loops once it has counted that epoch
+    done (the fit loop's end of epoch), with the epoch's batches still counted as the current
+    ones: resumed as saved, it counts the epoch done a second time and skips the next. Count
+    them as a new epoch's, none yet, as Lightning does for a checkpoint of an epoch's end."""
+    loop = trainer.fit_loop.epoch_loop
+    if loop.batch_progress.current.ready < trainer.num_training_batches:
+        return  # stopped within the epoch, at a step's end
+    loop.batch_progress.reset_on_run()
+    loop.scheduler_progress.reset_on_run()
+    loop.automatic_optimization.optim_progress.reset_on_run()
+    loop.val_loop.batch_progress.total.reset()
 
 
 class StopOnDivergence(pl.Callback):
