@@ -91,7 +91,7 @@ def _comparable(record: dict) -> dict:
     None,  # the default spec: the `clean` run's
     # 2 micro-batches a step, a checkpoint every 0.12 s: saves come due between micro-batches
     {"device_batch_tokens": 512, "ckpt_every_minutes": 0.002},
-], ids=["every-3-steps", "accumulated-time-based"])
+], ids=["every-5-steps", "accumulated-time-based"])
 def test_a_run_killed_at_several_moments_and_resumed_equals_one_never_interrupted(tmp_path, base,
                                                                                  clean):
     """Dropout on (the default p_drop), three kills: early, mid-epoch, during evaluation."""
@@ -102,7 +102,7 @@ def test_a_run_killed_at_several_moments_and_resumed_equals_one_never_interrupte
         clean = tmp_path / "clean"
         cli(_env(clean), *args)
     work = broken / "runs" / "mine" / RUN
-    for step in (4, 16, 30):  # 30: the last step, so the kill lands in evaluation
+    for step in (4, 12, 30):  # 30: the last step, so the kill lands in evaluation
         _kill_after(_env(broken), args, work, step)
         assert not (broken / "results" / "mine" / f"{RUN}.json").exists()
     cli(_env(broken), *args)
@@ -134,7 +134,7 @@ def test_a_damaged_checkpoint_is_set_aside_and_the_run_resumes_from_a_readable_o
     args = ["table3", "--spec", str(spec), "--scale", "smoke"]
     broken = tmp_path / "broken"
     work = broken / "runs" / "mine" / RUN
-    _kill_after(_env(broken), args, work, 16)
+    _kill_after(_env(broken), args, work, 12)
     folder = work / "checkpoints"
     hit = [folder / "last.ckpt"] + (list(folder.glob("step*.ckpt")) if damage == "all" else [])
     for path in hit:
@@ -411,7 +411,7 @@ def test_sigterm_saves_the_step_it_stopped_at_and_the_run_resumes_from_it_exactl
 
 # Faults injected into the real CLI (``helpers.inject``), chosen by REPRODUCE_TEST_FAULT (several
 # with commas): SIGTERM during a step; a GPU running out of memory at step 7; a full disk when
-# the step-9 checkpoint is written; a read-only results folder (every durable write and the
+# the step-10 checkpoint is written; a read-only results folder (every durable write and the
 # writable check make their temporary file first); a disk with 2 MB free.
 FAULTS = '''
 import errno, os, shutil, tempfile
@@ -456,7 +456,7 @@ elif fault in ("enospc", "erofs"):
 
     def mkstemp(suffix=None, prefix=None, dir=None, text=False):
         target = os.path.join(str(dir), (prefix or "") + "X")
-        full = fault == "enospc" and (prefix or "").startswith(".step9.ckpt")
+        full = fault == "enospc" and (prefix or "").startswith(".step10.ckpt")
         read_only = fault == "erofs" and str(dir).startswith(os.environ["REPRODUCE_RESULTS"])
         if full or read_only:
             code = errno.ENOSPC if full else errno.EROFS
@@ -469,7 +469,7 @@ elif fault in ("enospc", "erofs"):
 
 def test_out_of_memory_a_full_disk_and_wandb_down_and_the_run_resumes_exactly(tmp_path, clean):
     """A GPU out of memory (injected on the CPU at step 7): one line naming the run and the
-    micro-batch to lower. Then, resumed, a full disk as the step-9 checkpoint is written: one line
+    micro-batch to lower. Then, resumed, a full disk as the step-10 checkpoint is written: one line
     naming the folder. Each time exit 1, the claim released, nothing recorded and no checkpoint
     half-written. The same command then resumes, with W&B online and unreachable, to the
     uninterrupted run's record."""
@@ -485,7 +485,7 @@ def test_out_of_memory_a_full_disk_and_wandb_down_and_the_run_resumes_exactly(tm
     assert line.startswith(f"error: {RUN}: out of memory on the CPU while training with "
                            "micro-batches of ") and "(CUDA out of memory. Tried to allocate" in line
     assert "Lower train.device_batch_tokens" in line and "resume from the last checkpoint" in line
-    assert claims.holder(work) is None and _newest_step(work) == 6
+    assert claims.holder(work) is None and _newest_step(work) == 5
 
     out = cli({**env, "REPRODUCE_TEST_FAULT": "enospc"}, *args, check=False)
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
@@ -493,7 +493,7 @@ def test_out_of_memory_a_full_disk_and_wandb_down_and_the_run_resumes_exactly(tm
     assert line == (f"error: {RUN}: cannot write to {work / 'checkpoints'}: No space left on "
                     "device (ENOSPC). Nothing was left half-written; make room (or make it "
                     "writable) and run the command again: it resumes from the last checkpoint")
-    assert claims.holder(work) is None and _newest_step(work) == 6
+    assert claims.holder(work) is None and _newest_step(work) == 5
     assert not list((work / "checkpoints").glob(".*tmp"))
     assert not (tmp_path / "results" / "mine" / f"{RUN}.json").exists()
 
@@ -504,7 +504,7 @@ def test_out_of_memory_a_full_disk_and_wandb_down_and_the_run_resumes_exactly(tm
                "WANDB_BASE_URL": "http://127.0.0.1:9", "WANDB_INIT_TIMEOUT": "5"}, *args)
     assert out.stdout.count("W&B is unreachable") == 1, out.stdout
     resumed = _record(tmp_path)
-    assert resumed["resumed_from"]["step"] == 6
+    assert resumed["resumed_from"]["step"] == 5
     assert _comparable(resumed) == _comparable(_record(clean))
     assert resumed["wandb"]["mode"] == "offline" and (tmp_path / resumed["wandb"]["dir"]).is_dir()
     written = [out.stdout, out.stderr] + [p.read_bytes().decode("latin-1")

@@ -104,7 +104,7 @@ def test_a_killed_rank_stops_the_run_in_one_line_and_leaves_its_checkpoints(tmp_
     work = tmp_path / "runs" / "table3" / RUN
     proc = start(env, *args)
     deadline = time.time() + 300
-    while not (work / "checkpoints" / "step6.ckpt").exists():
+    while not (work / "checkpoints" / "step5.ckpt").exists():
         assert proc.poll() is None and time.time() < deadline, proc.communicate()
         time.sleep(0.2)
     pid = _rank_pid(work / devices.PAYLOAD, "1")
@@ -119,7 +119,7 @@ def test_a_killed_rank_stops_the_run_in_one_line_and_leaves_its_checkpoints(tmp_
     assert claims.holder(work) is None
     assert not _ranks(work / devices.PAYLOAD)  # no rank left behind
     assert not (tmp_path / "results" / "table3" / f"{RUN}.json").exists()
-    assert (work / "checkpoints" / "step6.ckpt").exists()  # what the next command resumes from
+    assert (work / "checkpoints" / "step5.ckpt").exists()  # what the next command resumes from
 
 
 def test_ctrl_c_stops_every_rank(tmp_path):
@@ -132,7 +132,7 @@ def test_ctrl_c_stops_every_rank(tmp_path):
     proc = start(env, "table3", "--spec", str(spec), "--scale", "smoke", "--devices", "2",
                  sigint=True)
     deadline = time.time() + 300
-    while not (work / "checkpoints" / "step6.ckpt").exists():
+    while not (work / "checkpoints" / "step5.ckpt").exists():
         assert proc.poll() is None and time.time() < deadline, proc.communicate()
         time.sleep(0.2)
     sent = time.time()
