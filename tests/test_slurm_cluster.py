@@ -8,14 +8,13 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from reproduce.tables.common import layouts
-from tests.helpers import cli
+from tests.helpers import INJECTED, cli, inject
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = Path(os.environ.get("REPRODUCE_SLURM_DIR", "/tmp/reproduce-slurm")) / "slurm.conf"
@@ -189,6 +188,21 @@ def _wait_for_step(log: Path, at_least: int, after: str = "", timeout: float = 3
     pytest.fail(f"{log}: no step {at_least} within {timeout:.0f} s:\n{text[-2000:]}")
 
 
+# injected into the tasks (helpers.inject; sbatch hands them the submitting environment)
+PACED = '''
+import time
+import reproduce.train.lit as lit
+
+_train = lit.TranslationModule.training_step
+
+def paced_step(self, batch, batch_idx):
+    time.sleep(0.25)
+    return _train(self, batch, batch_idx)
+
+lit.TranslationModule.training_step = paced_step
+'''
+
+
 def _job_of(stdout: str) -> str:
     return stdout.split("table3-base-smoke-seed0: job ")[1].split()[0]
 
@@ -202,8 +216,12 @@ def test_one_run_over_both_nodes_stopped_requeued_and_a_node_lost_ends_as_two_lo
     is back. Its record equals the same run's on 2 local processes, never interrupted."""
     steps = ("--variant", "base", "--set", "train.train_steps=300")
     folder = tmp_path / "mine" / "runs" / "table3" / "slurm"
+    # at least 0.25 s a step, so the run is still training when each fault comes, however fast
+    # the machine (300 steps took 20 s on an idle one); the record is the same
+    paced = {k: v for k, v in inject(slurm_env, tmp_path / "inject", PACED).items()
+             if k in ("PYTHONPATH", INJECTED)}
     first = _submit(slurm_env, tmp_path, *steps, "--nodes", "2", "--gpus-per-node", "0",
-                    WANDB_MODE="offline")
+                    WANDB_MODE="offline", **paced)
     assert "table3-base-smoke-seed0: 2 nodes x 1 task(s)" in first
     job = _job_of(first)
     _wait_for_step(folder / job / f"{job}_0_log.out", 15)
@@ -213,7 +231,7 @@ def test_one_run_over_both_nodes_stopped_requeued_and_a_node_lost_ends_as_two_lo
     assert "table3-base-smoke-seed0: stopped by SIGTERM at step" in err, err[-3000:]
     assert "saved at that step" in err and "Traceback" not in err, err[-3000:]
     second = _submit(slurm_env, tmp_path, *steps, "--nodes", "2", "--gpus-per-node", "0",
-                     WANDB_MODE="offline")
+                     WANDB_MODE="offline", **paced)
     job = _job_of(second)
     log = folder / job / f"{job}_0_log.out"
     _wait_for_step(log, 20, after="resuming from")
@@ -245,12 +263,9 @@ def test_one_run_over_both_nodes_stopped_requeued_and_a_node_lost_ends_as_two_lo
     assert layouts([resumed]).startswith("2 nodes x 1 CPU process (DDP) x 1 accumulated")
     # the same run on two processes here, never interrupted
     user = {k: v for k, v in slurm_env.items() if not k.startswith("REPRODUCE_")}
-    here = subprocess.run([sys.executable, "-m", "reproduce", "table3", "--scale", "smoke", *steps,
-                           "--devices", "2", "--results", str(tmp_path / "here")],
-                          env={**user, "REPRODUCE_CACHE": str(tmp_path / "cache"),
-                               "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "2"},
-                          capture_output=True, text=True, timeout=300)
-    assert here.returncode == 0, here.stdout + here.stderr
+    cli({**user, "REPRODUCE_CACHE": str(tmp_path / "cache"), "WANDB_MODE": "disabled",
+         "OMP_NUM_THREADS": "2"}, "table3", "--scale", "smoke", *steps, "--devices", "2",
+        "--results", str(tmp_path / "here"))
     reference = json.loads((tmp_path / "here" / "table3" / "table3-base-smoke-seed0.json")
                            .read_text())
     assert _comparable(resumed) == _comparable(reference)
