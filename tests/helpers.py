@@ -3,6 +3,7 @@ label-smoothed loss written plainly, the reference for ``optim.output_loss``."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -106,7 +107,7 @@ class _Zygote:
 
     @property
     def busy(self) -> bool:
-        return self.started is not None and self.started.poll() is None
+        return self.started is not None and not self.started.closed.is_set()
 
     def run(self, command: list[str], env: dict[str, str],
             cwd: Path) -> subprocess.CompletedProcess:
@@ -117,6 +118,7 @@ class _Zygote:
             timer = threading.Timer(TIMEOUT, _kill, (pid, killed))
             timer.start()
             code = self._exit_code()
+            self._closed()
             timer.cancel()
             if killed.is_set():
                 raise subprocess.TimeoutExpired(command, TIMEOUT, out.read_text(errors="replace"),
@@ -130,7 +132,7 @@ class _Zygote:
         out, err = folder / "stdout", folder / "stderr"
         pid = self._fork(command, env, cwd, out, err,
                          {"new_session": new_session, "sigint": sigint})
-        self.started = Started(command, pid, self._exit_code, folder)
+        self.started = Started(command, pid, new_session, self._exit_code, self._closed, folder)
         return self.started
 
     def _fork(self, command: list[str], env: dict[str, str], cwd: Path, out: Path, err: Path,
@@ -146,22 +148,33 @@ class _Zygote:
                 "argv": command[3:], "env": env, "cwd": str(cwd), "stdout": str(out),
                 "stderr": str(err), **options}) + "\n")
             self.process.stdin.flush()
-            return self._answer()
-        except (OSError, ValueError):
+        except OSError:
             self._lost()
             raise
+        return int(self._answer())
 
     def _exit_code(self) -> int:
-        """The exit code of the child asked for last, once it has ended."""
+        """The exit code of the child asked for last, once it has exited."""
+        return int(self._answer())
+
+    def _closed(self) -> None:
+        """Once the child asked for last, and what it started, have closed its stdout and
+        stderr."""
+        if (line := self._answer()) != "closed":
+            self._lost()
+            raise ValueError(f"the zygote answered {line!r}, not 'closed'")
+
+    def _answer(self) -> str:
+        """The zygote's next line; if it died, or said what is no number, a new one next time."""
+        assert self.process is not None and self.process.stdout is not None
         try:
-            return self._answer()
+            line = self.process.stdout.readline().strip()
+            if line != "closed":
+                int(line)
         except (OSError, ValueError):
             self._lost()
             raise
-
-    def _answer(self) -> int:
-        assert self.process is not None and self.process.stdout is not None
-        return int(self.process.stdout.readline())
+        return line
 
     def _lost(self) -> None:
         """The zygote died, or its answers are out of step: a new one next time."""
@@ -175,6 +188,7 @@ class _Zygote:
         if self.busy:
             assert self.started is not None
             self.started.kill()
+            self.started.closed.wait(60)
         if self.process is not None:
             self.process.communicate(timeout=60)
             self.process = None
@@ -182,41 +196,55 @@ class _Zygote:
 
 class Started:
     """A CLI forked from a zygote and not waited for (``start``), as a ``Popen`` with its
-    stdout and stderr captured."""
+    stdout and stderr captured: ``wait`` returns once it has exited, ``communicate`` once what
+    it started has closed its output too."""
 
-    def __init__(self, command: list[str], pid: int, exit_code, folder: Path) -> None:
+    def __init__(self, command: list[str], pid: int, group: bool, exit_code, closed,
+                 folder: Path) -> None:
         self.args, self.pid, self.returncode = command, pid, None
-        self._folder = folder
-        self._ended = threading.Event()
-        threading.Thread(target=self._wait_for, args=(exit_code,), daemon=True).start()
+        self._group, self._folder = group, folder
+        self.exited, self.closed = threading.Event(), threading.Event()
+        threading.Thread(target=self._wait_for, args=(exit_code, closed), daemon=True).start()
 
-    def _wait_for(self, exit_code) -> None:
+    def _wait_for(self, exit_code, closed) -> None:
         try:
             self.returncode = exit_code()
+            self.exited.set()
+            closed()
         finally:
-            self._ended.set()
+            self.exited.set()
+            self.closed.set()
 
     def poll(self) -> int | None:
-        return self.returncode if self._ended.is_set() else None
+        return self.returncode if self.exited.is_set() else None
 
     def wait(self, timeout: float | None = None) -> int:
-        if not self._ended.wait(timeout):
+        if not self.exited.wait(timeout):
             raise subprocess.TimeoutExpired(self.args, timeout or 0)
         if self.returncode is None:
             raise RuntimeError(f"{self.args}: the zygote that forked it died")
         return self.returncode
 
     def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        """Its stdout and stderr, once it has ended and they are closed (its folder removed)."""
         self.wait(timeout)
-        return tuple(Path(self._folder, name).read_text(errors="replace")  # type: ignore[return-value]
-                     for name in ("stdout", "stderr"))
+        if not self.closed.wait(timeout):
+            raise subprocess.TimeoutExpired(self.args, timeout or 0)
+        if not self._folder.exists():
+            raise RuntimeError(f"{self.args}: its output was read once already")
+        out = tuple(Path(self._folder, name).read_text(errors="replace")
+                    for name in ("stdout", "stderr"))
+        shutil.rmtree(self._folder)
+        return out  # type: ignore[return-value]
 
     def send_signal(self, signum: int) -> None:
-        if not self._ended.is_set():  # else its pid may be another process's by now
+        if not self.exited.is_set():  # else its pid may be another process's by now
             os.kill(self.pid, signum)
 
     def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
+        """SIGKILL, to its process group where it has one of its own."""
+        if not self.exited.is_set():
+            (os.killpg if self._group else os.kill)(self.pid, signal.SIGKILL)
 
 
 def _kill(pid: int, killed: threading.Event) -> None:

@@ -389,7 +389,7 @@ def test_sigterm_saves_the_step_it_stopped_at_and_the_run_resumes_from_it_exactl
     cli(_env(clean), *args)
     work = tmp_path / "runs" / "mine" / RUN
     env = inject(_env(tmp_path), tmp_path / "inject", FAULTS)
-    stops = []
+    stops, epochs_done = [], []
     for fault in ("sigterm-at-13", "sigterm-at-epoch-end"):
         out = cli({**env, "REPRODUCE_TEST_FAULT": fault}, *args, check=False)
         assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
@@ -399,10 +399,13 @@ def test_sigterm_saves_the_step_it_stopped_at_and_the_run_resumes_from_it_exactl
         assert match, line
         step, saved = int(match[1]), Path(match[2])
         assert saved == work / "checkpoints" / "preempted.ckpt"
-        assert torch.load(saved, map_location="cpu", weights_only=False)["global_step"] == step
+        checkpoint = torch.load(saved, map_location="cpu", weights_only=False)
+        assert checkpoint["global_step"] == step
         assert not (tmp_path / "results" / "mine" / f"{RUN}.json").exists()
         stops.append(step)
+        epochs_done.append(checkpoint["loops"]["fit_loop"]["epoch_progress"]["total"]["completed"])
     assert stops[0] == 13 < stops[1] < 30
+    assert epochs_done == [0, 1]  # the second stop came as the first epoch ended
     cli(_env(tmp_path), *args)
     resumed = _record(tmp_path)
     assert resumed["resumed_from"]["step"] == stops[1]  # where it stopped, not a checkpoint before

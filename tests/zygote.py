@@ -6,7 +6,8 @@ Run as ``python tests/zygote.py``; it reads one request per line on stdin (JSON:
 stdout and stderr file paths), forks, answers the child's pid, then its exit code (as
 ``subprocess`` gives it: minus the signal that ended it). The child leaves the loop and runs the
 CLI at the top level of this script, as ``python -m reproduce`` would, and ends as any process
-does: SystemExit's code, threads joined, ``atexit`` handlers run, streams flushed.
+does: SystemExit's code, threads joined, ``atexit`` handlers run, streams flushed. Once the child
+and whatever it started have closed its stdout and stderr, the zygote answers ``closed``.
 
 Imports read some environment variables once (the HF hub's, torch's threads): ``helpers.cli``
 forks only where a call's environment differs from this process's in variables read later (the
@@ -52,9 +53,10 @@ pyplot()
 
 
 def serve() -> dict:
-    """Fork a child per request; the child returns its request, this process never returns. As
-    ``subprocess.run(capture_output=True)``, the exit code is answered once the child has exited
-    and its stdout and stderr are closed (by any process it left holding them, too)."""
+    """Fork a child per request; the child returns its request, this process never returns.
+    Answers the child's pid, its exit code as soon as it has exited, then ``closed`` once its
+    stdout and stderr are closed (by any process it left holding them, too), as
+    ``subprocess.run(capture_output=True)`` returns."""
     assert threading.active_count() == 1, "forking a process with threads"
     for line in sys.stdin:
         request = json.loads(line)
@@ -65,27 +67,39 @@ def serve() -> dict:
             for read, _ in pipes:
                 os.close(read)
             request["fds"] = [write for _, write in pipes]
+            if request.get("new_session"):  # a process group of its own, made on both sides
+                os.setpgid(0, 0)  # (as a shell does) so that it exists once the pid is answered
             return request
         for _, write in pipes:
             os.close(write)
+        if request.get("new_session"):
+            try:
+                os.setpgid(pid, pid)
+            except ProcessLookupError:  # it has already ended
+                pass
         print(pid, flush=True)
-        _drain([pipes[0][0], pipes[1][0]], [request["stdout"], request["stderr"]])
-        _, status = os.waitpid(pid, 0)
-        print(os.waitstatus_to_exitcode(status), flush=True)
+        _drain(pid, [pipes[0][0], pipes[1][0]], [request["stdout"], request["stderr"]])
+        print("closed", flush=True)
     raise SystemExit(0)
 
 
-def _drain(fds: list[int], paths: list[str]) -> None:
+def _drain(pid: int, fds: list[int], paths: list[str]) -> None:
     """Copy the child's stdout and stderr pipes into their files until every writer has closed
-    them; the imports' stderr first."""
+    them, the imports' stderr first; answer the child's exit code when it exits."""
     files = {fd: open(path, "wb") for fd, path in zip(fds, paths, strict=True)}
     files[fds[1]].write(IMPORT_STDERR)
+    ended = os.pidfd_open(pid)
     with selectors.DefaultSelector() as selector:
-        for fd in files:
+        for fd in [*files, ended]:
             selector.register(fd, selectors.EVENT_READ)
-        while selector.get_map():
+        while len(selector.get_map()) > 0:
             for key, _ in selector.select():
-                if data := os.read(key.fd, 65536):
+                if key.fd == ended:
+                    _, status = os.waitpid(pid, 0)
+                    print(os.waitstatus_to_exitcode(status), flush=True)
+                    selector.unregister(ended)
+                    os.close(ended)
+                elif data := os.read(key.fd, 65536):
                     files[key.fd].write(data)
                 else:
                     selector.unregister(key.fd)
@@ -107,8 +121,6 @@ def become(request: dict) -> None:
     sys.path[0] = os.getcwd()  # as -m sets it, not this script's folder
     sys.argv = [reproduce.__main__.__file__, *request["argv"]]
     del sys.modules["reproduce.__main__"]  # run afresh as __main__, as -m does
-    if request.get("new_session"):  # a process group of its own, as Popen(start_new_session=True)
-        os.setsid()
     if request.get("sigint"):  # as a fresh Python started with SIGINT not ignored
         signal.signal(signal.SIGINT, signal.default_int_handler)
     if injected := os.environ.get("REPRODUCE_TEST_INJECTED"):  # helpers.inject's sitecustomize

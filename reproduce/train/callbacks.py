@@ -175,9 +175,10 @@ def _at_next_epoch_start(trainer) -> None:
     done (the fit loop's end of epoch), with the epoch's batches still counted as the current
     ones: resumed as saved, it counts the epoch done a second time and skips the next. Count
     them as a new epoch's, none yet, as Lightning does for a checkpoint of an epoch's end."""
-    loop = trainer.fit_loop.epoch_loop
-    if loop.batch_progress.current.ready < trainer.num_training_batches:
+    epochs = trainer.fit_loop.epoch_progress.total
+    if epochs.completed < epochs.started:
         return  # stopped within the epoch, at a step's end
+    loop = trainer.fit_loop.epoch_loop
     loop.batch_progress.reset_on_run()
     loop.scheduler_progress.reset_on_run()
     loop.automatic_optimization.optim_progress.reset_on_run()
