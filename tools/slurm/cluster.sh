@@ -124,8 +124,7 @@ up() {
     export SLURM_CONF=$CONF
     if [ "$changed" = 1 ] && [ -f "$DIR/slurmctld.pid" ]; then
         # restarted, not reconfigured: plugins (JobCompType) load when slurmctld starts
-        kill "$(cat "$DIR/slurmctld.pid")" 2>/dev/null || true
-        for _ in $(seq 30); do kill -0 "$(cat "$DIR/slurmctld.pid")" 2>/dev/null || break; sleep 1; done
+        stop "$DIR/slurmctld.pid" || exit 1
     fi
     if ! { [ -f "$DIR/slurmctld.pid" ] && kill -0 "$(cat "$DIR/slurmctld.pid")" 2>/dev/null; }; then
         slurmctld -f "$CONF"
@@ -149,10 +148,22 @@ up() {
     exit 1
 }
 
+# SIGTERM to the daemon whose pid file is $1, and up to 30 s for it to end; says so if it does not
+stop() {
+    local pid
+    [ -f "$1" ] && pid=$(cat "$1") || return 0
+    kill "$pid" 2>/dev/null || return 0
+    for _ in $(seq 30); do kill -0 "$pid" 2>/dev/null || return 0; sleep 1; done
+    say "$(basename "$1" .pid) (pid $pid) still runs 30 s after SIGTERM; logs in $DIR/log"
+    return 1
+}
+
 down() {
+    local failed=0
     for pid in "$DIR"/slurmd-*.pid "$DIR/slurmctld.pid" "$DIR/munge/munged.pid"; do
-        [ -f "$pid" ] && kill "$(cat "$pid")" 2>/dev/null || true
+        stop "$pid" || failed=1
     done
+    [ "$failed" = 0 ] || exit 1
     say "down"
 }
 
