@@ -108,7 +108,7 @@ def test_decoding_without_transformers(monkeypatch, ours):
 def test_quick_bench_writes_the_report(tmp_path):
     out = tmp_path / "performance.md"
     code = main(["bench", "--quick", "--scales", "smoke", "--data", "synthetic", "--threads", "1",
-                 "--set", "N=1", "--no-lightning", "--out", str(out)])
+                 "--set", "N=1", "--no-lightning", "--out", str(out), "--scales", "smoke"])
     assert code == 0
     report = out.read_text()
     assert "python -m reproduce bench --quick --scales smoke" in report
@@ -117,6 +117,7 @@ def test_quick_bench_writes_the_report(tmp_path):
         assert needle in report
     raw = json.loads(out.with_suffix(".json").read_text())
     assert [r["name"] for r in raw["sections"][0]["train"]][0] == "ours"
+    assert len(raw["sections"]) == 1  # a scale given twice is measured once
 
 
 def test_the_compiled_step_trains_as_the_eager_step_does_for_20_steps():

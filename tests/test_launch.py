@@ -334,6 +334,21 @@ def test_status_says_how_sacct_says_tasks_ended_and_how_often_squeue_says_one_wa
     assert queue.tasks(folder)["table3-A1-smoke-seed0"].ending() is None
 
 
+def test_tasks_cancelled_while_pending_share_one_line_of_sacct_and_each_is_told(
+        tmp_path, monkeypatch):
+    """sacct shows an array's tasks cancelled before they started as one line (``9_[2-4,7%2]``):
+    each of them ends CANCELLED, none is left without a word."""
+    from reproduce.plan import queue
+
+    _fake_command(tmp_path, monkeypatch, "sacct", "echo '9_0|COMPLETED|0:0'\n"
+                  "echo '9_[2-4,7%2]|CANCELLED by 1000|0:0'\necho '10_[1-2]|CANCELLED|0:0'")
+    asked = ["9_0", "9_1", "9_2", "9_4", "9_7", "9_8", "10_3"]
+    assert queue.sacct_states(asked) == {"9_0": ("COMPLETED", "0:0"),
+                                         **{k: ("CANCELLED", "0:0") for k in ("9_2", "9_4", "9_7")}}
+    assert queue.array_tasks("12_[3]") == ["12_3"]
+    assert queue.array_tasks("12_[x-2]") == ["12_[x-2]"]  # not a range: kept as it is
+
+
 def test_a_refused_requeue_is_one_line_that_says_how_to_resume(tmp_path, monkeypatch):
     _fake_command(tmp_path, monkeypatch, "scontrol", "echo 'scontrol: error: Requested "
                   "operation is presently disabled for job 42' >&2\nexit 1")

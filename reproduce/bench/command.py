@@ -48,7 +48,7 @@ def run(args: argparse.Namespace, command: str) -> int:
     overrides = parse_sets(args.set)
     sections, ok = [], True
     bible = None
-    for scale in args.scales or ["cpu", "paper"]:
+    for scale in dict.fromkeys(args.scales or ["cpu", "paper"]):  # each once, in order
         config = spec.resolve("base", scale).overrides(**overrides)
         plan = PLANS.get((scale, args.quick), OTHER[args.quick])
         c = config.model

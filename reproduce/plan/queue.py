@@ -169,6 +169,23 @@ def sacct_states(job_ids: list[str]) -> dict[str, tuple[str, str]]:
     for line in out.stdout.splitlines() if out.returncode == 0 else []:
         job, state, code = (line.split("|") + ["", ""])[:3]
         state = state.split()[0] if state else ""  # "CANCELLED by 0": CANCELLED
-        if job in job_ids and state in ENDINGS:  # not RUNNING: just gone from squeue
-            ended[job] = (state, code)
+        for one in array_tasks(job):
+            if one in job_ids and state in ENDINGS:  # not RUNNING: just gone from squeue
+                ended[one] = (state, code)
     return ended
+
+
+def array_tasks(job: str) -> list[str]:
+    """The job ids one line of sacct stands for: tasks of an array that never started (cancelled
+    while pending) share a line, ``9_[2-4,7%2]`` for 9_2, 9_3, 9_4 and 9_7 (``%2``: at most two
+    at once)."""
+    head, bracket, rest = job.partition("_[")
+    if not bracket or not rest.endswith("]"):
+        return [job]
+    ids: list[str] = []
+    for part in rest[:-1].partition("%")[0].split(","):
+        first, _, last = part.partition("-")
+        if not first.isdigit() or not (last or first).isdigit():
+            return [job]
+        ids.extend(f"{head}_{k}" for k in range(int(first), int(last or first) + 1))
+    return ids
