@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
 
 def one_line(e: BaseException, limit: int = 200) -> str:
     """``e`` as one line for a message: its type and the first line of its text, cut at
@@ -47,11 +52,13 @@ class Diverged(RuntimeError):
 
 class Stopped(SystemExit):
     """A run stopped by a signal (SIGTERM, SLURM's USR2) at the end of a step, saved there: exit 1
-    with the message; ``signal`` says which (``plan.launch`` requeues on USR2), ``step`` where."""
+    with the message; ``signal`` says which (``plan.launch`` requeues on USR2), ``step`` where,
+    ``work`` the run folder it trained in."""
 
-    def __init__(self, message: str, signum: int, step: int | None = None):
+    def __init__(self, message: str, signum: int, step: int | None = None,
+                 work: Path | None = None):
         super().__init__(message)
-        self.signal, self.step = signum, step
+        self.signal, self.step, self.work = signum, step, work
 
 
 class OutOfMemory(RuntimeError):

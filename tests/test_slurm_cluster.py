@@ -304,24 +304,35 @@ def _comparable(record: dict) -> dict:
 
 def test_tuning_on_the_cluster_runs_a_task_per_trial_then_records_the_tuned_run(slurm_env,
                                                                                  tmp_path):
-    # a task per trial, side by side on both nodes, in one study (optuna's journal file in the
-    # shared runs folder: SQLite's locks are unsafe there); then the run's own task, held until
-    # they have ended, trains the best settings and records them
-    out = _submit(slurm_env, tmp_path, "--variant", "A1", "--tune", "--trials", "2")
+    """A task per trial, side by side on both nodes, in one study (optuna's journal file in the
+    shared runs folder: SQLite's locks are unsafe there); then the run's own task, held until
+    they have ended, trains the best settings and records them. A trial task preempted (USR2)
+    is requeued and its trial resumed from the step it stopped at, not drawn anew."""
+    paced = {k: v for k, v in inject(slurm_env, tmp_path / "inject", PACED).items()
+             if k in ("PYTHONPATH", INJECTED)}
+    out = _submit(slurm_env, tmp_path, "--variant", "A1", "--tune", "--trials", "2", **paced)
     assert "--tune: 2 trial task(s) per run" in out
     trials = out.split("trials of table3-A1-smoke-seed0: job ")[1].split()[0]
     assert "table3-A1-smoke-seed0: job " in out and f"(after job {trials})" in out
     status = _status(slurm_env, tmp_path)  # the run's task waits on its trials' job
     assert "queued   table3-A1-smoke-seed0 (SLURM job " in status, status
-    _wait_for_queue(slurm_env, out)
     folder = tmp_path / "mine" / "runs" / "table3" / "slurm"
+    preempted = folder / f"{trials}_0" / f"{trials}_0_0_log.out"
+    _wait_for_step(preempted, 10)
+    subprocess.run(["scancel", "--signal=USR2", f"{trials}_0"], env=slurm_env, check=True)
+    _wait_for_queue(slurm_env, out)
     for index in (0, 1):  # each trial task added its trial, and trained nothing else
         said = (folder / f"{trials}_{index}" / f"{trials}_{index}_0_log.out").read_text()
         assert "trial added to study table3-A1-smoke-seed0 (" in said, said[-2000:]
+    said = preempted.read_text()
+    assert "trial 0 stopped; its settings are queued again" in said \
+        or "trial 1 stopped; its settings are queued again" in said, said[-3000:]
+    assert re.search(r"requeueing job \S+ \(stopped at step \d+, saved there\)", said), said
+    assert "resuming from" in said, said[-3000:]
     (path,) = (tmp_path / "mine" / "table3").glob("table3-A1-smoke-seed0-tuned-*.json")
     record = json.loads(path.read_text())
     tuning = record["tuning"]
     assert tuning["storage"] == f"journal:{tmp_path / 'mine' / 'runs' / 'optuna.journal'}"
-    assert tuning["n_trials"] == 2 and tuning["complete"] + tuning["pruned"] == 2
+    # the preempted trial failed, and its settings trained on in a third trial
+    assert tuning["n_trials"] == 3 and tuning["complete"] + tuning["pruned"] == 2, tuning
     assert record["run_id"].endswith(path.stem.rsplit("-tuned-", 1)[1])
-

@@ -9,7 +9,7 @@ import pytest
 
 from reproduce.errors import SpecError
 from reproduce.runs.sweep import load_spec
-from tests.helpers import cli
+from tests.helpers import cli, cli_env, inject
 
 pytestmark = pytest.mark.slow
 
@@ -54,6 +54,41 @@ def test_table3_study_persists_and_resumes(tmp_path):
     assert record["config"]["model"]["h"] == 16  # what the row varies is untouched
     run(1)
     assert len(optuna.load_study(study_name="table3-A3-smoke-seed0", storage=storage).trials) == 3
+
+
+def test_a_trial_stopped_by_a_signal_is_resumed_by_the_next_trial(tmp_path):
+    """SIGTERM (or SLURM's USR2, which requeues the task) in the middle of a trial: optuna would
+    leave it RUNNING and draw new settings next time, abandoning its checkpoint. It is failed
+    and its settings queued again: the next invocation's trial takes them and resumes their run
+    folder from the step it stopped at."""
+    import optuna
+
+    from tests.test_faults import FAULTS
+
+    env = {**cli_env(tmp_path), "REPRODUCE_CACHE": str(tmp_path / "cache")}
+    args = ("table3", "--variant", "A3", "--scale", "smoke", "--tune", "--trials", "2")
+    stopped = cli({**inject(env, tmp_path / "inject", FAULTS), "REPRODUCE_TEST_FAULT":
+                   "sigterm-at-13"}, *args, check=False)
+    assert stopped.returncode == 1, stopped.stdout + stopped.stderr
+    assert "stopped by SIGTERM at step 13 of 30; saved at that step" in stopped.stderr
+    assert "trial 0 stopped; its settings are queued again" in stopped.stdout
+    storage = f"sqlite:///{tmp_path / 'runs' / 'optuna.db'}"
+    study = optuna.load_study(study_name="table3-A3-smoke-seed0", storage=storage)
+    first, queued = study.trials
+    assert (first.state, queued.state) == (optuna.trial.TrialState.FAIL,
+                                           optuna.trial.TrialState.WAITING)
+    assert queued.user_attrs == {"resumes_trial": 0}  # its params: set once it starts, below
+    folder = tmp_path / "runs" / "table3" / first.user_attrs["run_id"]
+    assert (folder / "checkpoints" / "preempted.ckpt").exists()
+
+    out = cli(env, *args[:-1], "1")
+    assert f"resuming from {folder / 'checkpoints' / 'preempted.ckpt'}" in out.stdout, out.stdout
+    study = optuna.load_study(study_name="table3-A3-smoke-seed0", storage=storage)
+    assert [t.state for t in study.trials] == [optuna.trial.TrialState.FAIL,
+                                               optuna.trial.TrialState.COMPLETE]
+    assert study.best_trial.params == first.params
+    (record,) = [json.loads(p.read_text()) for p in (tmp_path / "results" / "table3").glob("*.json")]
+    assert record["tuning"]["best_params"] == first.params
 
 
 def test_a_storage_password_is_never_written(tmp_path, monkeypatch, capsys):

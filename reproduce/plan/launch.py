@@ -277,7 +277,8 @@ def requeue(work: Path | None = None, step: int | None = None) -> None:
         job = submitit.JobEnvironment().job_id
         if work is not None and (why := stalled(work, job, step)):
             raise SystemExit(f"not requeued: {why}")
-        log.warning("requeueing job %s: it resumes from its newest checkpoint", job)
+        log.warning("requeueing job %s%s: it resumes from its newest checkpoint", job,
+                    f" (stopped at step {step}, saved there)" if step is not None else "")
         try:
             done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True,
                                   timeout=60)
@@ -353,8 +354,13 @@ def _run_one(spec_path: str, variant: str, scale: str, seed: int, split: str, co
         from reproduce.train.tuning import STORAGE_ENV, cluster_storage, tune
 
         storage = os.environ.get(STORAGE_ENV) or cluster_storage()
-        run, summary = tune(run, tuning, trials if role == "trial" else 0, storage, seed,
-                            need_best=role == "best")
+        try:  # a trial stopped by USR2: its settings are queued again, and the task requeued
+            run, summary = tune(run, tuning, trials if role == "trial" else 0, storage, seed,
+                                need_best=role == "best")
+        except Stopped as e:
+            if e.signal == signal.SIGUSR2:
+                requeue(e.work or work, e.step)
+            raise
         if role == "trial":
             return (f"{run.run_id}: trial added to study {summary['study']} "
                     f"({summary['n_trials']} trial(s), best so far {summary['best_value']})")
@@ -363,7 +369,7 @@ def _run_one(spec_path: str, variant: str, scale: str, seed: int, split: str, co
         outcome = execute(run, split, command, extra, layout=layout)
     except Stopped as e:
         if e.signal == signal.SIGUSR2:  # saved at the step it stopped at
-            requeue(work, e.step)
+            requeue(e.work or work, e.step)
         raise
     if outcome.record is None:  # not run now, and why
         return f"{run.run_id}: {outcome.why}"

@@ -240,7 +240,7 @@ def train_on_ranks(run: PlannedRun, split: str, command: str, work: Path,
         saved = work / "checkpoints" / PREEMPTED
         where = (f"its ranks saved the step they were at ({saved}): run the command again to "
                  "resume from it" if saved.exists() else "run the command again to resume it")
-        raise Stopped(f"{run.run_id}: stopped by SIGTERM; {where}", signal.SIGTERM)
+        raise Stopped(f"{run.run_id}: stopped by SIGTERM; {where}", signal.SIGTERM, work=work)
     if code != 0:
         how = f"signal {-code}" if code < 0 else f"status {code}"
         raise RankFailure(f"{run.run_id}: rank 0 of {layout.devices} exited with {how}; every "

@@ -111,7 +111,7 @@ def fit(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=(),
         name = signal.Signals(stop.signal or signal.SIGTERM).name
         raise Stopped(f"{run.run_id}: stopped by {name} at step {trainer.global_step} of "
                       f"{c.train.train_steps}; {where}", stop.signal or signal.SIGTERM,
-                      trainer.global_step) from None
+                      trainer.global_step, work) from None
     if trainer.interrupted or trainer.global_step < c.train.train_steps:
         raise RuntimeError(f"{run.run_id}: training stopped at step {trainer.global_step} of "
                            f"{c.train.train_steps}; run the command again to resume")

@@ -5,9 +5,11 @@ on the development set; the spec lists those knobs and the dev metric. A study l
 (SQLite under ``runs/`` by default, any optuna storage URL for workers that share one, or
 ``journal:PATH``, optuna's journal file, the default in SLURM tasks) and is
 resumed by name, so ``--tune --trials N`` again adds N trials to the same study. Each trial trains
-in the run folder its settings name (``<run_id>-tuned-<digest>``); a trial that is cut off resumes
-from its checkpoint when optuna retries it, and the final run of the best settings reuses the best
-trial's trained model and only evaluates it. Bad trials are pruned on their dev loss.
+in the run folder its settings name (``<run_id>-tuned-<digest>``). A trial stopped by a signal
+(SIGTERM, SLURM's USR2) has its settings queued again, and one whose process died (an RDB's
+heartbeats) is retried: either way the next trial resumes its run folder from its checkpoint. The
+final run of the best settings reuses the best trial's trained model and only evaluates it. Bad
+trials are pruned on their dev loss.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import pytorch_lightning as pl
 
 from reproduce import paths
 from reproduce.config import FIELDS
-from reproduce.errors import ConfigError, Diverged
+from reproduce.errors import ConfigError, Diverged, Stopped
 from reproduce.paths import runs_dir
 from reproduce.runs.claims import claim, holder
 from reproduce.runs.sweep import Knob, PlannedRun, Tuning
@@ -148,7 +150,7 @@ def _storage(url: str):
     import optuna
     from optuna import storages
 
-    if url.startswith(JOURNAL):  # no heartbeats: a trial cut off stays failed, and is not retried
+    if url.startswith(JOURNAL):  # no heartbeats: a trial whose process died is not retried
         from optuna.storages.journal import JournalFileBackend
 
         return storages.JournalStorage(JournalFileBackend(url[len(JOURNAL):]))
@@ -167,6 +169,19 @@ def _storage(url: str):
     except Exception as e:  # sqlalchemy's URL, driver and connection errors, as one line
         raise ConfigError(mask(f"--storage {url!r}: {type(e).__name__}: "
                                f"{str(e).splitlines()[0]}")) from None
+
+
+def requeue_trial(study, trial) -> None:
+    """A trial stopped by a signal (optuna leaves it RUNNING: the stop is a SystemExit) is failed,
+    and its settings are queued again in the study: the next trial, in this study's next
+    invocation or SLURM's requeue of the task, takes them and resumes their run folder from the
+    checkpoint saved at the step it stopped at, instead of drawing new settings and leaving it."""
+    import optuna
+
+    study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    study.enqueue_trial(trial.params, user_attrs={"resumes_trial": trial.number})
+    log.warning("%s: trial %d stopped; its settings are queued again in the study, and its next "
+                "trial resumes them from their checkpoint", study.study_name, trial.number)
 
 
 def check_trials(trials: int) -> None:
@@ -200,7 +215,10 @@ def tune(run: PlannedRun, tuning: Tuning, trials: int, storage: str | None = Non
     log.info("%s: study %r in %s, %d trial(s) so far, %d more", run.run_id, run.run_id,
              mask(url), done, trials)
 
+    current: list = []  # the trial in progress
+
     def objective(trial) -> float:
+        current[:] = [trial]
         candidate = with_settings(run, suggest(trial, tuning.knobs))
         trial.set_user_attr("run_id", candidate.run_id)
         metrics = train_and_score(candidate, [PruneOnDevLoss(trial, tuning.direction)])
@@ -211,7 +229,12 @@ def tune(run: PlannedRun, tuning: Tuning, trials: int, storage: str | None = Non
             trial.set_user_attr(key, value)
         return float(metrics[tuning.metric])
 
-    study.optimize(objective, n_trials=trials, catch=())
+    try:
+        study.optimize(objective, n_trials=trials, catch=())
+    except Stopped:  # SIGTERM, or SLURM's USR2: saved at the step, not trained to the end
+        if current:
+            requeue_trial(study, current[0])
+        raise
     states = [t.state for t in study.trials]
     complete = states.count(optuna.trial.TrialState.COMPLETE)
     if not complete and need_best:
