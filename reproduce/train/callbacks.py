@@ -140,6 +140,11 @@ class SaveOnStop(pl.Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self.step_end.begin(trainer)
+        # The loggers' step (W&B's axis) is Lightning's count of optimizer steps, which a resume
+        # adds one to, taking every checkpoint for one saved before the step was counted (a dev
+        # evaluation's): ours, saved at a step's end, is not. Between steps the two agree.
+        loop = trainer.fit_loop.epoch_loop
+        loop._batches_that_stepped = trainer.global_step
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self.step_end.where(trainer) == StepEnd.END:  # else decided after the dev evaluation
