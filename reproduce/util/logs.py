@@ -11,10 +11,14 @@ from reproduce.util.secrets import mask
 
 LIBRARY_LOGGERS = ("pytorch_lightning", "lightning", "lightning.pytorch", "lightning_fabric")
 # Warnings that say nothing to a user of this harness: our loaders batch in the main process by
-# design, ranks sync dev metrics we already gathered, and a torch/lightning deprecation notice.
+# design, ranks sync dev metrics we already gathered, a torch/lightning deprecation notice, a
+# resume finding its own checkpoints, and Lightning's advice to prepend `srun` on a machine with
+# SLURM (a local run is local by choice; `--launcher slurm` submits).
 IGNORED_WARNINGS = (".*does not have many workers.*", ".*on_validation_epoch_end.*sync_dist.*",
                     ".*all_gather is deprecated.*", ".*GPU available but not used.*",
-                    ".*no `val_dataloader`.*", ".*LeafSpec.*is deprecated.*")
+                    ".*no `val_dataloader`.*", ".*LeafSpec.*is deprecated.*",
+                    "Checkpoint directory .* exists and is not empty",
+                    "The `srun` command is available on your system but is not used")
 
 
 class MaskSecrets(logging.Filter):
