@@ -64,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     except (RankFailure, DamagedRecords, OutOfMemory, DiskError) as e:
         print(f"error: {mask(str(e))}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C outside training (training saves its step: Stopped)
+        print("interrupted (Ctrl-C); run the same command again to go on", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

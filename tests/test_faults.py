@@ -418,6 +418,54 @@ def test_sigterm_saves_the_step_it_stopped_at_and_the_run_resumes_from_it_exactl
     assert _comparable(resumed) == _comparable(_record(clean))
 
 
+def test_ctrl_c_saves_the_step_it_stopped_at_and_twice_stops_at_once(tmp_path):
+    """Ctrl-C before training: one line. While a run trains: the step in flight ends and is saved,
+    and one line says where (Lightning alone exited 1 without a word, losing the steps since the
+    last checkpoint). The same command resumes there. Ctrl-C twice stops at once, in one line."""
+    spec = _spec(tmp_path / "mine.yaml", base={"train_steps": 1000000})  # 300 steps at smoke
+    args = ["table3", "--spec", str(spec), "--scale", "smoke"]
+    folder = tmp_path / "runs" / "mine" / RUN / "checkpoints"
+    saved = folder / "preempted.ckpt"
+
+    def ctrl_c(env: dict[str, str], times: int, after_step: int) -> tuple[int, str, str]:
+        proc = start(env, *args, sigint=True)  # as from a terminal
+        deadline = time.time() + 300
+        while not any(int(p.stem.removeprefix("step")) > after_step
+                      for p in folder.glob("step*.ckpt")):
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()
+            time.sleep(0.1)
+        for _ in range(times):
+            proc.send_signal(signal.SIGINT)
+            time.sleep(0.3)
+        out, err = proc.communicate(timeout=120)
+        assert "Traceback" not in err, err
+        return proc.returncode, out, err.strip().splitlines()[-1]
+
+    # before training (its data prepared): one line, exit 130
+    proc = start({**inject(_env(tmp_path), tmp_path / "inject", FAULTS), "REPRODUCE_TEST_FAULT":
+                  "slow-data"}, *args, sigint=True)
+    time.sleep(3)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and err.strip() == \
+        "interrupted (Ctrl-C); run the same command again to go on", err
+    code, out, line = ctrl_c(_env(tmp_path), 1, 0)
+    assert code == 1 and "Ctrl-C: stopping at the end of this step, saved there" in out, out
+    stop = re.fullmatch(r"mine-base-smoke-seed0: stopped by SIGINT at step (\d+) of 300; saved at "
+                        r"that step \((.+)\); run the command again to resume from it", line)
+    assert stop and Path(stop[2]) == saved, line
+    step = int(stop[1])
+    assert torch.load(saved, map_location="cpu", weights_only=False)["global_step"] == step
+    # resumed there; Ctrl-C twice inside a (slowed) step
+    slow = {**inject(_env(tmp_path), tmp_path / "inject", FAULTS), "REPRODUCE_TEST_FAULT":
+            "slow-steps"}
+    code, out, line = ctrl_c(slow, 2, step)
+    assert f"resuming from {saved}" in out, out
+    assert code == 1 and re.fullmatch(r"mine-base-smoke-seed0: interrupted at step \d+ of 300; run "
+                                      r"the command again to resume it from its last checkpoint",
+                                      line), line
+
+
 # Faults injected into the real CLI (``helpers.inject``), chosen by REPRODUCE_TEST_FAULT (several
 # with commas): SIGTERM during a step; a GPU running out of memory at step 7; a full disk when
 # the step-10 checkpoint is written; a read-only results folder (every durable write and the
@@ -448,6 +496,28 @@ if fault.startswith("sigterm-at-"):  # as a scheduler's, during the step named (
         return _train(self, batch, batch_idx)
 
     lit.TranslationModule.training_step = stopped_step
+if "slow-data" in faults:  # a data preparation of a minute, before training
+    import time
+    import reproduce.train.runner as runner
+
+    _build = runner.build_data
+
+    def slow_build(config):
+        time.sleep(60)
+        return _build(config)
+
+    runner.build_data = slow_build
+if "slow-steps" in faults:  # a second a step: a signal lands inside one
+    import time
+    import reproduce.train.lit as lit
+
+    _slow = lit.TranslationModule.training_step
+
+    def slow_step(self, batch, batch_idx):
+        time.sleep(1.0)
+        return _slow(self, batch, batch_idx)
+
+    lit.TranslationModule.training_step = slow_step
 if "oom" in faults:
     import torch
     import reproduce.train.lit as lit

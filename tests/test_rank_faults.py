@@ -144,6 +144,11 @@ def test_ctrl_c_stops_every_rank(tmp_path):
     assert not _ranks(work / devices.PAYLOAD)
     assert claims.holder(work) is None
     assert not (tmp_path / "results" / "mine" / "mine-base-smoke-seed0.json").exists()
+    # every rank ended its step and saved it, as for SIGTERM; one line says so
+    saved = work / "checkpoints" / "preempted.ckpt"
+    assert err.strip().splitlines()[-1] == (
+        f"mine-base-smoke-seed0: stopped by SIGINT; its ranks saved the step they were at "
+        f"({saved}): run the command again to resume from it"), err[-3000:]
 
 
 def test_sigterm_then_kill_9_of_the_sweep_process_and_the_rerun_equals_an_uninterrupted_run(

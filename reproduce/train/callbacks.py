@@ -106,9 +106,10 @@ class StepCheckpoint(pl.callbacks.ModelCheckpoint):
 
 class SaveOnStop(pl.Callback):
     """On a stop signal (SIGTERM: a preemption, ``kill``, ``scancel``; USR2: SLURM's warning
-    before the time limit, which ``plan.launch`` also requeues on), end the run at the end of the
-    step in flight, saving a checkpoint there (``checkpoints.PREEMPTED``): the next start resumes
-    from it, and averaging never counts it, so the record is the one an uninterrupted run writes.
+    before the time limit, which ``plan.launch`` also requeues on; SIGINT: Ctrl-C, where a second
+    one stops at once), end the run at the end of the step in flight, saving a checkpoint there
+    (``checkpoints.PREEMPTED``): the next start resumes from it, and averaging never counts it,
+    so the record is the one an uninterrupted run writes.
 
     While fitting, these handlers replace Lightning's (restored with the others when fit ends),
     which stop a dev evaluation mid-way (its point of the learning curve lost on resume) and run a
@@ -118,7 +119,7 @@ class SaveOnStop(pl.Callback):
     one (one all-reduce of a flag, on several devices only), then Lightning's own flag makes every
     rank leave at that step's end, and ``on_exception`` saves."""
 
-    SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR2, signal.SIGINT)
 
     def __init__(self, folder: Path, diverged: StopOnDivergence, val_every_steps: int = 0) -> None:
         self.folder, self.diverged = folder, diverged
@@ -133,9 +134,15 @@ class SaveOnStop(pl.Callback):
             self.signal = signal.SIGTERM
             trainer._signal_connector.received_sigterm = False
         for signum in self.SIGNALS:
-            signal.signal(signum, self._note)
+            if signal.getsignal(signum) is not signal.SIG_IGN:  # SIGINT in a background job
+                signal.signal(signum, self._note)
 
     def _note(self, signum, frame) -> None:
+        if signum == signal.SIGINT:
+            if self.signal is not None:  # Ctrl-C again: now (Lightning's interrupt, no save)
+                raise KeyboardInterrupt
+            log.warning("Ctrl-C: stopping at the end of this step, saved there (Ctrl-C again "
+                        "stops at once, losing the steps since the last checkpoint)")
         self.signal = signum
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:

@@ -222,25 +222,29 @@ def train_on_ranks(run: PlannedRun, split: str, command: str, work: Path,
     stopped: list[int] = []
 
     def forward(signum, frame) -> None:  # every rank saves the step it is at and exits
+        if signum == signal.SIGINT and signal.SIGINT in stopped:
+            raise KeyboardInterrupt  # Ctrl-C again: stop every rank now (below)
         stopped.append(signum)
         _signal_group(proc.pid, signum)
 
     main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, forward) if main else None
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)
+                if signal.getsignal(s) is not signal.SIG_IGN} if main else {}  # (a background job)
     try:
         code = proc.wait()
-    except BaseException:  # Ctrl-C here: stop every rank, then go on stopping
+    except BaseException:  # Ctrl-C twice: every rank stops at once, then go on stopping
         _stop_group(proc, signal.SIGINT)
         raise
     finally:
-        if main:
-            signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
         _kill_group(proc.pid)  # ranks still alive after rank 0 ended (it died, or they linger)
     if code != 0 and stopped:
         saved = work / "checkpoints" / PREEMPTED
         where = (f"its ranks saved the step they were at ({saved}): run the command again to "
                  "resume from it" if saved.exists() else "run the command again to resume it")
-        raise Stopped(f"{run.run_id}: stopped by SIGTERM; {where}", signal.SIGTERM, work=work)
+        name = signal.Signals(stopped[0]).name
+        raise Stopped(f"{run.run_id}: stopped by {name}; {where}", stopped[0], work=work)
     if code != 0:
         how = f"signal {-code}" if code < 0 else f"status {code}"
         raise RankFailure(f"{run.run_id}: rank 0 of {layout.devices} exited with {how}; every "

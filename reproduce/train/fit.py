@@ -112,6 +112,13 @@ def fit(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=(),
         raise Stopped(f"{run.run_id}: stopped by {name} at step {trainer.global_step} of "
                       f"{c.train.train_steps}; {where}", stop.signal or signal.SIGTERM,
                       trainer.global_step, work) from None
+    except SystemExit:
+        if not trainer.interrupted:
+            raise
+        # Lightning's exit(1) after a KeyboardInterrupt (Ctrl-C twice, or once before training)
+        raise Stopped(f"{run.run_id}: interrupted at step {trainer.global_step} of "
+                      f"{c.train.train_steps}; run the command again to resume it from its last "
+                      "checkpoint", signal.SIGINT, trainer.global_step, work) from None
     if trainer.interrupted or trainer.global_step < c.train.train_steps:
         raise RuntimeError(f"{run.run_id}: training stopped at step {trainer.global_step} of "
                            f"{c.train.train_steps}; run the command again to resume")
