@@ -410,11 +410,19 @@ def test_sigterm_saves_the_step_it_stopped_at_and_the_run_resumes_from_it_exactl
         epochs_done.append(checkpoint["loops"]["fit_loop"]["epoch_progress"]["total"]["completed"])
     assert stops[0] == 10 < stops[1] < 30
     assert epochs_done == [0, 1]  # the second stop came as the first epoch ended
+    # resumed where it stopped, not a checkpoint before; a third SIGTERM after the last step's
+    # end (as training ends): its final weights saved, it stops before evaluating
+    out = cli({**env, "REPRODUCE_TEST_FAULT": "sigterm-at-train-end"}, *args, check=False)
+    assert f"resuming from {work / 'checkpoints' / 'preempted.ckpt'}" in out.stdout, out.stdout
+    assert out.returncode == 1 and out.stderr.strip().splitlines()[-1] == (
+        f"{RUN}: stopped by SIGTERM after its last step (30), its final weights saved; run the "
+        "command again to evaluate and record it"), out.stderr
+    assert not (tmp_path / "results" / "mine" / f"{RUN}.json").exists()
     out = cli(_env(tmp_path), *args)
     # no library's warning on resuming (its own checkpoints; SLURM's srun, where it is installed)
     assert not re.findall(r".*\.py:\d+: .*", out.stderr), out.stderr
     resumed = _record(tmp_path)
-    assert resumed["resumed_from"]["step"] == stops[1]  # where it stopped, not a checkpoint before
+    assert resumed["resumed_from"]["step"] == 30  # only evaluated
     assert _comparable(resumed) == _comparable(_record(clean))
 
 
@@ -439,18 +447,26 @@ def test_ctrl_c_saves_the_step_it_stopped_at_and_twice_stops_at_once(tmp_path):
             time.sleep(0.3)
         out, err = proc.communicate(timeout=120)
         assert "Traceback" not in err, err
-        return proc.returncode, out, err.strip().splitlines()[-1]
+        return proc.returncode, out, err
 
-    # before training (its data prepared): one line, exit 130
-    proc = start({**inject(_env(tmp_path), tmp_path / "inject", FAULTS), "REPRODUCE_TEST_FAULT":
-                  "slow-data"}, *args, sigint=True)
-    time.sleep(3)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130 and err.strip() == \
-        "interrupted (Ctrl-C); run the same command again to go on", err
-    code, out, line = ctrl_c(_env(tmp_path), 1, 0)
-    assert code == 1 and "Ctrl-C: stopping at the end of this step, saved there" in out, out
+    def after(fault: str, wait_for) -> str:  # Ctrl-C outside training: one line, exit 130
+        proc = start({**inject(_env(tmp_path), tmp_path / "inject", FAULTS),
+                      "REPRODUCE_TEST_FAULT": fault}, *args, sigint=True)
+        deadline = time.time() + 300
+        while not wait_for():
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130 and err.strip().splitlines()[-1] == \
+            "interrupted (Ctrl-C); run the same command again to go on", err
+        return out
+
+    started = time.time()
+    after("slow-data", lambda: time.time() > started + 3)  # preparing its data (a minute)
+    code, out, err = ctrl_c(_env(tmp_path), 1, 0)
+    line = err.strip().splitlines()[-1]
+    assert code == 1 and "Ctrl-C: stopping at the end of this step, saved there" in err, err
     stop = re.fullmatch(r"mine-base-smoke-seed0: stopped by SIGINT at step (\d+) of 300; saved at "
                         r"that step \((.+)\); run the command again to resume from it", line)
     assert stop and Path(stop[2]) == saved, line
@@ -459,11 +475,18 @@ def test_ctrl_c_saves_the_step_it_stopped_at_and_twice_stops_at_once(tmp_path):
     # resumed there; Ctrl-C twice inside a (slowed) step
     slow = {**inject(_env(tmp_path), tmp_path / "inject", FAULTS), "REPRODUCE_TEST_FAULT":
             "slow-steps"}
-    code, out, line = ctrl_c(slow, 2, step)
+    code, out, err = ctrl_c(slow, 2, step)
     assert f"resuming from {saved}" in out, out
     assert code == 1 and re.fullmatch(r"mine-base-smoke-seed0: interrupted at step \d+ of 300; run "
                                       r"the command again to resume it from its last checkpoint",
-                                      line), line
+                                      err.strip().splitlines()[-1]), err
+    # a run of 30 steps, trained, then Ctrl-C in its final dev evaluation (slowed)
+    args[2] = str(_spec(tmp_path / "short" / "mine.yaml"))
+    folder = tmp_path / "runs" / "mine" / RUN / "checkpoints"
+    shutil.rmtree(folder.parent)
+    trained = folder / "step30.ckpt"
+    out = after("slow-evaluation", lambda: trained.exists() and time.sleep(1.5) is None)
+    assert "dev PPL" in out and not list((tmp_path / "results").glob("mine/*.json"))
 
 
 # Faults injected into the real CLI (``helpers.inject``), chosen by REPRODUCE_TEST_FAULT (several
@@ -482,7 +505,15 @@ if "small-disk" in faults:
         return _usage(path)._replace(free=2_000_000)
 
     shutil.disk_usage = disk_usage
-if fault.startswith("sigterm-at-"):  # as a scheduler's, during the step named (or an epoch's last)
+if fault == "sigterm-at-train-end":  # as training ends, after the last step's end
+    import signal
+    import reproduce.train.lit as lit
+
+    def on_train_end(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    lit.TranslationModule.on_train_end = on_train_end
+elif fault.startswith("sigterm-at-"):  # as a scheduler's, during the step named (or an epoch's last)
     import signal
     import reproduce.train.lit as lit
 
@@ -507,6 +538,18 @@ if "slow-data" in faults:  # a data preparation of a minute, before training
         return _build(config)
 
     runner.build_data = slow_build
+if "slow-evaluation" in faults:  # the final dev evaluation, a second a batch
+    import time
+    import reproduce.train.lit as lit
+
+    _validate = lit.TranslationModule.validation_step
+
+    def slow_validation(self, batch, batch_idx):
+        if self.trainer.state.fn == "validate":
+            time.sleep(1.0)
+        return _validate(self, batch, batch_idx)
+
+    lit.TranslationModule.validation_step = slow_validation
 if "slow-steps" in faults:  # a second a step: a signal lands inside one
     import time
     import reproduce.train.lit as lit

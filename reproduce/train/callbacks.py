@@ -6,7 +6,9 @@ them)."""
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -126,6 +128,7 @@ class SaveOnStop(pl.Callback):
         self.step_end = StepEnd(val_every_steps)
         self.saved: Path | None = None
         self.signal: int | None = None  # the stop signal that came, if any
+        self.interrupts = 0  # Ctrl-Cs: a second one stops at once
 
     def on_train_start(self, trainer, pl_module) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -139,11 +142,14 @@ class SaveOnStop(pl.Callback):
 
     def _note(self, signum, frame) -> None:
         if signum == signal.SIGINT:
-            if self.signal is not None:  # Ctrl-C again: now (Lightning's interrupt, no save)
+            self.interrupts += 1
+            if self.interrupts > 1:  # Ctrl-C again: now (Lightning's interrupt, no save)
                 raise KeyboardInterrupt
-            log.warning("Ctrl-C: stopping at the end of this step, saved there (Ctrl-C again "
-                        "stops at once, losing the steps since the last checkpoint)")
-        self.signal = signum
+            # straight to the file: a handler that prints may land inside another print
+            os.write(sys.stderr.fileno(), b"Ctrl-C: stopping at the end of this step, saved there "
+                     b"(Ctrl-C again stops at once, losing the steps since the last checkpoint)\n")
+        if signum != signal.SIGINT or self.signal is None:  # Ctrl-C after SIGTERM: still SIGTERM's
+            self.signal = signum
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self.step_end.begin(trainer)
@@ -177,6 +183,10 @@ class SaveOnStop(pl.Callback):
             return
         self.diverged.check(trainer)  # never save a diverged model
         _at_next_epoch_start(trainer)
+        if threading.current_thread() is threading.main_thread():
+            # a Ctrl-C in the save would leave Lightning's teardown undone (its handlers not
+            # restored); the save takes seconds at most
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         path = self.folder / checkpoints.PREEMPTED
         trainer.save_checkpoint(path)
         self.saved = path

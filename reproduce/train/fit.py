@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,17 @@ def local_data(corpus: str, data_dir: str | None) -> dict[str, Any]:
     if not data_dir or is_treebank(corpus):
         return {}
     return {"data_dir": data_dir, "files": local_files(corpus, data_dir)}
+
+
+def validate(trainer: pl.Trainer, module, **kwargs) -> Mapping[str, float]:
+    """``trainer.validate``'s first result; a Ctrl-C during it is a KeyboardInterrupt (one line,
+    exit 130), not Lightning's ``exit(1)`` without a word."""
+    try:
+        return trainer.validate(module, verbose=False, **kwargs)[0]
+    except SystemExit as e:
+        if isinstance(e.__context__, KeyboardInterrupt):
+            raise KeyboardInterrupt from None
+        raise
 
 
 def fit(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=(),
@@ -112,10 +124,12 @@ def fit(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=(),
         raise Stopped(f"{run.run_id}: stopped by {name} at step {trainer.global_step} of "
                       f"{c.train.train_steps}; {where}", stop.signal or signal.SIGTERM,
                       trainer.global_step, work) from None
-    except SystemExit:
-        if not trainer.interrupted:
+    except SystemExit as e:
+        if not isinstance(e.__context__, KeyboardInterrupt):  # e.g. the USR2 requeue's exit
             raise
-        # Lightning's exit(1) after a KeyboardInterrupt (Ctrl-C twice, or once before training)
+        # Lightning's exit(1) after a KeyboardInterrupt (Ctrl-C twice, or once before training);
+        # it leaves SIGINT ignored where the Ctrl-C came before its handlers were saved: the
+        # process ends on this Stopped
         raise Stopped(f"{run.run_id}: interrupted at step {trainer.global_step} of "
                       f"{c.train.train_steps}; run the command again to resume it from its last "
                       "checkpoint", signal.SIGINT, trainer.global_step, work) from None
@@ -125,6 +139,11 @@ def fit(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=(),
     diverged.check(trainer)  # the last steps since the last read
     if resume_from is None:  # the final weights, so a crash below resumes at evaluation
         trainer.save_checkpoint(work / "checkpoints" / checkpoints.LAST)
+    if stop.signal is not None:  # it came after the last step's decision: stop before evaluating
+        name = signal.Signals(stop.signal).name
+        raise Stopped(f"{run.run_id}: stopped by {name} after its last step ({trainer.global_step}"
+                      "), its final weights saved; run the command again to evaluate and record "
+                      "it", stop.signal, None, work)
     return trainer, module, clock, resumed, accumulate
 
 

@@ -42,7 +42,7 @@ from reproduce.train import devices
 from reproduce.train.compiling import choose_compile
 from reproduce.train.devices import ONE_DEVICE, Layout
 from reproduce.train.evaluate import task_scores
-from reproduce.train.fit import build_data, fit, local_data
+from reproduce.train.fit import build_data, fit, local_data, validate
 from reproduce.train.precision import choose_precision
 from reproduce.train.wandb_run import end_failed, finish_wandb, wandb_logger
 from reproduce.util.files import DAMAGED, DISK_ERRNOS, move_aside
@@ -246,9 +246,9 @@ def _perplexities(trainer: pl.Trainer, module, data) -> tuple[Mapping[str, float
     """The final weights' dev perplexity (every rank its shard, gathered) and their NLL on a sample
     of training pairs: fit against dev."""
     trainer.limit_val_batches = 1.0
-    dev = trainer.validate(module, datamodule=data, verbose=False)[0]
+    dev = validate(trainer, module, datamodule=data)
     module.eval_name = "train_sample"
-    sample = trainer.validate(module, dataloaders=data.train_sample_dataloader(), verbose=False)[0]
+    sample = validate(trainer, module, dataloaders=data.train_sample_dataloader())
     module.eval_name = "dev"
     return dev, sample
 

@@ -28,7 +28,7 @@ import pytorch_lightning as pl
 
 from reproduce import paths
 from reproduce.config import FIELDS
-from reproduce.errors import ConfigError, Diverged, Stopped
+from reproduce.errors import ConfigError, Diverged, Stopped, one_line
 from reproduce.paths import runs_dir
 from reproduce.runs.claims import claim, holder
 from reproduce.runs.sweep import Knob, PlannedRun, Tuning
@@ -125,7 +125,7 @@ def _train_and_score(run: PlannedRun, work: Path, callbacks) -> dict[str, Any]:
             log.warning("%s; trial pruned", e)
             raise optuna.TrialPruned(str(e)) from None
         trainer.limit_val_batches = 1.0
-        dev = trainer.validate(module, datamodule=data, verbose=False)[0]
+        dev = training.validate(trainer, module, datamodule=data)
         # on the device it trained on: Lightning hands the module back on the CPU after validate
         _, headline = evaluate.task_scores(module.model.to(trainer.strategy.root_device),
                                            tokenizer, data, c, splits=("dev",))
@@ -176,10 +176,19 @@ def requeue_trial(study, trial) -> None:
     and its settings are queued again in the study: the next trial, in this study's next
     invocation or SLURM's requeue of the task, takes them and resumes their run folder from the
     checkpoint saved at the step it stopped at, instead of drawing new settings and leaving it."""
-    import optuna
+    from optuna.trial import TrialState
 
-    study.tell(trial, state=optuna.trial.TrialState.FAIL)
-    study.enqueue_trial(trial.params, user_attrs={"resumes_trial": trial.number})
+    try:
+        state = study.get_trials(deepcopy=False)[trial.number].state
+        if state == TrialState.RUNNING:
+            study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+        elif state != TrialState.FAIL:  # FAIL: optuna's, for a KeyboardInterrupt; else ended
+            return
+        study.enqueue_trial(trial.params, user_attrs={"resumes_trial": trial.number})
+    except Exception as e:  # noqa: BLE001 - the storage's error must not hide the stop
+        log.warning("%s: trial %d stopped, and could not be queued again (%s)", study.study_name,
+                    trial.number, one_line(e))
+        return
     log.warning("%s: trial %d stopped; its settings are queued again in the study, and its next "
                 "trial resumes them from their checkpoint", study.study_name, trial.number)
 
@@ -231,7 +240,7 @@ def tune(run: PlannedRun, tuning: Tuning, trials: int, storage: str | None = Non
 
     try:
         study.optimize(objective, n_trials=trials, catch=())
-    except Stopped:  # SIGTERM, or SLURM's USR2: saved at the step, not trained to the end
+    except (Stopped, KeyboardInterrupt):  # SIGTERM, Ctrl-C, SLURM's USR2: not trained to the end
         if current:
             requeue_trial(study, current[0])
         raise
