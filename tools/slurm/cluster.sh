@@ -2,8 +2,9 @@
 # A real two-node SLURM on this machine, for the tests and CI (issue 50): Debian's slurm-wlm and
 # munge, one slurmctld and two slurmd (nodes n1 and n2, each its own port, pid file and spool
 # through %n) on the loopback, with a private SLURM_CONF, state folder, munge socket and ports
-# outside 15000-24999 (where Lightning picks its DDP port from the job id). It never touches a
-# cluster it did not start.
+# outside 15000-24999 (where Lightning picks its DDP port from the job id). Accounting as real
+# clusters keep it: slurmdbd over a private MariaDB (its own data folder, socket and port), so
+# sacct answers. It never touches a cluster or a database it did not start.
 #
 #   tools/slurm/cluster.sh up      # install what is missing (as root), start, wait until both
 #                                  # nodes are idle; prints the SLURM_CONF line to export
@@ -17,19 +18,26 @@ DIR=${REPRODUCE_SLURM_DIR:-/tmp/reproduce-slurm}
 CONF=$DIR/slurm.conf
 CTLD_PORT=6817
 NODE_PORTS=(6818 6819)
+DB_PORT=6820
+DBD_PORT=6821
 NODES=(n1 n2)
 
 say() { echo "slurm cluster: $*" >&2; }
 
 install() {
-    command -v slurmctld >/dev/null && command -v munged >/dev/null && return
+    if command -v slurmctld >/dev/null && command -v munged >/dev/null \
+            && command -v slurmdbd >/dev/null && command -v mariadbd >/dev/null; then
+        return
+    fi
     if [ "$(id -u)" != 0 ]; then
-        say "slurm-wlm and munge are not installed, and installing them needs root"
+        say "slurm-wlm, slurmdbd, munge and mariadb-server are not all installed, and installing" \
+            "them needs root"
         exit 1
     fi
-    say "installing slurm-wlm and munge (Debian's packages)"
+    say "installing slurm-wlm, slurmdbd, munge and mariadb-server (Debian's packages)"
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm slurmdbd munge mariadb-server \
+        >/dev/null
 }
 
 write_conf() {
@@ -69,7 +77,10 @@ MinJobAge=30
 InactiveLimit=0
 JobCompType=jobcomp/none
 JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=localhost
+AccountingStoragePort=$DBD_PORT
+AccountingStoragePass=$DIR/munge/munge.socket
 NodeName=${NODES[0]} NodeHostname=$host NodeAddr=127.0.0.1 Port=${NODE_PORTS[0]} CPUs=$cpus RealMemory=$mem State=UNKNOWN
 NodeName=${NODES[1]} NodeHostname=$host NodeAddr=127.0.0.1 Port=${NODE_PORTS[1]} CPUs=$cpus RealMemory=$mem State=UNKNOWN
 PartitionName=debug Nodes=${NODES[0]},${NODES[1]} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
@@ -88,6 +99,59 @@ start_munge() {
     chmod 400 "$m/munge.key"
     munged --force --socket="$m/munge.socket" --key-file="$m/munge.key" \
         --pid-file="$m/munged.pid" --log-file="$m/munged.log" --seed-file="$m/munged.seed"
+}
+
+# A MariaDB of our own for slurmdbd: its data folder, socket and port (root by the socket only)
+start_db() {
+    local db=$DIR/mysql
+    if ! { [ -f "$db/mariadbd.pid" ] && kill -0 "$(cat "$db/mariadbd.pid")" 2>/dev/null; }; then
+        mkdir -p "$db"
+        [ -d "$db/data/mysql" ] || mariadb-install-db --no-defaults --datadir="$db/data" \
+            --user=root --auth-root-authentication-method=socket --skip-test-db \
+            >"$DIR/log/mariadb-install.log" 2>&1
+        mariadbd --no-defaults --user=root --datadir="$db/data" --socket="$db/mysqld.sock" \
+            --port=$DB_PORT --bind-address=127.0.0.1 --pid-file="$db/mariadbd.pid" \
+            --log-error="$DIR/log/mariadbd.log" --skip-log-bin --innodb-buffer-pool-size=32M \
+            >/dev/null 2>&1 &
+    fi
+    for _ in $(seq 30); do
+        mariadb --no-defaults -S "$db/mysqld.sock" -u root -e "CREATE USER IF NOT EXISTS
+            'slurm'@'127.0.0.1' IDENTIFIED BY 'reproduce'; GRANT ALL ON slurm_acct_db.* TO
+            'slurm'@'127.0.0.1'" 2>/dev/null && return
+        sleep 1
+    done
+    say "MariaDB did not start in 30 s; its log is $DIR/log/mariadbd.log"
+    exit 1
+}
+
+# slurmdbd (the accounting daemon) on that database, reading slurmdbd.conf beside $SLURM_CONF;
+# the cluster registered with it
+start_dbd() {
+    local conf=$DIR/slurmdbd.conf
+    printf '%s\n' "AuthType=auth/munge" "AuthInfo=socket=$DIR/munge/munge.socket" \
+        "DbdHost=localhost" "DbdAddr=127.0.0.1" "DbdPort=$DBD_PORT" "SlurmUser=root" \
+        "StorageType=accounting_storage/mysql" "StorageHost=127.0.0.1" "StoragePort=$DB_PORT" \
+        "StorageUser=slurm" "StoragePass=reproduce" "StorageLoc=slurm_acct_db" \
+        "PidFile=$DIR/slurmdbd.pid" "LogFile=$DIR/log/slurmdbd.log" >"$conf.new"
+    chmod 600 "$conf.new"
+    if cmp -s "$conf.new" "$conf"; then
+        rm "$conf.new"
+    else
+        mv "$conf.new" "$conf"
+        stop "$DIR/slurmdbd.pid" || exit 1
+    fi
+    if ! { [ -f "$DIR/slurmdbd.pid" ] && kill -0 "$(cat "$DIR/slurmdbd.pid")" 2>/dev/null; }; then
+        slurmdbd
+    fi
+    for _ in $(seq 30); do
+        if sacctmgr -n show cluster format=cluster 2>/dev/null | grep -qw reproduce; then
+            return
+        fi
+        sacctmgr -i add cluster reproduce >/dev/null 2>&1 || true
+        sleep 1
+    done
+    say "slurmdbd did not answer in 30 s; its log is $DIR/log/slurmdbd.log"
+    exit 1
 }
 
 idle() {
@@ -122,6 +186,8 @@ up() {
     write_conf "$CONF.new"
     if cmp -s "$CONF.new" "$CONF"; then rm "$CONF.new"; else mv "$CONF.new" "$CONF"; changed=1; fi
     export SLURM_CONF=$CONF
+    start_db
+    start_dbd
     if [ "$changed" = 1 ] && [ -f "$DIR/slurmctld.pid" ]; then
         # restarted, not reconfigured: plugins (JobCompType) load when slurmctld starts
         stop "$DIR/slurmctld.pid" || exit 1
@@ -160,7 +226,8 @@ stop() {
 
 down() {
     local failed=0
-    for pid in "$DIR"/slurmd-*.pid "$DIR/slurmctld.pid" "$DIR/munge/munged.pid"; do
+    for pid in "$DIR"/slurmd-*.pid "$DIR/slurmctld.pid" "$DIR/slurmdbd.pid" \
+            "$DIR/mysql/mariadbd.pid" "$DIR/munge/munged.pid"; do
         stop "$pid" || failed=1
     done
     [ "$failed" = 0 ] || exit 1
