@@ -225,6 +225,33 @@ def test_workers_flag_trains_runs_in_parallel_and_renders_once(tmp_path):
     assert again.returncode == 0 and "nothing to train" in again.stdout
 
 
+def test_kill_int_of_a_sweep_with_workers_stops_each_worker_at_its_saved_step(tmp_path):
+    """`kill -INT` of the sweep, which a terminal's Ctrl-C would have sent its workers as well:
+    it passes the stop on (SIGTERM), each worker saves the step it is at and says so, and the
+    command ends in one line, exit 130. It waited on its workers forever before: they never
+    heard of it."""
+    from tests.helpers import cli_env, start
+
+    spec = tmp_path / "mine.yaml"  # 300 steps at smoke
+    spec.write_text("table: mine\nbase: {train_steps: 1000000}\nvariants: {base: {}, four: {set: {h: 4}}}\n")
+    runs = tmp_path / "runs" / "mine"
+    proc = start({**cli_env(tmp_path), "REPRODUCE_CACHE": str(tmp_path / "cache")}, "table3",
+                 "--spec", str(spec), "--scale", "smoke", "--workers", "2", sigint=True)
+    deadline = time.time() + 300
+    while len(list(runs.glob("*/checkpoints/step5.ckpt"))) < 2:
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)  # this process only
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out[-3000:] + err[-3000:]
+    assert err.strip().splitlines()[-1] == "interrupted (Ctrl-C); run the same command again to go on"
+    for run in ("mine-base-smoke-seed0", "mine-four-smoke-seed0"):
+        saved = runs / run / "checkpoints" / "preempted.ckpt"
+        assert f"{run}: stopped by SIGTERM at step " in out and f"saved at that step ({saved})" \
+            in out, out[-3000:]
+        assert saved.exists()
+
+
 def test_cores_follow_the_work_when_a_worker_ends(tmp_path, monkeypatch):
     """The parent rewrites the share file as workers end; a worker still running reads it and
     takes the freed cores (`share_cores`)."""

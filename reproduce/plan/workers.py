@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -220,8 +221,15 @@ def launch(argv: Sequence[str], runs: list, n: int, devices: int = 1) -> int:
         pump.start()
     try:
         codes = _wait([proc for _, proc in procs], share, cores)
-    except KeyboardInterrupt:  # the workers got the same SIGINT; let them stop cleanly
-        codes = [proc.wait() for _, proc in procs]
+    except KeyboardInterrupt:
+        # A terminal's Ctrl-C reached the workers too; `kill -INT` of this process did not. Each
+        # gets SIGTERM, which saves at the step's end as one Ctrl-C does (a worker counts only
+        # Ctrl-Cs towards stopping at once), and is waited for: a second Ctrl-C reaches the
+        # workers from the terminal, which stop at once, and is not this process's to act on.
+        for _, proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        codes = _wait_through_interrupts([proc for _, proc in procs])
         raise
     finally:
         for pump in pumps:
@@ -250,6 +258,14 @@ def _wait(procs: list[subprocess.Popen], share: Path | None, cores: int,
         if None in codes:
             time.sleep(poll_seconds)
     return [int(code) for code in codes if code is not None]  # all set: the loop waited
+
+
+def _wait_through_interrupts(procs: list[subprocess.Popen]) -> list[int]:
+    while True:
+        try:
+            return [proc.wait() for proc in procs]
+        except KeyboardInterrupt:
+            continue
 
 
 def _pump(k: int, proc: subprocess.Popen) -> None:

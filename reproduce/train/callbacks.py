@@ -148,7 +148,7 @@ class SaveOnStop(pl.Callback):
             # straight to the file: a handler that prints may land inside another print
             os.write(sys.stderr.fileno(), b"Ctrl-C: stopping at the end of this step, saved there "
                      b"(Ctrl-C again stops at once, losing the steps since the last checkpoint)\n")
-        if signum != signal.SIGINT or self.signal is None:  # Ctrl-C after SIGTERM: still SIGTERM's
+        if self.signal is None:  # the first names the stop (a Ctrl-C, then the sweep's SIGTERM)
             self.signal = signum
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
