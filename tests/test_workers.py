@@ -232,20 +232,22 @@ def test_kill_int_of_a_sweep_with_workers_stops_each_worker_at_its_saved_step(tm
     heard of it."""
     from tests.helpers import cli_env, start
 
-    spec = tmp_path / "mine.yaml"  # 300 steps at smoke
-    spec.write_text("table: mine\nbase: {train_steps: 1000000}\nvariants: {base: {}, four: {set: {h: 4}}}\n")
+    spec = tmp_path / "mine.yaml"  # 3000 steps at smoke: both still train when it comes
+    spec.write_text("table: mine\nbase: {train_steps: 10000000}\n"
+                    "variants: {base: {}, four: {set: {h: 4}}}\n")
     runs = tmp_path / "runs" / "mine"
     proc = start({**cli_env(tmp_path), "REPRODUCE_CACHE": str(tmp_path / "cache")}, "table3",
                  "--spec", str(spec), "--scale", "smoke", "--workers", "2", sigint=True)
     deadline = time.time() + 300
-    while len(list(runs.glob("*/checkpoints/step5.ckpt"))) < 2:
+    names = ("mine-base-smoke-seed0", "mine-four-smoke-seed0")
+    while not all(any((runs / run / "checkpoints").glob("step*.ckpt")) for run in names):
         assert proc.poll() is None and time.time() < deadline, proc.communicate()
         time.sleep(0.2)
     proc.send_signal(signal.SIGINT)  # this process only
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, out[-3000:] + err[-3000:]
     assert err.strip().splitlines()[-1] == "interrupted (Ctrl-C); run the same command again to go on"
-    for run in ("mine-base-smoke-seed0", "mine-four-smoke-seed0"):
+    for run in names:
         saved = runs / run / "checkpoints" / "preempted.ckpt"
         assert f"{run}: stopped by SIGTERM at step " in out and f"saved at that step ({saved})" \
             in out, out[-3000:]
