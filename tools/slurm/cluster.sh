@@ -24,6 +24,9 @@ NODES=(n1 n2)
 
 say() { echo "slurm cluster: $*" >&2; }
 
+# whether the daemon whose pid file is $1 runs
+running() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
 install() {
     if command -v slurmctld >/dev/null && command -v munged >/dev/null \
             && command -v slurmdbd >/dev/null && command -v mariadbd >/dev/null; then
@@ -104,7 +107,7 @@ start_munge() {
 # A MariaDB of our own for slurmdbd: its data folder, socket and port (root by the socket only)
 start_db() {
     local db=$DIR/mysql
-    if ! { [ -f "$db/mariadbd.pid" ] && kill -0 "$(cat "$db/mariadbd.pid")" 2>/dev/null; }; then
+    if ! running "$db/mariadbd.pid"; then
         mkdir -p "$db"
         [ -d "$db/data/mysql" ] || mariadb-install-db --no-defaults --datadir="$db/data" \
             --user=root --auth-root-authentication-method=socket --skip-test-db \
@@ -140,7 +143,7 @@ start_dbd() {
         mv "$conf.new" "$conf"
         stop "$DIR/slurmdbd.pid" || exit 1
     fi
-    if ! { [ -f "$DIR/slurmdbd.pid" ] && kill -0 "$(cat "$DIR/slurmdbd.pid")" 2>/dev/null; }; then
+    if ! running "$DIR/slurmdbd.pid"; then
         slurmdbd
     fi
     for _ in $(seq 30); do
@@ -192,12 +195,12 @@ up() {
         # restarted, not reconfigured: plugins (JobCompType) load when slurmctld starts
         stop "$DIR/slurmctld.pid" || exit 1
     fi
-    if ! { [ -f "$DIR/slurmctld.pid" ] && kill -0 "$(cat "$DIR/slurmctld.pid")" 2>/dev/null; }; then
+    if ! running "$DIR/slurmctld.pid"; then
         slurmctld -f "$CONF"
         [ "$changed" = 1 ] && { sleep 2; scontrol reconfigure || true; }  # the nodes reread it
     fi
     for n in "${NODES[@]}"; do
-        if ! { [ -f "$DIR/slurmd-$n.pid" ] && kill -0 "$(cat "$DIR/slurmd-$n.pid")" 2>/dev/null; }; then
+        if ! running "$DIR/slurmd-$n.pid"; then
             slurmd -f "$CONF" -N "$n"
         fi
     done
