@@ -129,9 +129,10 @@ def test_the_compiled_step_trains_as_the_eager_step_does_for_20_steps():
     its limit, and a GPU run compiled for minutes)."""
     from torch._dynamo.utils import counters
 
-    from reproduce.bench.training import compile_stats, module_loss, plain_step
+    from reproduce.bench.training import module_loss, plain_step
     from reproduce.runs.sweep import load_spec
     from reproduce.train.lit import TranslationModule
+    from reproduce.train.step_time import compile_stats
 
     config = load_spec("table3").resolve("base", "smoke").overrides(N=1, p_drop=0.0)
     batches = bench_inputs.synthetic_batches(config.model.vocab_size, 256, 4, 48, seed=4)
@@ -156,9 +157,10 @@ def test_the_compiled_step_trains_as_the_eager_step_does_for_20_steps():
 
 
 def test_train_compile_trains_a_run_through_the_compiled_loss(monkeypatch):
-    """``train.compile``: a run's training steps call the loss torch.compile made (the same
-    compiled function whose losses follow eager's, above); evaluation stays eager. torch.compile
-    is replaced by a recorder here: what is checked is the wiring, not the compiler."""
+    """``train.compile``: a run's training steps call the fast path's loss as torch.compile made
+    it (the same compiled function whose losses follow eager's, above); evaluation stays eager.
+    torch.compile is replaced by a recorder here: what is checked is the wiring, not the
+    compiler."""
     from reproduce.bench.training import lightning_loop
     from reproduce.runs.sweep import load_spec
     from reproduce.train.lit import TranslationModule
@@ -177,4 +179,4 @@ def test_train_compile_trains_a_run_through_the_compiled_loss(monkeypatch):
     assert not TranslationModule(config.to_dict())._train_losses.__name__ == "compiled"
     module = TranslationModule(config.overrides(compile=True).to_dict())
     lightning_loop(module, "32-true")(batches)
-    assert calls == ["_losses"] * 3  # every training step, through the compiled function
+    assert calls == ["_padded_losses"] * 3  # every training step, through the compiled function

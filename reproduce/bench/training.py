@@ -24,6 +24,7 @@ from reproduce.bench.timing import Result, interleaved, precision_context
 from reproduce.config import Config
 from reproduce.paper.optim import adam_with_schedule
 from reproduce.train.lit import TranslationModule
+from reproduce.train.step_time import compile_stats
 
 
 def plain_step(model: torch.nn.Module, loss: Callable, config: Config, precision: str,
@@ -81,14 +82,6 @@ def lightning_loop(module, precision: str):
         trainer.fit(module, train_dataloaders=DataLoader(cast(Dataset, batches), batch_size=None))
         return clock.seconds
     return run
-
-
-def compile_stats() -> dict[str, int]:
-    """Graphs dynamo captured and recompilations, since the counters were last cleared."""
-    from torch._dynamo.utils import counters
-
-    return {"graphs": int(counters["stats"]["unique_graphs"]),
-            "recompiles": sum(counters["recompiles"].values())}
 
 
 def bench_training(config: Config, batches: list[dict[str, torch.Tensor]], plan: Plan,

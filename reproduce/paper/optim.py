@@ -91,6 +91,14 @@ class _OutputLoss(torch.autograd.Function):
                 (grad_w * grad_smoothed).to(ctx.dtypes[1]), None, None, None, None)
 
 
+def _rows(hidden: Tensor, weight: Tensor, chunk_elements: int | None) -> int:
+    """Positions per chunk of the output loss: about ``chunk_elements`` logits; by default 1024
+    positions on a CPU, 64M logits (at least 1024 positions) on a GPU."""
+    if chunk_elements is None:
+        return 1024 if hidden.device.type == "cpu" else max(1024, (1 << 26) // weight.shape[0])
+    return max(1, chunk_elements // weight.shape[0])
+
+
 @torch.compiler.disable  # see the last paragraph below
 def output_loss(hidden: Tensor, weight: Tensor, target: Tensor, eps_ls: float, pad_id: int,
                 chunk_elements: int | None = None) -> tuple[Tensor, Tensor]:
@@ -107,9 +115,70 @@ def output_loss(hidden: Tensor, weight: Tensor, target: Tensor, eps_ls: float, p
 
     ``torch.compile`` leaves it out (a graph break): the real positions' count and so the chunks'
     loop change with every batch, and traced they made dynamo recompile each new batch until its
-    limit (a paper-scale CLI run on an H200 logged one step in 200 s, 2026-11-27)."""
-    if chunk_elements is None:
-        rows = 1024 if hidden.device.type == "cpu" else max(1024, (1 << 26) // weight.shape[0])
-    else:
-        rows = max(1, chunk_elements // weight.shape[0])
-    return _OutputLoss.apply(hidden, weight, target, eps_ls, pad_id, rows)
+    limit (a paper-scale CLI run on an H200 logged one step in 200 s, 2026-11-27). The fast path
+    (``train.compile``) trains with ``padded_output_loss``, which it traces whole; evaluation
+    keeps this one."""
+    return _OutputLoss.apply(hidden, weight, target, eps_ls, pad_id,
+                             _rows(hidden, weight, chunk_elements))
+
+
+class _PaddedOutputLoss(torch.autograd.Function):
+    """``padded_output_loss``'s forward and backward: ``_OutputLoss`` over every target position,
+    padding included with weight 0, in chunks of a fixed ``rows``: no boolean indexing, so the
+    chunks and every tensor's shape follow the batch's shape alone (nothing is read back to the
+    host, and ``torch.compile`` traces it whole). The gradients are taken in the forward pass, as
+    ``_OutputLoss``'s; a padding position's are zero."""
+
+    @staticmethod
+    def forward(ctx, hidden: Tensor, weight: Tensor, target: Tensor, eps_ls: float, pad_id: int,
+                rows: int):
+        shape = hidden.shape
+        h, t = hidden.reshape(-1, shape[-1]), target.reshape(-1)  # (n, d), (n,)
+        real = (t != pad_id)
+        device = hidden.device.type
+        dtype = (torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device)
+                 else hidden.dtype)
+        vocab = weight.shape[0]
+        acc = torch.float64 if hidden.dtype == torch.float64 else torch.float32
+        with torch.autocast(device, enabled=False):
+            w = weight.to(dtype)
+            nll = torch.zeros((), dtype=acc, device=hidden.device)
+            uniform = torch.zeros((), dtype=acc, device=hidden.device)
+            grad_h = torch.empty_like(h, dtype=acc)
+            grad_w = torch.zeros_like(weight, dtype=acc)
+            # rows 0: one chunk, no loop over the positions' count (compiled with dynamic shapes,
+            # a loop would be traced again for every count)
+            for start, end in ([(0, None)] if rows == 0 else
+                               [(i, i + rows) for i in range(0, h.shape[0], rows)]):
+                hc, tc = h[start:end].to(dtype), t[start:end]
+                keep = real[start:end].to(acc)
+                logp = F.log_softmax((hc @ w.t()).to(acc), dim=-1)  # (rows, V)
+                nll -= (logp.gather(-1, tc[:, None]).squeeze(-1) * keep).sum()
+                uniform -= (logp.sum(-1) * keep).sum() / vocab
+                g = (_minus_q_(logp.exp_(), tc, eps_ls) * keep[:, None]).to(dtype)
+                grad_h[start:end] = g @ w
+                grad_w += (g.t() @ hc).to(acc)
+        ctx.save_for_backward(grad_h.view(shape), grad_w)
+        ctx.dtypes = hidden.dtype, weight.dtype
+        ctx.mark_non_differentiable(nll)
+        return (1.0 - eps_ls) * nll + eps_ls * uniform, nll
+
+    @staticmethod
+    def backward(ctx, grad_smoothed: Tensor, grad_nll: Tensor):
+        grad_h, grad_w = ctx.saved_tensors
+        return ((grad_h * grad_smoothed).to(ctx.dtypes[0]),
+                (grad_w * grad_smoothed).to(ctx.dtypes[1]), None, None, None, None)
+
+
+def padded_output_loss(hidden: Tensor, weight: Tensor, target: Tensor, eps_ls: float,
+                       pad_id: int, chunk_elements: int | None = None
+                       ) -> tuple[Tensor, Tensor, Tensor]:
+    """``output_loss`` for the fast path (``train.compile``): the same smoothed loss and NLL sums,
+    and the count of real target tokens, as tensors, computed over every target position with the
+    padding weighted 0 (``_PaddedOutputLoss``): what it costs, nothing to read back, the
+    same chunks for every batch of a shape. ``torch.compile(fullgraph=True)`` traces it whole,
+    in one chunk: inductor fuses the softmax, the sums and the gradient into a few kernels over
+    the projection's output. The sums match ``output_loss``'s up to the order of additions."""
+    rows = 0 if torch.compiler.is_compiling() else _rows(hidden, weight, chunk_elements)
+    smoothed, nll = _PaddedOutputLoss.apply(hidden, weight, target, eps_ls, pad_id, rows)
+    return smoothed, nll, (target != pad_id).sum()

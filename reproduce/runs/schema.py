@@ -79,7 +79,9 @@ class Batch(TypedDict, total=False):
     accumulate: int
     device_batch_tokens: int
     effective_tokens_per_step: int
-    measured_tgt_tokens_per_step: int
+    measured_tgt_tokens_per_step: int  # real target tokens (not padding) a step, over devices
+    padded_tgt_tokens_per_step: int  # as the batches' tensors held them, padding included
+    tgt_padding_share: float  # 1 - real / padded
 
 
 class Cost(TypedDict, total=False):

@@ -18,8 +18,8 @@ from reproduce.config import Config
 from reproduce.data import PAD_BATCH
 from reproduce.errors import one_line
 from reproduce.paper.model import Transformer
-from reproduce.paper.optim import adam_with_schedule, output_loss
-from reproduce.train.step_time import compiled
+from reproduce.paper.optim import adam_with_schedule, output_loss, padded_output_loss
+from reproduce.train.step_time import compiled_fast
 
 log = logging.getLogger("reproduce")
 
@@ -39,6 +39,9 @@ class TranslationModule(pl.LightningModule):
         # Work done so far, padded as computed, for the analytic FLOP count (reproduce.paper.flops):
         # B*S, B*T, B*S*S, B*T*T, B*T*S summed over micro-batches, and real target tokens.
         self.work = dict.fromkeys(WORK_KEYS, 0)
+        # real target tokens since `work` was last brought up to date: kept where the loss is, so
+        # a step never waits to read it back (a GPU would stall the host each step)
+        self._real_tokens: torch.Tensor | None = None
         self.resumed_from: dict | None = None  # the checkpoint's step and layout, once resumed
         # train.compile: the training loss under torch.compile (evaluation stays eager: its
         # shapes vary more and it runs once); compiled on the first step, as a function, so the
@@ -46,11 +49,14 @@ class TranslationModule(pl.LightningModule):
         # (train.compiling), which calls use_compiled.
         self.use_compiled(self.config.train.compile == "on")
         self.compile_failed: str | None = None  # why training went on eager, if it had to
+        self._loss_on_bar: bool | None = None  # the training loss on the progress bar
         self._micro_step, self._micro = -1, 0  # dropout's seed: optimizer step, micro-batch
 
     def use_compiled(self, on: bool) -> None:
-        """Train through ``torch.compile`` of the training loss (``on``), or eager."""
-        self._train_losses = compiled(self._losses) if on else self._losses
+        """Train on the fast path (``on``): the training loss over every position of the batch
+        (``_padded_losses``), compiled whole; or eager, the path every committed record took."""
+        self.fast = on
+        self._train_losses = compiled_fast(self._padded_losses) if on else self._losses
 
     def _losses(self, batch: dict[str, torch.Tensor]):
         hidden = self.model.features(batch["src"], batch["tgt_in"])
@@ -58,6 +64,13 @@ class TranslationModule(pl.LightningModule):
         smoothed, nll = output_loss(hidden, self.model.embed.weight, batch["tgt_out"],
                                     self.config.train.eps_ls, pad)
         return smoothed, nll, (batch["tgt_out"] != pad).sum()
+
+    def _padded_losses(self, batch: dict[str, torch.Tensor]):
+        """``_losses`` with nothing read back to the host and every shape the batch's
+        (``optim.padded_output_loss``): the training loss of the fast path."""
+        hidden = self.model.features(batch["src"], batch["tgt_in"])
+        return padded_output_loss(hidden, self.model.embed.weight, batch["tgt_out"],
+                                  self.config.train.eps_ls, self.config.model.pad_id)
 
     def on_train_batch_start(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         """Seed dropout from (seed, optimizer step, micro-batch within it, rank), so the masks
@@ -83,10 +96,17 @@ class TranslationModule(pl.LightningModule):
             smoothed, nll, n = self._losses(batch)
         loss = smoothed / n
         (B, S), T = batch["src"].shape, batch["tgt_in"].shape[1]
-        for key, value in zip(WORK_KEYS, (B * S, B * T, B * S * S, B * T * T, B * T * S, int(n)),
-                              strict=True):
+        for key, value in zip(WORK_KEYS, (B * S, B * T, B * S * S, B * T * T, B * T * S),
+                              strict=False):
             self.work[key] += value
-        self.log("train/loss", loss, prog_bar=True)
+        real = n.detach()
+        self._real_tokens = real if self._real_tokens is None else self._real_tokens + real
+        # The progress bar reads its values back every step (Lightning's on_batch_end): the fast
+        # path's loss goes to the loggers only, read at their interval (fixed for the run:
+        # Lightning refuses a key logged with other options)
+        if self._loss_on_bar is None:
+            self._loss_on_bar = not self.fast
+        self.log("train/loss", loss, prog_bar=self._loss_on_bar)
         self.log("train/nll", nll / n)
         scheduler = self.lr_schedulers()
         assert isinstance(scheduler, LRScheduler)  # one, configure_optimizers's
@@ -110,8 +130,16 @@ class TranslationModule(pl.LightningModule):
         self.log(f"{self.eval_name}/nll", nll, sync_dist=True)
         self.log(f"{self.eval_name}/ppl", math.exp(min(nll, 50.0)), prog_bar=True, sync_dist=True)
 
+    def _work_now(self) -> dict[str, int]:
+        """``work`` with the real target tokens counted since it was last brought up to date
+        (one read back to the host: a checkpoint's, or the run's end)."""
+        if self._real_tokens is not None:
+            self.work["real_tgt_tokens"] += int(self._real_tokens)
+            self._real_tokens = None
+        return self.work
+
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["work"] = dict(self.work)
+        checkpoint["work"] = dict(self._work_now())
         checkpoint["layout"] = {"world_size": self.trainer.world_size,
                                 "accumulate": self.trainer.accumulate_grad_batches}
 
@@ -129,7 +157,8 @@ class TranslationModule(pl.LightningModule):
 
     def total_work(self) -> dict[str, int]:
         """`work` summed over all devices (each rank counts its own batches)."""
-        local = torch.tensor([self.work[k] for k in WORK_KEYS], dtype=torch.float64,
+        work = self._work_now()
+        local = torch.tensor([work[k] for k in WORK_KEYS], dtype=torch.float64,
                              device=self.device)
         total = self._summed(local)
         return {k: int(v) for k, v in zip(WORK_KEYS, total.tolist(), strict=True)}

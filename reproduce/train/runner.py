@@ -44,6 +44,7 @@ from reproduce.train.devices import ONE_DEVICE, Layout
 from reproduce.train.evaluate import task_scores
 from reproduce.train.fit import build_data, fit, local_data, validate
 from reproduce.train.precision import choose_precision
+from reproduce.train.step_time import compile_stats
 from reproduce.train.wandb_run import end_failed, finish_wandb, wandb_logger
 from reproduce.util.files import DAMAGED, DISK_ERRNOS, move_aside
 from reproduce.util.machine import commit, gpu_share, hardware, measured_tflops, share_cores
@@ -181,6 +182,7 @@ def run_here(run: PlannedRun, split: str, command: str, work: Path,
     logger = wandb_logger(run, work, precision[0]) if zero else None
     try:
         try:
+            graphs = compile_stats()  # the timing of `auto` compiled some too
             trainer, module, clock, resumed, accumulate = fit(
                 run, work, data, logger or False, precision[0], layout=layout,
                 resume_from=donor.last if donor is not None else None, compiled=compiled[0])
@@ -188,6 +190,7 @@ def run_here(run: PlannedRun, split: str, command: str, work: Path,
             raise OutOfMemory(run.run_id, _device_name(layout), data.micro_batch_tokens,
                               str(e)) from None
         work_done = module.total_work()  # a collective: every rank
+        graphs = {k: v - graphs[k] for k, v in compile_stats().items()}  # this process's fit
         phases.lap("fit")
         share_cores()  # decoding too uses the cores of workers that have ended
         weights = _final_weights(module, donor.checkpoints if donor is not None
@@ -209,18 +212,17 @@ def run_here(run: PlannedRun, split: str, command: str, work: Path,
     except BaseException:
         end_failed(logger)  # as failed, not left open for the next one
         raise
+    choice = _compile_entries(compiled, module.compile_failed, graphs)
     record: Record = {
         "schema": SCHEMA_VERSION, "run_id": run.run_id, "table": run.table, "row": run.row,
         "variant": run.variant, "scale": run.scale, "seed": c.train.seed, "split": split,
         "config": c.to_dict(), "scale_overrode": run.overridden,
         "precision": precision[0], "precision_choice": precision[1],
-        "compile": compiled[0] and module.compile_failed is None,
-        "compile_choice": ({**compiled[1], "failed_in_training": module.compile_failed}
-                           if module.compile_failed else compiled[1]),
+        "compile": choice[0], "compile_choice": choice[1],
         "metrics": metrics, **_task_entries(scores), "paper": run.paper,
         "data": _data_summary(c, data, tokenizer),
         "batch": _batch_summary(layout, trainer.world_size, accumulate, data.micro_batch_tokens,
-                                work_done["real_tgt_tokens"], trainer.global_step),
+                                work_done, trainer.global_step),
         "averaged_checkpoints": weights, "curve": clock.curve,
         "cost": _cost(c, work_done, clock.seconds, trainer.world_size),
         "resumed": resumed, "resumed_from": module.resumed_from, "commit": _commit(),
@@ -296,14 +298,28 @@ def _data_summary(c: Config, data, tokenizer) -> DataSummary:
     return summary
 
 
+def _compile_entries(compiled: tuple[bool, dict[str, Any]], failed: str | None,
+                     graphs: dict[str, int]) -> tuple[bool, dict[str, Any]]:
+    """The record's ``compile`` (whether the run trained compiled) and ``compile_choice`` (how
+    that was chosen; a failure in training, or the graphs and recompiles of a compiled run)."""
+    chosen, how = compiled
+    if failed:
+        return False, {**how, "failed_in_training": failed}
+    return chosen, {**how, "in_training": graphs} if chosen else how
+
+
 def _batch_summary(layout: Layout, world_size: int, accumulate: int, micro: int,
-                   real_tgt_tokens: int, steps: int) -> Batch:
-    """The record's ``batch``: the devices and how a step's tokens were split over them."""
+                   work: dict[str, int], steps: int) -> Batch:
+    """The record's ``batch``: the devices, how a step's tokens were split over them, and the
+    target tokens a step computed: real, and padded as the tensors held them."""
+    real, padded = work["real_tgt_tokens"], work["tgt_tokens"]
     return {"accelerator": layout.accelerator, "strategy": layout.strategy,
             "devices": layout.devices, "nodes": layout.nodes, "world_size": world_size,
             "accumulate": accumulate, "device_batch_tokens": micro,
             "effective_tokens_per_step": micro * world_size * accumulate,
-            "measured_tgt_tokens_per_step": round(real_tgt_tokens / max(steps, 1))}
+            "measured_tgt_tokens_per_step": round(real / max(steps, 1)),
+            "padded_tgt_tokens_per_step": round(padded / max(steps, 1)),
+            "tgt_padding_share": round(1 - real / padded, 4) if padded else 0.0}
 
 
 def _device_name(layout: Layout) -> str:

@@ -13,7 +13,7 @@ import torch
 
 from reproduce.config import Config
 from reproduce.paper.model import Transformer
-from reproduce.paper.optim import adam_with_schedule, output_loss
+from reproduce.paper.optim import adam_with_schedule, output_loss, padded_output_loss
 
 CHOICES = ("32-true", "bf16-mixed")  # what ``precision: auto`` chooses between
 
@@ -44,11 +44,35 @@ def synthetic_batch(vocab: int, tokens: int, length: int, seed: int = 0
     return {"src": src, "tgt_in": tgt[:, :-1], "tgt_out": tgt[:, 1:]}
 
 
-def compiled(loss_fn: Callable) -> Callable:
-    """``loss_fn`` under ``torch.compile`` as training compiles it: with dynamic shapes from the
-    first call, since a run's token-count batches change shape every step (static graphs would
-    compile once more per new shape); ``optim.output_loss`` stays eager (a graph break)."""
-    return torch.compile(loss_fn, dynamic=True)
+def compiled_fast(loss_fn: Callable) -> Callable:
+    """``loss_fn`` (the fast path's training loss, ``lit.TranslationModule._padded_losses``)
+    under ``torch.compile`` whole (``fullgraph``: nothing in it may fall back to Python between
+    kernels), with dynamic shapes from the first call (token-count batches change shape every
+    step: static graphs would compile once more per new shape), none of them taken equal to
+    another because they were on the first batch (duck sizing: a batch with as many source as
+    target positions would compile again at the next). Dropout draws its masks from torch's own
+    generator, as eager does (inductor's ``fallback_random``), so the masks follow the seed each
+    step is given (``lit.TranslationModule.on_train_batch_start``): a resumed run draws the
+    uninterrupted run's, and the losses are eager's (``tests/golden``)."""
+    import torch._inductor.config as inductor
+    from torch.fx.experimental import _config as shapes
+
+    inductor.fallback_random = True
+    compiled = torch.compile(loss_fn, dynamic=True, fullgraph=True)
+
+    def run(*args, **kwargs):
+        with shapes.patch(use_duck_shape=False):
+            return compiled(*args, **kwargs)
+    return run
+
+
+def compile_stats() -> dict[str, int]:
+    """Graphs dynamo captured and recompilations in this process, since its counters were last
+    cleared."""
+    from torch._dynamo.utils import counters
+
+    return {"graphs": int(counters["stats"]["unique_graphs"]),
+            "recompiles": sum(counters["recompiles"].values())}
 
 
 def step_loss(model: Transformer, batch: dict[str, torch.Tensor], eps_ls: float,
@@ -57,6 +81,14 @@ def step_loss(model: Transformer, batch: dict[str, torch.Tensor], eps_ls: float,
     output projection and the loss of ``optim.output_loss``): what ``torch.compile`` may wrap."""
     hidden = model.features(batch["src"], batch["tgt_in"])
     return output_loss(hidden, model.embed.weight, batch["tgt_out"], eps_ls, pad_id)[0]
+
+
+def padded_step_loss(model: Transformer, batch: dict[str, torch.Tensor], eps_ls: float,
+                     pad_id: int) -> torch.Tensor:
+    """``step_loss`` as the fast path computes it (``optim.padded_output_loss``): what
+    ``compiled_fast`` wraps."""
+    hidden = model.features(batch["src"], batch["tgt_in"])
+    return padded_output_loss(hidden, model.embed.weight, batch["tgt_out"], eps_ls, pad_id)[0]
 
 
 def train_step(model: Transformer, optimizer, schedule, batch: dict[str, torch.Tensor],
@@ -128,12 +160,13 @@ def shifted_lengths(length: int, count: int) -> list[int]:
 def seconds_compiled(config: Config, tokens: int, precision: str, device: str = "cpu",
                      rounds: int = 3, length: int = 32) -> dict[str, float]:
     """A training step of ``config``'s model on ``tokens`` per side in ``precision`` on
-    ``device``, eager and with the loss under ``torch.compile`` (median seconds, interleaved
-    after a warm-up step each, every timed round on a batch shape new to both, as a run's
-    batches are), and the seconds compiling took (the compiled warm-up step less an eager one).
-    Raises what ``torch.compile`` raises where it fails."""
+    ``device``, eager and on the fast path (``compiled_fast(padded_step_loss)``; median seconds,
+    interleaved after a warm-up step each, every timed round on a batch shape new to both, as a
+    run's batches are), and the seconds compiling took (the compiled warm-up step less an eager
+    one). Raises what ``torch.compile`` raises where it fails."""
+    fast = compiled_fast(padded_step_loss)
     medians, first = _timed(config, tokens, {"eager": (precision, step_loss),
-                                             "compiled": (precision, compiled(step_loss))},
+                                             "compiled": (precision, fast)},
                             rounds, length, device, new_shapes=True)
     return {**medians,
             "compile_seconds": round(max(0.0, first["compiled"] - first["eager"]), 1)}

@@ -1,0 +1,118 @@
+"""The fast path (``train.compile`` on): the training loss over every position of the batch,
+compiled whole, nothing read back to the host between logging intervals; the same losses as the
+eager path, which stays the path of every committed record (``tests/golden``)."""
+
+import json
+from collections import Counter
+
+import pytest
+import torch
+
+from reproduce.paper.optim import output_loss, padded_output_loss
+from tests import golden
+from tests.helpers import WANDB_OFFLINE, cli, cli_env, inject
+
+GOLDEN = json.loads(golden.FILE.read_text())
+
+
+def _largest_relative_difference(losses: list[float]) -> float:
+    assert len(losses) == len(GOLDEN["losses"])
+    return max(abs(a - b) / abs(b) for a, b in zip(losses, GOLDEN["losses"], strict=True))
+
+
+@pytest.fixture(scope="module")
+def own_cache(tmp_path_factory):
+    """The smoke corpus and its tokenizer, built once for the module's tests."""
+    from reproduce.paths import CACHE_ENV
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv(CACHE_ENV, str(tmp_path_factory.mktemp("cache")))
+    yield
+    mp.undo()
+
+
+def test_the_eager_path_gives_the_golden_losses(own_cache):
+    """Bit for bit on the kind of CPU the golden losses were written on (low bits differ on
+    another: other kernels), else within 1e-5."""
+    losses = golden.losses()
+    if golden.hardware() == GOLDEN["hardware"]:
+        assert losses == GOLDEN["losses"]
+    assert _largest_relative_difference(losses) < 1e-5
+
+
+def test_the_fast_path_compiled_gives_the_golden_losses_from_one_compile(own_cache):
+    """Compiled whole (fullgraph) once with dynamic shapes: 20 batches of 20 shapes, no
+    recompile (a loop over the real positions' count, or two sizes equal on the first batch,
+    made one per batch), dropout drawn as eager draws it (the same losses)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    losses = golden.losses(compiled=True)
+    assert _largest_relative_difference(losses) < 1e-5
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_padded_loss_is_the_loss_over_the_real_positions(dtype):
+    torch.manual_seed(0)
+    hidden = torch.randn(3, 7, 16, dtype=dtype, requires_grad=True)
+    weight = torch.randn(50, 16, dtype=dtype, requires_grad=True)
+    target = torch.randint(1, 50, (3, 7))
+    target[0, 4:], target[2, 1:] = 0, 0
+    want = output_loss(hidden, weight, target, 0.1, 0)
+    want_grads = torch.autograd.grad(want[0], (hidden, weight))
+    for chunk in (50 * 4, 50 * 64):  # several chunks, one
+        smoothed, nll, n = padded_output_loss(hidden, weight, target, 0.1, 0, chunk)
+        assert int(n) == int((target != 0).sum())
+        torch.testing.assert_close(smoothed, want[0])
+        torch.testing.assert_close(nll, want[1])
+        for got, expected in zip(torch.autograd.grad(smoothed, (hidden, weight)), want_grads,
+                                 strict=True):
+            torch.testing.assert_close(got, expected)
+    padding = torch.autograd.grad(padded_output_loss(hidden, weight, target, 0.1, 0)[0],
+                                  hidden)[0][target == 0]
+    assert not padding.any()  # a padding position's gradient is exactly zero
+
+
+COUNT_WAITS = '''
+import atexit, json, os
+from reproduce.train import host_waits, runner
+import reproduce.train.lit as lit
+import reproduce.train.step_time as step_time
+
+# the fast path's code, eager: the same ops asked for (compiling it would take a minute here)
+step_time.compiled_fast = lit.compiled_fast = lambda fn: fn
+counter = host_waits.CountHostWaits()
+fit = runner.fit
+
+def counted(*args, callbacks=(), **kwargs):
+    return fit(*args, callbacks=(*callbacks, counter), **kwargs)
+
+runner.fit = counted
+atexit.register(lambda: open(os.environ["WAITS_LOG"], "w").write(json.dumps(counter.mode.waits)))
+'''
+
+
+@pytest.mark.slow
+def test_the_fast_path_waits_for_the_device_only_at_logging_saves_and_evaluations(tmp_path):
+    """Through the CLI, 200 steps of the fast path with a checkpoint every 50 and a dev
+    evaluation every 100, logged to W&B: an op that makes a GPU's host wait (a value read back, a
+    boolean mask's selection, ``tolist``, ``cpu``) comes only in a step that logs (every 10th:
+    the loggers, the divergence check and the learning curve read one after the other), saves or
+    evaluates; none in the other 180."""
+    log = tmp_path / "waits.json"
+    env = {**inject(cli_env(tmp_path), tmp_path / "inject", COUNT_WAITS), "WAITS_LOG": str(log),
+           **WANDB_OFFLINE}  # Lightning's loggers read their values too
+    cli(env, "table3", "--variant", "base", "--scale", "smoke", "--set", "train.compile=on",
+        "train.train_steps=200", "train.ckpt_every_steps=50", "train.val_every_steps=100")
+    [record] = (tmp_path / "results" / "table3").glob("*.json")
+    assert json.loads(record.read_text())["compile"] is True
+    waits = json.loads(log.read_text())
+    (tmp_path.parent / "waits-seen.json").write_text(json.dumps(waits))
+    steps = Counter(step for step, _, _ in waits)
+    allowed = {s for s in range(200) if (s + 1) % 10 == 0}  # the step that ends at a multiple
+    quiet = set(range(200)) - allowed
+    assert len(quiet) >= 160
+    assert not [w for w in waits if w[0] in quiet], [w for w in waits if w[0] in quiet][:10]
+    assert steps, "no wait at all: the counter saw nothing"
