@@ -544,3 +544,16 @@ def test_a_bible_extract_named_by_the_environment_gives_the_same_verses(tmp_path
     monkeypatch.setenv(BIBLE_DB_ENV, str(tmp_path / "missing.db"))
     with pytest.raises(DataError, match=f"{BIBLE_DB_ENV}=.*missing.db: no such file"):
         load_bible_verses("bible-en-de", "dev")
+
+
+def test_a_plans_shapes_and_padding_are_counted_as_its_tensors_hold_them():
+    from reproduce.data.batching import shape_census
+
+    lengths = np.array([(3, 4), (2, 2), (5, 1), (3, 4)])
+    # (rows, source width, target width): (2, 3, 4) twice, (1, 5, 1) once
+    census = shape_census([[0, 1], [2], [3, 0]], lengths)
+    assert census["batches"] == 3 and census["shapes"] == 2
+    computed = 2 * (3 + 4) + 1 * (5 + 1) + 2 * (3 + 4)
+    real = (3 + 4 + 2 + 2) + (5 + 1) + (3 + 4 + 3 + 4)
+    assert census["padding_share"] == round(1 - real / computed, 4)
+    assert shape_census([], lengths) == {"batches": 0, "shapes": 0, "padding_share": 0.0}

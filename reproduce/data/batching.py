@@ -282,3 +282,21 @@ class ResumableLoader(DataLoader):
         elif before and before != now:
             batches = min(now, round(batches * now / before))
         self.dataset.resume(epoch, batches)
+
+
+def shape_census(batches: Sequence[Sequence[int]], lengths: np.ndarray) -> dict[str, float]:
+    """What a plan's ``batches`` (example indices) cost as tensors, from the examples' model-side
+    (source, target) ``lengths`` (``Encoded.lengths``): how many batches, how many distinct batch
+    shapes (rows, source width, target width) they take (each a compile or a CUDA graph of its
+    own, and a graph cuDNN's attention builds), and the share of the tensors' positions, both
+    sides, that are padding."""
+    sizes = np.asarray(lengths, dtype=np.int64).reshape(-1, 2)
+    shapes, computed, real = set(), 0, 0
+    for batch in batches:
+        rows = sizes[np.asarray(batch, dtype=np.int64)]
+        width = rows.max(axis=0)
+        shapes.add((len(batch), int(width[0]), int(width[1])))
+        computed += len(batch) * int(width.sum())
+        real += int(rows.sum())
+    return {"batches": len(batches), "shapes": len(shapes),
+            "padding_share": round(1 - real / computed, 4) if computed else 0.0}
