@@ -176,7 +176,7 @@ def test_train_compile_trains_a_run_through_the_compiled_loss(monkeypatch):
     monkeypatch.setattr(torch, "compile", recording_compile)
     config = load_spec("table3").resolve("base", "smoke").overrides(N=1)
     batches = bench_inputs.synthetic_batches(config.model.vocab_size, 256, 3, 32, seed=0)
-    assert not TranslationModule(config.to_dict())._train_losses.__name__ == "compiled"
+    assert not TranslationModule(config.to_dict()).fast
     module = TranslationModule(config.overrides(compile=True).to_dict())
     lightning_loop(module, "32-true")(batches)
     assert calls == ["_padded_losses"] * 3  # every training step, through the compiled function

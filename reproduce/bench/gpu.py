@@ -54,8 +54,7 @@ from reproduce.paper.optim import adam_with_schedule
 from reproduce.runs.sweep import load_spec
 from reproduce.train.devices import attention_kernels
 from reproduce.train.step_time import (
-    compiled_fast,
-    padded_step_loss,
+    fast_step_loss,
     step_loss,
     synthetic_batch,
     train_step,
@@ -267,7 +266,7 @@ def run(steps: int = 10, out: str | None = None, budget: float = 420.0,
 
     def compiled_part() -> None:
         try:
-            step_part("base, compiled", "base-en-de", precision, compiled_fast(padded_step_loss))
+            step_part("base, compiled", "base-en-de", precision, fast_step_loss(config("base-en-de")))
         except Exception as e:  # noqa: BLE001 - one line, and the other parts go on
             report.skip("base, compiled", f"torch.compile failed: {one_line(e)}")
 

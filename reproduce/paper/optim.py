@@ -131,7 +131,7 @@ class _PaddedOutputLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, target: Tensor, eps_ls: float, pad_id: int,
-                rows: int):
+                rows: int, chunks: int):
         shape = hidden.shape
         h, t = hidden.reshape(-1, shape[-1]), target.reshape(-1)  # (n, d), (n,)
         real = (t != pad_id)
@@ -146,16 +146,18 @@ class _PaddedOutputLoss(torch.autograd.Function):
             uniform = torch.zeros((), dtype=acc, device=hidden.device)
             grad_h = torch.empty_like(h, dtype=acc)
             grad_w = torch.zeros_like(weight, dtype=acc)
-            # rows 0: one chunk, no loop over the positions' count (compiled with dynamic shapes,
-            # a loop would be traced again for every count)
-            for start, end in ([(0, None)] if rows == 0 else
-                               [(i, i + rows) for i in range(0, h.shape[0], rows)]):
+            # compiled with dynamic shapes, a loop over the positions' count would be traced
+            # again for every count: there, `chunks` chunks of a size that follows the count
+            n = h.shape[0]
+            for start, end in ([(i * n // chunks, (i + 1) * n // chunks) for i in range(chunks)]
+                               if chunks else [(i, i + rows) for i in range(0, n, rows)]):
                 hc, tc = h[start:end].to(dtype), t[start:end]
-                keep = real[start:end].to(acc)
+                keep = real[start:end]
                 logp = F.log_softmax((hc @ w.t()).to(acc), dim=-1)  # (rows, V)
-                nll -= (logp.gather(-1, tc[:, None]).squeeze(-1) * keep).sum()
-                uniform -= (logp.sum(-1) * keep).sum() / vocab
-                g = (_minus_q_(logp.exp_(), tc, eps_ls) * keep[:, None]).to(dtype)
+                # where, not a product: whatever a padding position holds is dropped
+                nll -= torch.where(keep, logp.gather(-1, tc[:, None]).squeeze(-1), 0).sum()
+                uniform -= torch.where(keep, logp.sum(-1), 0).sum() / vocab
+                g = torch.where(keep[:, None], _minus_q_(logp.exp_(), tc, eps_ls), 0).to(dtype)
                 grad_h[start:end] = g @ w
                 grad_w += (g.t() @ hc).to(acc)
         ctx.save_for_backward(grad_h.view(shape), grad_w)
@@ -167,18 +169,20 @@ class _PaddedOutputLoss(torch.autograd.Function):
     def backward(ctx, grad_smoothed: Tensor, grad_nll: Tensor):
         grad_h, grad_w = ctx.saved_tensors
         return ((grad_h * grad_smoothed).to(ctx.dtypes[0]),
-                (grad_w * grad_smoothed).to(ctx.dtypes[1]), None, None, None, None)
+                (grad_w * grad_smoothed).to(ctx.dtypes[1]), None, None, None, None, None)
 
 
 def padded_output_loss(hidden: Tensor, weight: Tensor, target: Tensor, eps_ls: float,
-                       pad_id: int, chunk_elements: int | None = None
+                       pad_id: int, chunk_elements: int | None = None, most_positions: int = 0
                        ) -> tuple[Tensor, Tensor, Tensor]:
     """``output_loss`` for the fast path (``train.compile``): the same smoothed loss and NLL sums,
     and the count of real target tokens, as tensors, computed over every target position with the
     padding weighted 0 (``_PaddedOutputLoss``): what it costs, nothing to read back, the
-    same chunks for every batch of a shape. ``torch.compile(fullgraph=True)`` traces it whole,
-    in one chunk: inductor fuses the softmax, the sums and the gradient into a few kernels over
-    the projection's output. The sums match ``output_loss``'s up to the order of additions."""
-    rows = 0 if torch.compiler.is_compiling() else _rows(hidden, weight, chunk_elements)
-    smoothed, nll = _PaddedOutputLoss.apply(hidden, weight, target, eps_ls, pad_id, rows)
+    same chunks for every batch of a shape. ``torch.compile(fullgraph=True)`` traces it whole
+    once for any batch shape: there the chunks are as many as ``most_positions`` (the most
+    target positions a batch holds; 0: one chunk) needs at the chunk size, each of a size that
+    follows the batch's. The sums match ``output_loss``'s up to the order of additions."""
+    rows = _rows(hidden, weight, chunk_elements)
+    chunks = max(1, -(-most_positions // rows)) if torch.compiler.is_compiling() else 0
+    smoothed, nll = _PaddedOutputLoss.apply(hidden, weight, target, eps_ls, pad_id, rows, chunks)
     return smoothed, nll, (target != pad_id).sum()

@@ -27,6 +27,11 @@ from reproduce.util.files import atomic_file
 log = logging.getLogger("reproduce")
 
 
+# Steps between Lightning's hand-overs to the loggers (the Trainer's log_every_n_steps): where a
+# run's host reads values back from the device (the divergence check, the learning curve on the
+# fast path, the ranks' decision to stop), so that one wait serves them all
+LOG_EVERY = 10
+
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning's checkpoint writer, saving through ``atomic_file``: streamed to a temporary
     file renamed into place, so no copy of a checkpoint (2.6 GB for the paper's big) is made in
@@ -116,12 +121,14 @@ class SaveOnStop(pl.Callback):
     While fitting, these handlers replace Lightning's (restored with the others when fit ends),
     which stop a dev evaluation mid-way (its point of the learning curve lost on resume) and run a
     collective inside the signal handler on each rank, so ranks signalled a step apart stop at
-    different places and wait on each other forever. Here a handler only notes the signal; the
-    ranks decide together at the end of each optimizer step, after its dev evaluation if it has
-    one (one all-reduce of a flag, on several devices only), then Lightning's own flag makes every
-    rank leave at that step's end, and ``on_exception`` saves."""
+    different places and wait on each other forever. Here a handler only notes the signal; one
+    device decides at the end of each optimizer step, after its dev evaluation if it has one;
+    several decide together every ``EVERY`` steps, after dev evaluations and at the last step
+    (an all-reduce of a flag, whose answer each host waits for: not every step). Then
+    Lightning's own flag makes every rank leave at that step's end, and ``on_exception`` saves."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGUSR2, signal.SIGINT)
+    EVERY = LOG_EVERY  # steps between the ranks' decisions
 
     def __init__(self, folder: Path, diverged: StopOnDivergence, val_every_steps: int = 0) -> None:
         self.folder, self.diverged = folder, diverged
@@ -160,7 +167,10 @@ class SaveOnStop(pl.Callback):
         loop._batches_that_stepped = trainer.global_step
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if self.step_end.where(trainer) == StepEnd.END:  # else decided after the dev evaluation
+        if self.step_end.where(trainer) != StepEnd.END:  # else decided after the dev evaluation
+            return
+        step = trainer.global_step
+        if trainer.world_size == 1 or step % self.EVERY == 0 or step >= trainer.max_steps:
             self._decide(trainer, pl_module)
 
     def on_validation_end(self, trainer, pl_module) -> None:
@@ -213,7 +223,7 @@ class StopOnDivergence(pl.Callback):
     The flags stay on the device and are read every ``every`` steps, not every step: on a GPU a
     read is a host synchronization (``runs.diverged`` keeps the marker that follows)."""
 
-    def __init__(self, run_id: str, every: int = 10) -> None:
+    def __init__(self, run_id: str, every: int = LOG_EVERY) -> None:
         self.run_id, self.every = run_id, every
         self._bad: torch.Tensor | None = None  # any non-finite loss since the last read
         self._last: torch.Tensor | None = None  # the last finite loss
@@ -253,10 +263,13 @@ class ShareCores(pl.Callback):
 
 class TrainClock(pl.Callback):
     """Training wall time, summed over resumed sessions (kept inside the checkpoints); prints a
-    progress line every `every` steps where there is no progress bar (logs, nohup, CI)."""
+    progress line every `every` steps where there is no progress bar (logs, nohup, CI). The
+    learning curve's points are read every `curve_every` steps, a multiple of `align` (the fast
+    path's 10: its loggers' steps, where the host reads the device anyway)."""
 
-    def __init__(self, every: int = 0, curve_every: int | None = None) -> None:
+    def __init__(self, every: int = 0, curve_every: int | None = None, align: int = 1) -> None:
         self.curve_every = curve_every  # default: about 20 points or more over the run
+        self.align = align
         self.before = 0.0
         self.start: float | None = None
         self.cpu_before = 0.0
@@ -268,6 +281,7 @@ class TrainClock(pl.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
         curve_every = self.curve_every or max(1, min(50, trainer.max_steps // 20))
+        curve_every = -(-curve_every // self.align) * self.align
         if step % curve_every or not (loss := trainer.callback_metrics.get("train/loss")):
             return
         if self.curve["train_loss"] and self.curve["train_loss"][-1][0] == step:

@@ -27,6 +27,7 @@ from reproduce.runs import checkpoints, disk
 from reproduce.runs.sweep import PlannedRun
 from reproduce.train import devices
 from reproduce.train.callbacks import (
+    LOG_EVERY,
     AtomicCheckpointIO,
     SaveOnStop,
     ShareCores,
@@ -91,7 +92,8 @@ def fit(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=(),
     module = TranslationModule(c.to_dict())
     if compiled is not None:
         module.use_compiled(compiled)
-    clock = TrainClock(every=0 if sys.stderr.isatty() else 50, curve_every=curve_every)
+    clock = TrainClock(every=0 if sys.stderr.isatty() else 50, curve_every=curve_every,
+                       align=LOG_EVERY if module.fast else 1)
     diverged = StopOnDivergence(run.run_id)
     stop = SaveOnStop(work / "checkpoints", diverged, c.train.val_every_steps)
     if os.environ.get(machine.SHARE_ENV):  # a --workers worker on a CPU
@@ -108,7 +110,7 @@ def fit(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=(),
         accelerator=layout.accelerator, devices=layout.devices, num_nodes=layout.nodes,
         strategy=_strategy(layout), logger=logger, callbacks=[diverged, ckpt, clock, stop, *callbacks],
         plugins=[AtomicCheckpointIO(), *devices.cluster_plugins()],
-        num_sanity_val_steps=0, log_every_n_steps=10, enable_model_summary=False,
+        num_sanity_val_steps=0, log_every_n_steps=LOG_EVERY, enable_model_summary=False,
         enable_progress_bar=sys.stderr.isatty(),
         **({"val_check_interval": c.train.val_every_steps, "check_val_every_n_epoch": None}
            if c.train.val_every_steps else {"limit_val_batches": 0}),

@@ -19,6 +19,7 @@ from reproduce.data import PAD_BATCH
 from reproduce.errors import one_line
 from reproduce.paper.model import Transformer
 from reproduce.paper.optim import adam_with_schedule, output_loss, padded_output_loss
+from reproduce.train.callbacks import LOG_EVERY
 from reproduce.train.step_time import compiled_fast
 
 log = logging.getLogger("reproduce")
@@ -70,7 +71,15 @@ class TranslationModule(pl.LightningModule):
         (``optim.padded_output_loss``): the training loss of the fast path."""
         hidden = self.model.features(batch["src"], batch["tgt_in"])
         return padded_output_loss(hidden, self.model.embed.weight, batch["tgt_out"],
-                                  self.config.train.eps_ls, self.config.model.pad_id)
+                                  self.config.train.eps_ls, self.config.model.pad_id,
+                                  most_positions=self._micro_tokens)
+
+    @property
+    def _micro_tokens(self) -> int:
+        """The most target positions a training batch of one device holds (the token budget of
+        its micro-batch: ``TrainConfig.split_batch``), for the fast path's loss chunks."""
+        world = self.trainer.world_size if self._trainer is not None else 1
+        return self.config.train.split_batch(world)[1]
 
     def on_train_batch_start(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         """Seed dropout from (seed, optimizer step, micro-batch within it, rank), so the masks
@@ -108,9 +117,12 @@ class TranslationModule(pl.LightningModule):
             self._loss_on_bar = not self.fast
         self.log("train/loss", loss, prog_bar=self._loss_on_bar)
         self.log("train/nll", nll / n)
-        scheduler = self.lr_schedulers()
-        assert isinstance(scheduler, LRScheduler)  # one, configure_optimizers's
-        self.log("train/lr", scheduler.get_last_lr()[0])
+        if (self.trainer.global_step + 1) % LOG_EVERY == 0:
+            # the steps Lightning hands its loggers (a number logged becomes a tensor on the
+            # device: on a GPU, a copy the host waits for); the loggers see what they saw
+            scheduler = self.lr_schedulers()
+            assert isinstance(scheduler, LRScheduler)  # one, configure_optimizers's
+            self.log("train/lr", scheduler.get_last_lr()[0])
         self.log("train/tgt_tokens", n.float(), reduce_fx="sum")
         return loss
 

@@ -212,7 +212,7 @@ def run_here(run: PlannedRun, split: str, command: str, work: Path,
     except BaseException:
         end_failed(logger)  # as failed, not left open for the next one
         raise
-    choice = _compile_entries(compiled, module.compile_failed, graphs)
+    choice = _compile_entries(compiled, module.compile_failed, None if donor else graphs)
     record: Record = {
         "schema": SCHEMA_VERSION, "run_id": run.run_id, "table": run.table, "row": run.row,
         "variant": run.variant, "scale": run.scale, "seed": c.train.seed, "split": split,
@@ -299,13 +299,14 @@ def _data_summary(c: Config, data, tokenizer) -> DataSummary:
 
 
 def _compile_entries(compiled: tuple[bool, dict[str, Any]], failed: str | None,
-                     graphs: dict[str, int]) -> tuple[bool, dict[str, Any]]:
+                     graphs: dict[str, int] | None) -> tuple[bool, dict[str, Any]]:
     """The record's ``compile`` (whether the run trained compiled) and ``compile_choice`` (how
-    that was chosen; a failure in training, or the graphs and recompiles of a compiled run)."""
+    that was chosen; a failure in training, or the graphs and recompiles of a run compiled
+    here: ``graphs`` None where the training is a donor's, whose choice is kept as it is)."""
     chosen, how = compiled
     if failed:
         return False, {**how, "failed_in_training": failed}
-    return chosen, {**how, "in_training": graphs} if chosen else how
+    return chosen, {**how, "in_training": graphs} if chosen and graphs is not None else how
 
 
 def _batch_summary(layout: Layout, world_size: int, accumulate: int, micro: int,

@@ -3,6 +3,7 @@ each precision (``precision: auto`` chooses by it; ``plan.step_probe`` times a c
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Callable
@@ -54,11 +55,10 @@ def compiled_fast(loss_fn: Callable) -> Callable:
     generator, as eager does (inductor's ``fallback_random``), so the masks follow the seed each
     step is given (``lit.TranslationModule.on_train_batch_start``): a resumed run draws the
     uninterrupted run's, and the losses are eager's (``tests/golden``)."""
-    import torch._inductor.config as inductor
     from torch.fx.experimental import _config as shapes
 
-    inductor.fallback_random = True
-    compiled = torch.compile(loss_fn, dynamic=True, fullgraph=True)
+    compiled = torch.compile(loss_fn, dynamic=True, fullgraph=True,
+                             options={"fallback_random": True})
 
     def run(*args, **kwargs):
         with shapes.patch(use_duck_shape=False):
@@ -84,11 +84,19 @@ def step_loss(model: Transformer, batch: dict[str, torch.Tensor], eps_ls: float,
 
 
 def padded_step_loss(model: Transformer, batch: dict[str, torch.Tensor], eps_ls: float,
-                     pad_id: int) -> torch.Tensor:
-    """``step_loss`` as the fast path computes it (``optim.padded_output_loss``): what
-    ``compiled_fast`` wraps."""
+                     pad_id: int, most_positions: int = 0) -> torch.Tensor:
+    """``step_loss`` as the fast path computes it (``optim.padded_output_loss``, its chunks for
+    batches of at most ``most_positions`` target positions): what ``compiled_fast`` wraps."""
     hidden = model.features(batch["src"], batch["tgt_in"])
-    return padded_output_loss(hidden, model.embed.weight, batch["tgt_out"], eps_ls, pad_id)[0]
+    return padded_output_loss(hidden, model.embed.weight, batch["tgt_out"], eps_ls, pad_id,
+                              most_positions=most_positions)[0]
+
+
+def fast_step_loss(micro: Config | int) -> Callable:
+    """The fast path's step loss, compiled, for micro-batches of ``micro`` tokens per side (or of
+    a config's, on one device)."""
+    tokens = micro if isinstance(micro, int) else micro.train.split_batch(1)[1]
+    return compiled_fast(functools.partial(padded_step_loss, most_positions=tokens))
 
 
 def train_step(model: Transformer, optimizer, schedule, batch: dict[str, torch.Tensor],
@@ -164,7 +172,7 @@ def seconds_compiled(config: Config, tokens: int, precision: str, device: str = 
     interleaved after a warm-up step each, every timed round on a batch shape new to both, as a
     run's batches are), and the seconds compiling took (the compiled warm-up step less an eager
     one). Raises what ``torch.compile`` raises where it fails."""
-    fast = compiled_fast(padded_step_loss)
+    fast = fast_step_loss(tokens)
     medians, first = _timed(config, tokens, {"eager": (precision, step_loss),
                                              "compiled": (precision, fast)},
                             rounds, length, device, new_shapes=True)
