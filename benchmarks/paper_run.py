@@ -82,6 +82,15 @@ def write_profile(stats: Path, out: Path, top: int = 45) -> None:
     out.write_text(text.getvalue())
 
 
+def _compiled(r: dict) -> str:
+    """How the run trained: eager, or compiled (the fast path) with its graphs and recompiles."""
+    if not r.get("compile"):
+        return "eager"
+    graphs = r.get("compile_choice", {}).get("in_training")
+    return (f"compiled ({graphs['graphs']} graph(s), {graphs['recompiles']} recompile(s))"
+            if graphs else "compiled")
+
+
 def report(r: dict, wall: float, generated: float, args, command: str) -> str:
     m, b, p = r["metrics"], r["batch"], r["phases"]
     steps = m["train_steps"]
@@ -90,14 +99,15 @@ def report(r: dict, wall: float, generated: float, args, command: str) -> str:
     lines = [f"# A `{args.scale}`-scale run through the CLI: Table 2's base EN-DE on {device}", "",
              f"`python benchmarks/paper_run.py --pairs {args.pairs} --steps {args.steps} "
              f"--eval-pairs {args.eval_pairs} --scale {args.scale}"
+             f"{f' --compile {args.compile}' if args.compile != 'off' else ''}"
              f"{' --profile' if args.profile else ''}` ({r['finished_at']}, commit "
              f"{(r['commit'].get('sha') or '?')[:7]}): the generated corpus "
              f"({r['data']['train_pairs']:,} training pairs, {generated:.0f} s to write), then",
              "", f"    python -m reproduce {command.split(' reproduce ', 1)[-1]}", "",
              f"{steps} steps of {b['effective_tokens_per_step']} tokens ({b['devices']} device(s) x "
              f"{b['accumulate']} accumulated x {b['device_batch_tokens']}), {r['precision']}, "
-             f"{len(r['averaged_checkpoints'])} checkpoints averaged, "
-             f"{'compiled' if r.get('compile') else 'eager'}.", "",
+             f"{len(r['averaged_checkpoints'])} checkpoints averaged, {_compiled(r)}; "
+             f"{b.get('tgt_padding_share', 0):.1%} of the target positions padding.", "",
              "| phase | seconds |", "|---|---:|"]
     names = {"data": "data: files read, BPE trained, corpus encoded (an empty cache)",
              "fit": "fit: training steps and checkpoint saves", "average": "averaging",
