@@ -121,17 +121,19 @@ class SaveOnStop(pl.Callback):
     While fitting, these handlers replace Lightning's (restored with the others when fit ends),
     which stop a dev evaluation mid-way (its point of the learning curve lost on resume) and run a
     collective inside the signal handler on each rank, so ranks signalled a step apart stop at
-    different places and wait on each other forever. Here a handler only notes the signal; one
-    device decides at the end of each optimizer step, after its dev evaluation if it has one;
-    several decide together every ``EVERY`` steps, after dev evaluations and at the last step
-    (an all-reduce of a flag, whose answer each host waits for: not every step). Then
-    Lightning's own flag makes every rank leave at that step's end, and ``on_exception`` saves."""
+    different places and wait on each other forever. Here a handler only notes the signal; the
+    ranks decide together at the end of each optimizer step, after its dev evaluation if it has
+    one (one all-reduce of a flag, on several devices only; on the fast path every ``every``
+    steps, after dev evaluations and at the last step: its answer is a read the host waits for),
+    then Lightning's own flag makes every rank leave at that step's end, and ``on_exception``
+    saves."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGUSR2, signal.SIGINT)
-    EVERY = LOG_EVERY  # steps between the ranks' decisions
 
-    def __init__(self, folder: Path, diverged: StopOnDivergence, val_every_steps: int = 0) -> None:
+    def __init__(self, folder: Path, diverged: StopOnDivergence, val_every_steps: int = 0,
+                 every: int = 1) -> None:
         self.folder, self.diverged = folder, diverged
+        self.every = every  # steps between the ranks' decisions
         self.step_end = StepEnd(val_every_steps)
         self.saved: Path | None = None
         self.signal: int | None = None  # the stop signal that came, if any
@@ -170,7 +172,7 @@ class SaveOnStop(pl.Callback):
         if self.step_end.where(trainer) != StepEnd.END:  # else decided after the dev evaluation
             return
         step = trainer.global_step
-        if trainer.world_size == 1 or step % self.EVERY == 0 or step >= trainer.max_steps:
+        if trainer.world_size == 1 or step % self.every == 0 or step >= trainer.max_steps:
             self._decide(trainer, pl_module)
 
     def on_validation_end(self, trainer, pl_module) -> None:

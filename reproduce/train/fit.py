@@ -95,7 +95,8 @@ def fit(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=(),
     clock = TrainClock(every=0 if sys.stderr.isatty() else 50, curve_every=curve_every,
                        align=LOG_EVERY if module.fast else 1)
     diverged = StopOnDivergence(run.run_id)
-    stop = SaveOnStop(work / "checkpoints", diverged, c.train.val_every_steps)
+    stop = SaveOnStop(work / "checkpoints", diverged, c.train.val_every_steps,
+                      every=LOG_EVERY if module.fast else 1)
     if os.environ.get(machine.SHARE_ENV):  # a --workers worker on a CPU
         callbacks = [*callbacks, ShareCores()]
     every = ({"train_time_interval": timedelta(minutes=c.train.ckpt_every_minutes)}
