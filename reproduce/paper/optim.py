@@ -41,6 +41,23 @@ def _minus_q_(probs: Tensor, target: Tensor, eps_ls: float) -> Tensor:
         -1, index, torch.full(index.shape, eps_ls - 1.0, dtype=probs.dtype, device=probs.device))
 
 
+def _precisions(hidden: Tensor) -> tuple[str, torch.dtype, torch.dtype]:
+    """The output loss's device type, its matmuls' dtype (autocast's when it is on, as autograd's
+    would be) and its sums' (fp32, or fp64 for fp64 inputs)."""
+    device = hidden.device.type
+    dtype = (torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device)
+             else hidden.dtype)
+    return device, dtype, torch.float64 if hidden.dtype == torch.float64 else torch.float32
+
+
+def _scaled_grads(ctx, grad_smoothed: Tensor) -> tuple[Tensor, Tensor]:
+    """The hidden states' and weight's gradients the forward pass saved, scaled by the incoming
+    gradient, in the inputs' dtypes: the backward of both output losses."""
+    grad_h, grad_w = ctx.saved_tensors
+    return ((grad_h * grad_smoothed).to(ctx.dtypes[0]),
+            (grad_w * grad_smoothed).to(ctx.dtypes[1]))
+
+
 class _OutputLoss(torch.autograd.Function):
     """``output_loss``'s forward and backward: the smoothed loss of ``hidden @ weight.T`` without
     the (tokens, V) logits in memory: the
@@ -55,12 +72,9 @@ class _OutputLoss(torch.autograd.Function):
                 rows: int):
         keep = target != pad_id
         h, t = hidden[keep], target[keep]  # (n, d), (n,)
-        device = hidden.device.type
-        dtype = (torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device)
-                 else hidden.dtype)
+        device, dtype, acc = _precisions(hidden)
         grads = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
         vocab = weight.shape[0]
-        acc = torch.float64 if hidden.dtype == torch.float64 else torch.float32
         with torch.autocast(device, enabled=False):
             w = weight.to(dtype)
             nll = torch.zeros((), dtype=acc, device=hidden.device)
@@ -86,9 +100,7 @@ class _OutputLoss(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_smoothed: Tensor, grad_nll: Tensor):
-        grad_h, grad_w = ctx.saved_tensors
-        return ((grad_h * grad_smoothed).to(ctx.dtypes[0]),
-                (grad_w * grad_smoothed).to(ctx.dtypes[1]), None, None, None, None)
+        return (*_scaled_grads(ctx, grad_smoothed), None, None, None, None)
 
 
 def _rows(hidden: Tensor, weight: Tensor, chunk_elements: int | None) -> int:
@@ -135,11 +147,8 @@ class _PaddedOutputLoss(torch.autograd.Function):
         shape = hidden.shape
         h, t = hidden.reshape(-1, shape[-1]), target.reshape(-1)  # (n, d), (n,)
         real = (t != pad_id)
-        device = hidden.device.type
-        dtype = (torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device)
-                 else hidden.dtype)
+        device, dtype, acc = _precisions(hidden)
         vocab = weight.shape[0]
-        acc = torch.float64 if hidden.dtype == torch.float64 else torch.float32
         with torch.autocast(device, enabled=False):
             w = weight.to(dtype)
             nll = torch.zeros((), dtype=acc, device=hidden.device)
@@ -167,9 +176,7 @@ class _PaddedOutputLoss(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_smoothed: Tensor, grad_nll: Tensor):
-        grad_h, grad_w = ctx.saved_tensors
-        return ((grad_h * grad_smoothed).to(ctx.dtypes[0]),
-                (grad_w * grad_smoothed).to(ctx.dtypes[1]), None, None, None, None, None)
+        return (*_scaled_grads(ctx, grad_smoothed), None, None, None, None, None)
 
 
 def padded_output_loss(hidden: Tensor, weight: Tensor, target: Tensor, eps_ls: float,

@@ -32,6 +32,7 @@ log = logging.getLogger("reproduce")
 # fast path, the ranks' decision to stop), so that one wait serves them all
 LOG_EVERY = 10
 
+
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning's checkpoint writer, saving through ``atomic_file``: streamed to a temporary
     file renamed into place, so no copy of a checkpoint (2.6 GB for the paper's big) is made in

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import sys
 import traceback
-from collections import Counter
 from types import FrameType
 from typing import Any
 
@@ -101,10 +100,6 @@ class HostWaits(TorchDispatchMode):
             self.waits.append((self.step, f"Tensor.{name}", _asker()))
             return original(tensor, *args, **kwargs)
         return method
-
-    def steps(self) -> Counter:
-        """Waits per step."""
-        return Counter(step for step, _, _ in self.waits)
 
 
 class CountHostWaits(pl.Callback):

@@ -105,8 +105,8 @@ class TranslationModule(pl.LightningModule):
             smoothed, nll, n = self._losses(batch)
         loss = smoothed / n
         (B, S), T = batch["src"].shape, batch["tgt_in"].shape[1]
-        for key, value in zip(WORK_KEYS, (B * S, B * T, B * S * S, B * T * T, B * T * S),
-                              strict=False):
+        for key, value in zip(WORK_KEYS[:-1], (B * S, B * T, B * S * S, B * T * T, B * T * S),
+                              strict=True):  # the shapes' counts; real tokens are kept apart
             self.work[key] += value
         real = n.detach()
         self._real_tokens = real if self._real_tokens is None else self._real_tokens + real
