@@ -205,9 +205,7 @@ def paper_run(w: Window, args: argparse.Namespace, env: dict) -> bool:
                               str(args.eval_pairs), "--scale", args.scale, "--work", str(work),
                               "--out", str(args.out / "paper-run.md"), "--compile", args.compile,
                               *(["--profile"] if args.profile else [])], w.left() - 10, env)
-    records = sorted((work / "results" / "table2").glob("*.json"))
-    if records:
-        (args.out / "paper-run.json").write_bytes(records[-1].read_bytes())
+    records = [r for r in [args.out / "paper-run.json"] if r.exists()]  # paper_run.py wrote it
     models = sorted((work / "cache" / "spm").glob("*.model"))
     if models:
         with tarfile.open(args.out / "tokenizer.tar.gz", "w:gz") as tar:

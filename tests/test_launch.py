@@ -135,7 +135,7 @@ def test_slurm_options_reach_the_sbatch_header_and_runs_of_other_needs_get_their
 
 
 def test_with_on_gpu_each_run_asks_the_time_its_estimate_needs_and_similar_runs_share_an_array():
-    from reproduce.plan.estimates import estimate
+    from reproduce.plan.gpu_prices import price
 
     spec = load_spec("table3")
     runs = spec.plan(["base", "A1", "C1", "big"], "paper", [0])
@@ -143,13 +143,15 @@ def test_with_on_gpu_each_run_asks_the_time_its_estimate_needs_and_similar_runs_
     limits = {}
     for run in runs:
         minutes, why = launch.time_limit(run, cluster, launch.resources(run, cluster))
-        hours = estimate(run, launch.gpu_target("H100", 8)).hours
+        hours = price(run.config, launch.gpu_target("H100", 8),
+                      run.config.train.train_steps).command_hours
         assert minutes % 60 == 0 and minutes / 60 in launch.TIME_LIMITS_H
         # enough for the estimate with its margin, and the next shorter limit would not be
         need = hours * 60 * launch.TIME_MARGIN + launch.TIME_ALLOWANCE_MIN
         shorter = [h for h in launch.TIME_LIMITS_H if h * 60 < minutes]
         assert minutes >= need and (not shorter or shorter[-1] * 60 < need), (run.variant, hours)
-        assert f"{hours:.1f} h of training estimated on 8x H100" in why
+        assert f"{hours:.1f} h estimated on 8x H100 (training" in why
+        assert "scaled from NVIDIA H200" in why  # no H100 was measured
         limits[run.variant] = minutes
     assert limits["big"] > limits["base"] and limits["base"] < 3 * 24 * 60  # not the default
     groups = launch.arrays(runs, cluster)

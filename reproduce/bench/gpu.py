@@ -22,8 +22,9 @@ report); a part that fails or is cut is one line there, and the others go on:
    out of memory).
 
 Then the hours of Table 2's runs (100K steps base, 300K big) on this GPU and on 8 at ideal
-scaling, from 1 and 4. ``plan.estimates.parse_on`` prices ``--dry-run --on <this GPU>`` from part 1
-once ``results/gpu.json`` exists.
+scaling, from 1 and 4. ``plan.gpu_prices`` prices ``--dry-run --on <a GPU>`` from parts 1 and 2
+(``results/gpu.json``) with a run through the CLI on the same GPU (``results/paper-run.json``,
+``benchmarks/paper_run.py``).
 
 On a machine without a GPU it says so and runs parts 1, 2, 3 and 5 on a tiny model on the CPU
 (the `smoke` widths), writing only to an ``--out`` given (a rehearsal): the code path stays tested

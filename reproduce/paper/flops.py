@@ -47,6 +47,25 @@ BF16_DENSE_TFLOPS: dict[str, float] = {
 }
 
 
+# Memory bandwidth (TB/s) and memory (GB) per GPU, NVIDIA data sheets: what prices a GPU never
+# measured from one that was (``plan.gpu_prices``). "A100" alone is the 40 GB part; "A100 80GB"
+# the other (its name says so).
+MEMORY_TBS: dict[str, float] = {
+    "K80": 0.24, "K40": 0.288, "M40": 0.288, "P100": 0.732, "T4": 0.32,
+    "V100": 0.9, "V100 PCIe": 0.9, "V100S": 1.134,
+    "A10": 0.6, "A30": 0.933, "A40": 0.696, "A100": 1.555, "A100 80GB": 2.039, "A6000": 0.768,
+    "RTX 3090": 0.936, "RTX 4090": 1.008, "RTX 6000 Ada": 0.96,
+    "L4": 0.3, "L40": 0.864, "L40S": 0.864,
+    "H100": 3.35, "H100 PCIe": 2.0, "H100 NVL": 3.9, "H200": 4.8, "H200 NVL": 4.8, "GH200": 4.0,
+}
+MEMORY_GB: dict[str, float] = {
+    "K80": 12, "K40": 12, "M40": 12, "P100": 16, "T4": 16, "V100": 16, "V100 PCIe": 16,
+    "V100S": 32, "A10": 24, "A30": 24, "A40": 48, "A100": 40, "A100 80GB": 80, "A6000": 48,
+    "RTX 3090": 24, "RTX 4090": 24, "RTX 6000 Ada": 48, "L4": 24, "L40": 48, "L40S": 48,
+    "H100": 80, "H100 PCIe": 80, "H100 NVL": 94, "H200": 141, "H200 NVL": 141, "GH200": 96,
+}
+
+
 def lookup(name: str, table: dict[str, float]) -> float | None:
     """The entry of ``table`` for a device name such as "NVIDIA H100 80GB HBM3"; None when none
     matches. Whole words only, so "A10G" is not an "A10"; the entry with most words wins, so

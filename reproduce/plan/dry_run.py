@@ -10,7 +10,7 @@ import torch
 
 from reproduce import paths
 from reproduce.paths import results_dir, runs_dir
-from reproduce.plan import estimates, workers
+from reproduce.plan import estimates, gpu_prices, workers
 from reproduce.runs import disk, footprint
 from reproduce.runs.checkpoints import steps_left
 from reproduce.runs.precision_history import most_common, trained_in
@@ -25,7 +25,7 @@ def print_plan(spec, runs: list, layout: Layout, on: str | None = None,
                devices: int | str | None = None, n_workers: int | str = "auto") -> dict[str, float]:
     """Print the plan of ``runs`` and return its total device-hours and wall-clock hours.
     ``on``, ``devices`` and ``n_workers``: the command's ``--on``, ``--devices``, ``--workers``."""
-    target = estimates.parse_on(on)
+    target = gpu_prices.parse_on(on)
     if target.kind == "gpu" and devices not in (None, "auto"):
         target = dataclasses.replace(target, devices=int(devices))
     if target.kind == "cpu" and layout.devices > 1:  # one run over CPU processes
@@ -64,6 +64,7 @@ def print_plan(spec, runs: list, layout: Layout, on: str | None = None,
               "once)")
     total = serial = 0.0  # device-hours; hours one run after another
     largest: tuple[int, str, disk.Need] | None = None
+    read: set[tuple] = set()  # corpora a run before this one reads and encodes
     for run in runs:
         state = states[run.run_id]
         if state == "done":
@@ -74,11 +75,15 @@ def print_plan(spec, runs: list, layout: Layout, on: str | None = None,
             continue
         if state.startswith("redo: "):
             print(f"  {run.run_id}: will be redone: {state[6:]}")
+        d = run.config.data
+        corpus = (d.corpus, d.data_dir, d.max_train_pairs, d.train_every)
         e = (here.estimate(run, threads, to_go[run.run_id], settled[run.scale], target) if here
-             else estimates.estimate(run, target, steps=to_go[run.run_id]))
+             else gpu_prices.price(run.config, target, to_go[run.run_id], run_id=run.run_id,
+                                   pairs=0 if corpus in read else None))
+        read.add(corpus)
         paper = estimates.paper_method_flops(e, target)
-        total += e.device_hours
-        serial += e.hours
+        total += e.command_hours * e.devices  # a GPU is held for the whole command
+        serial += e.command_hours
         need = disk.need(run.config)
         largest = max(largest or (0, "", need), (need.peak, run.run_id, need))
         _print_run(run, e, paper, need)
@@ -121,6 +126,10 @@ def _print_run(run: PlannedRun, e: estimates.Estimate, paper: float | None,
           f"device-hours; {e.flops:.2g} FLOPs counted"
           + (f", {paper:.2g} by the paper's method" if paper else "") + f" [{e.source}]; "
           f"checkpoints up to {disk.size(need.peak)} on disk")
+    if e.around:
+        print("    around training: " + ", ".join(f"{k} {_seconds(v)}" for k, v in e.around.items()
+                                                   if v >= 0.05)
+              + f"; the command {hours(e.command_hours)}")
     fed_by, feeds = twins(run)
     if fed_by:
         print(f"    the same training as {', '.join(t.run_id for t in fed_by)}: run that "
@@ -128,6 +137,10 @@ def _print_run(run: PlannedRun, e: estimates.Estimate, paper: float | None,
     elif feeds:
         print(f"    {', '.join(t.run_id for t in feeds)}, run after this one, will evaluate its "
               "training instead of training again")
+
+
+def _seconds(s: float) -> str:
+    return f"{s:.0f} s" if s < 600 else hours(s / 3600)
 
 
 def hours(h: float) -> str:

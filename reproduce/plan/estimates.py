@@ -14,11 +14,8 @@ seconds:
   another) and, where ``precision.choose`` has timed fp32 steps of the planned runs' models on
   this machine (at any thread count, each against the probe at its own), those timings give the
   level (``level_from_timings``);
-* a GPU by name (``--on 8xH100``): where ``bench --gpu`` measured that GPU (``results/gpu.json``),
-  the TFLOP/s its base step reached (launches included), with the step's work split over the
-  devices; otherwise its dense bf16 (or fp32) peak from ``flops.py`` times a stated utilization,
-  plus a stated per-step overhead for kernel launches and the loop (what bounds a small model on a
-  GPU).
+* a GPU by name (``--on 8xH100``): ``plan.gpu_prices``, phase by phase from the GPU measured
+  (``bench --gpu`` and a run through the CLI), scaled where it is another GPU.
 
 Every line says where its figures come from, and which of them are guesses.
 """
@@ -27,20 +24,18 @@ from __future__ import annotations
 
 import functools
 import json
-import math
-import re
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from reproduce.config import Config
 from reproduce.errors import ConfigError
-from reproduce.paper.flops import BF16_DENSE_TFLOPS, analytic_flops, gpu_tflops, lookup
-from reproduce.paths import REPO, results_dir
+from reproduce.paper.flops import analytic_flops, gpu_tflops
 from reproduce.runs.schema import Record
 from reproduce.train.precision import step_ratio, timed
 from reproduce.util import machine
@@ -48,15 +43,9 @@ from reproduce.util.files import write_atomic
 from reproduce.util.machine import cpu_name, matmul_gflops
 
 SENTENCE_TOKENS = 30  # typical padded sentence length, pieces (Bible verses and WMT sentences)
-# Without records to fit: the share of the probe's matmul rate a training step reaches, and a GPU's
-# share of its dense peak. Guesses, said so on every line that uses them.
+# Without records to fit: the share of the probe's matmul rate a training step reaches. A guess,
+# said so on every line that uses it.
 DEFAULT_CPU_UTILIZATION = 0.3
-DEFAULT_GPU_UTILIZATION = 0.35
-# A GPU step also costs time that no FLOP count sees: kernel launches (forward and backward of each
-# encoder and decoder layer), the optimizer and the training loop's Python. Guesses too, until a
-# GPU record is fitted; without them a `cpu`-size model "trains" 1000 steps in half a second.
-GPU_STEP_OVERHEAD_S = 0.005
-GPU_LAYER_OVERHEAD_S = 0.001
 
 
 def step_work(config: Config, devices: int = 1) -> tuple[float, float]:
@@ -193,85 +182,17 @@ def level_from_timings(model: CpuModel, runs, rate_at, threads: Sequence[int],
 
 @dataclass(frozen=True)
 class Target:
-    """Where runs are planned to train: this CPU (``kind="cpu"``) or ``devices`` GPUs by name."""
+    """Where runs are planned to train: this CPU (``kind="cpu"``) or ``devices`` GPUs by name,
+    with their price (``gpu_prices.Gpu``)."""
 
     kind: str
     devices: int = 1
     name: str = "this CPU"
-    tflops: float | None = None  # per device, for a GPU
-    guess: str = ""
-    measured: bool = False  # tflops from bench --gpu on this GPU (launch overheads included)
-    # bench --gpu's measured steps there: (counted FLOPs per step, TFLOP/s), fewest FLOPs first
-    points: tuple[tuple[float, float], ...] = ()
-
-    def rate(self, flops: float) -> float:
-        """TFLOP/s for a step of ``flops``: the measured steps' rate, interpolated between them
-        by log FLOPs (base and big: a small model's step is bound by launches, a large one's by
-        the matmuls) and held at the nearest outside them; else ``tflops``."""
-        if not self.points:
-            assert self.tflops is not None
-            return self.tflops
-        (f0, r0), (f1, r1) = self.points[0], self.points[-1]
-        if flops <= f0 or f1 <= f0:
-            return r0
-        if flops >= f1:
-            return r1
-        return r0 + (r1 - r0) * math.log(flops / f0) / math.log(f1 / f0)
+    gpu: Any = None
 
     @property
     def label(self) -> str:
         return self.name if self.kind == "cpu" else f"{self.devices}x {self.name}"
-
-
-def parse_on(value: str | None) -> Target:
-    """``--on``: ``8xH100``, ``H100`` or ``cpu``/absent (this machine)."""
-    if not value or value.lower() in ("cpu", "here"):
-        return Target("cpu")
-    match = re.fullmatch(r"(?:(\d+)\s*[xX]\s*)?(.+)", value.strip())
-    assert match is not None  # `.+` matches any non-empty value
-    devices, name = int(match.group(1) or 1), match.group(2).strip()
-    bf16 = lookup(name, BF16_DENSE_TFLOPS)
-    fp32 = gpu_tflops(name)
-    if bf16 is None and fp32 is None:
-        raise ConfigError(f"--on {value!r}: unknown device {name!r}; known: "
-                          + ", ".join(sorted(set(BF16_DENSE_TFLOPS) | {"V100", "P100", "T4"}))
-                          + " (or cpu for this machine)")
-    if measured := measured_gpu(name):
-        return Target("gpu", devices, name, measured[0], measured[1], measured=True,
-                      points=measured[2])
-    peak, which = (bf16, "dense bf16 peak") if bf16 else (fp32, "fp32 peak")
-    assert peak is not None  # one of the two is known: checked above
-    return Target("gpu", devices, name, peak * DEFAULT_GPU_UTILIZATION,
-                  f"GUESS: {DEFAULT_GPU_UTILIZATION:.0%} of the {which} {peak:g} TFLOPS, "
-                  "no record of this GPU to fit")
-
-
-def measured_gpu(name: str, results: Path | None = None
-                 ) -> tuple[float, str, tuple[tuple[float, float], ...]] | None:
-    """(base's TFLOP/s counted, where it comes from, the measured steps as ``Target.points``) of
-    the GPU ``name`` names, as ``bench --gpu`` measured it (``results/gpu.json``: base, and big
-    where measured, in the report's precision); None when it has not, or on another GPU. The
-    hardware's figures, not a run's: a ``--results`` folder without its own ``gpu.json`` (runs
-    changed by ``--set``) is priced from the project's."""
-    folders = [results] if results else [results_dir(), *([REPO / "results"] if REPO else [])]
-    path = next((f / "gpu.json" for f in folders if (f / "gpu.json").is_file()),
-                folders[0] / "gpu.json")
-    try:
-        data = json.loads(path.read_text())
-        parts = {k: data["parts"][k] for k in ("base", "big") if k in data["parts"]}
-        points = tuple(sorted((float(p["flops_per_step"]), float(p["achieved_tflops"]))
-                              for p in parts.values()))
-        base, gpu = parts["base"], str(data["gpu"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if lookup(gpu, {name: 1.0}) is None:  # every word of `name` in the measured GPU's name
-        return None
-    rates = ", ".join(f"{k} {p['achieved_tflops']:.0f}" for k, p in parts.items())
-    return float(base["achieved_tflops"]), (
-        f"MEASURED: {rates} TFLOP/s counted on one {gpu} in {base.get('precision', '?')} "
-        f"({path.name}, {data.get('measured_at', '?')}; "
-        + ("other models between them by FLOPs per step)" if len(parts) > 1
-           else "other models at base's rate)")), points
 
 
 @dataclass(frozen=True)
@@ -282,6 +203,12 @@ class Estimate:
     devices: int
     flops: float  # counted, whole run
     source: str
+    around: dict[str, float] = field(default_factory=dict)  # seconds of each phase around training
+
+    @property
+    def command_hours(self) -> float:
+        """Training and every phase around it: the command's wall clock."""
+        return self.hours + sum(self.around.values()) / 3600
 
     @property
     def hours(self) -> float:
@@ -305,28 +232,22 @@ def cpu_step_ratio(run, threads: int, cache: Path | None = None,
 
 def estimate(run, target: Target, model: CpuModel | None = None, rate: float | None = None,
              steps: int | None = None, ratio: float = 1.0) -> Estimate:
-    """The run's training time on ``target`` (``steps`` left, default all of them). On this CPU,
-    ``model`` and ``rate`` (the probe at the thread count the run will use) are required, and
-    ``ratio`` scales the fitted fp32 step to the run's precision (``cpu_step_ratio``)."""
+    """The run's training time on this CPU (``target``: one process, or several for DDP) for
+    ``steps`` left (default all of them), from ``model`` and ``rate`` (the probe at the thread
+    count the run will use); ``ratio`` scales the fitted fp32 step to the run's precision
+    (``cpu_step_ratio``). GPUs: ``gpu_prices.price``."""
     c = run.config
     steps = c.train.train_steps if steps is None else steps
-    devices = target.devices
-    flops, blocks = step_work(c, devices)
-    if target.kind == "cpu":
-        if model is None or rate is None:
-            raise ValueError("a run on this CPU is priced from the fitted model and the probe")
-        seconds = model.seconds(flops, blocks, rate) * ratio
-        source = f"probe {rate:.0f} GFLOP/s, {model.source}" + (
-            f"; bf16-mixed at {ratio:.2f}x an fp32 step, as timed" if ratio != 1.0 else "")
-    else:
-        if target.tflops is None:
-            raise ValueError(f"{target.name}: a GPU target without its TFLOP/s")
-        overhead = 0.0 if target.measured else (GPU_STEP_OVERHEAD_S
-                                                 + GPU_LAYER_OVERHEAD_S * 2 * c.model.N)
-        seconds = flops / (target.rate(flops) * 1e12) + overhead
-        source = target.guess + ("" if target.measured else
-                                 f"; plus {overhead * 1e3:.0f} ms/step of launches (GUESS)")
-    return Estimate(run.run_id, steps, seconds, devices, flops * devices * steps, source)
+    if target.kind != "cpu":
+        raise ValueError(f"{target.label}: a GPU is priced by plan.gpu_prices.price")
+    if model is None or rate is None:
+        raise ValueError("a run on this CPU is priced from the fitted model and the probe")
+    flops, blocks = step_work(c, target.devices)
+    seconds = model.seconds(flops, blocks, rate) * ratio
+    source = f"probe {rate:.0f} GFLOP/s, {model.source}" + (
+        f"; bf16-mixed at {ratio:.2f}x an fp32 step, as timed" if ratio != 1.0 else "")
+    return Estimate(run.run_id, steps, seconds, target.devices, flops * target.devices * steps,
+                    source)
 
 
 def paper_method_flops(e: Estimate, target: Target) -> float | None:

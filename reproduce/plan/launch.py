@@ -59,9 +59,10 @@ RESOURCES: dict[str, dict[str, Any]] = {
 }
 BIG_STEPS = 100_000  # a paper run with more steps than this (big: 300k) gets 3x the time
 
-# With --on GPU (what the nodes hold), a GPU run's time limit comes from its own estimate
-# (plan/estimates.py): training x TIME_MARGIN, plus TIME_ALLOWANCE_MIN for what a task does outside
-# training (start-up, reading or encoding the data, evaluation), rounded up to one of
+# With --on GPU (what the nodes hold), a GPU run's time limit comes from its own price
+# (plan/gpu_prices.py): the whole command (start-up, data, compile, training with its saves and
+# dev evaluations, averaging, evaluation) x TIME_MARGIN, plus TIME_ALLOWANCE_MIN for what no
+# measurement saw (a shared file system's reads, the node's own start), rounded up to one of
 # TIME_LIMITS_H so that runs of about the same length share an array. Near the limit a task is
 # stopped by USR2, saved at its step and requeued: an estimate too short costs a requeue, not the
 # run; a shorter limit is scheduled sooner (backfill) than the scale's default.
@@ -199,16 +200,17 @@ def time_limit(run: PlannedRun, cluster: Cluster, res: dict[str, Any]) -> tuple[
 
 def _time_limit(run: PlannedRun, cluster: Cluster, res: dict[str, Any]) -> tuple[int, str]:
     if cluster.on and res["gpus_per_node"]:
-        from reproduce.plan.estimates import estimate
+        from reproduce.plan.gpu_prices import price
 
         target = gpu_target(cluster.on, res["nodes"] * res["gpus_per_node"])
-        e = estimate(run, target)
-        need = e.hours * 60 * TIME_MARGIN + TIME_ALLOWANCE_MIN
+        e = price(run.config, target, run.config.train.train_steps, run_id=run.run_id)
+        need = e.command_hours * 60 * TIME_MARGIN + TIME_ALLOWANCE_MIN
         hours = next((h for h in TIME_LIMITS_H if h * 60 >= need), TIME_LIMITS_H[-1])
-        return hours * 60, (f"{e.hours:.1f} h of training estimated on {target.label} ("
-                            + ("bench --gpu's measured rate" if target.measured else "a GUESS: "
-                               "no bench --gpu of it") + f") x {TIME_MARGIN} + "
-                            f"{TIME_ALLOWANCE_MIN} min, rounded up")
+        return hours * 60, (f"{e.command_hours:.1f} h estimated on {target.label} (training "
+                            f"{e.hours:.1f} h, with start-up, data, compile, saves, averaging "
+                            "and evaluation; " + ("measured there" if target.gpu.is_measured
+                                                  else f"scaled from {target.gpu.measured.gpu}")
+                            + f") x {TIME_MARGIN} + {TIME_ALLOWANCE_MIN} min, rounded up")
     default = int(RESOURCES.get(run.scale, RESOURCES["cpu"])["timeout_min"])
     if run.scale == "paper" and run.config.train.train_steps > BIG_STEPS:  # big: 3x the steps
         return min(default * 3, 14 * 24 * 60), "the scale's default, 3x for its steps"
@@ -241,7 +243,7 @@ def gpu_target(on: str, devices: int):
     ``--on`` must be that one. Once per process: every run's resources ask for it."""
     from dataclasses import replace
 
-    from reproduce.plan.estimates import parse_on
+    from reproduce.plan.gpu_prices import parse_on
 
     target = parse_on(on)
     if target.kind == "cpu":
