@@ -1,4 +1,4 @@
-"""The folder order of reproduce/ (docs/architecture.md): every import points down it, and no
+"""The folder order of reproduce/ (docs/developing.md): every import points down it, and no
 module imports itself back through others. Imports inside functions count too."""
 
 import ast
@@ -57,7 +57,7 @@ def _imports(package: Path = PACKAGE) -> dict[str, set[str]]:
 def test_every_module_has_a_layer():
     for module in _imports():
         assert module == "reproduce" or any(module.split(".")[1] in names for names in LAYERS), \
-            f"{module}: add its folder to LAYERS and to docs/architecture.md"
+            f"{module}: add its folder to LAYERS and to docs/developing.md"
 
 
 def _against(edges: dict[str, set[str]]) -> list[str]:
