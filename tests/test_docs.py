@@ -55,3 +55,61 @@ def test_a_broken_link_is_found(tmp_path):
     page.write_text("# Title\n[ok](page.md#title) [gone](docs/docs/devices.md) [no](page.md#nope) "
                     "[web](https://example.org)\n")
     assert [line.split(":")[0] for line in _broken(page)] == ["docs/docs/devices.md", "page.md#nope"]
+
+
+COMMAND = re.compile(r"python -m reproduce((?:[^\n`#]|\\\n)*)")
+
+
+def _commands(text: str) -> list[str]:
+    """Every ``python -m reproduce ...`` in a page, its continuation lines joined, with optional
+    parts (``[--seeds 0 1 2]``) dropped and placeholders (``<GPU>``, ``$SCALE``, ``DIR``) given a
+    value."""
+    out = []
+    parts = re.split(r"(^```.*?^```)", text, flags=re.MULTILINE | re.DOTALL)
+    text = "".join(part if part.startswith("```") else  # an inline span across a line break
+                   re.sub(r"`([^`\n]*)\n(?=[^`\n]*`)", r"`\1 ", part) for part in parts)
+    for match in COMMAND.finditer(text.replace("\\\n", " ")):
+        args = re.split(r"\s(?:>>?|\||&&?|;)|\)", match.group(1))[0]  # the shell's part after
+        args = re.sub(r"\[[^\[\]]*\]", " ", args)
+        args = re.sub(r"<[^<>]*>|\$\{?\w+\}?", "x", args).replace("...", " ")
+        out.append(" ".join(args.split()))
+    return out
+
+
+def test_every_command_in_the_docs_parses(capsys):
+    """Each command a page shows is one the CLI takes: its subcommand, flags and choices."""
+    import shlex
+
+    from reproduce.__main__ import build_parser
+    from reproduce.commands import rank
+
+    parser, wrong = build_parser(), []
+    for page in PAGES:
+        for args in _commands(page.read_text()):
+            try:
+                argv = shlex.split(args)
+            except ValueError:
+                continue  # a fragment quoted across lines of prose
+            if not argv or argv[0] == rank.NAME:  # the hidden command a rank runs
+                continue
+            if len(argv) == 1:  # a command named in prose: its name only
+                argv.append("--help")
+            try:
+                parser.parse_args(argv)
+            except SystemExit as e:
+                if e.code == 0:  # --help
+                    capsys.readouterr()
+                    continue
+                wrong.append(f"{page.name}: python -m reproduce {args}: "
+                             + capsys.readouterr().err.strip().splitlines()[-1])
+    assert not wrong, "\n".join(wrong)
+
+
+def test_a_wrong_command_in_a_page_is_found():
+    assert _commands("run `python -m reproduce table3 --row A [--seeds 0 1]` or\n"
+                     "python -m reproduce table3 --scale $SCALE \\\n  --render # note") == [
+        "table3 --row A", "table3 --scale x --render"]
+    assert _commands("see `python -m reproduce verify r.json --precision\nbf16-mixed`.") == [
+        "verify r.json --precision bf16-mixed"]
+    assert _commands("python -m reproduce table3 >> log 2>&1 &\n(python -m reproduce status &)") == [
+        "table3", "status"]
