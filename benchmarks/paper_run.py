@@ -72,6 +72,8 @@ def main() -> None:
     args.out.write_text(report(record, wall, generated, args, " ".join(command[1:])))
     # the record beside its report, with the command's wall clock (what plans price start-up by)
     record["command_seconds"] = round(wall, 1)
+    if args.profile:  # its steps paid the profiler: GPU plans do not price from it
+        record["profiled"] = True
     args.out.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
     print(f"wrote {args.out} and {args.out.with_suffix('.json').name}")
 

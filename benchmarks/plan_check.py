@@ -18,7 +18,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from reproduce.plan import gpu_prices  # noqa: E402 - the checkout's package
+from reproduce.config import Config  # noqa: E402 - the checkout's package
+from reproduce.plan import gpu_prices  # noqa: E402
 
 
 def report(results: Path) -> str:
@@ -34,11 +35,13 @@ def report(results: Path) -> str:
         record = json.loads(path.read_text())
         if not record.get("hardware", {}).get("gpus"):
             continue
-        t = record["config"]["train"]
+        unit, every = Config.from_dict(record["config"]).train.save_interval()
+        val = record["config"]["train"]["val_every_steps"]
         lines += [f"## {path.name}", "",
                   f"{record['metrics']['train_steps']} steps on {record['hardware']['gpus'][0]}, "
-                  f"a save every {t['ckpt_every_steps']} steps, a dev evaluation every "
-                  f"{t['val_every_steps']}, {record['data']['train_pairs']:,} training pairs; "
+                  f"a save every {every:g} {unit}, "
+                  + (f"a dev evaluation every {val} steps, " if val else "")
+                  + f"{record['data']['train_pairs']:,} training pairs; "
                   f"commit {record['commit']['sha'][:7]}, {record['finished_at'][:10]}"
                   + (", under cProfile" if "profiled" in path.name else "")
                   + ("; the plan is made from this run" if path.name == gpu_prices.CLI_RUN

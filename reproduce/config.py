@@ -115,6 +115,13 @@ class TrainConfig:
     # "auto": taken where a timed step says it pays over the run (reproduce.train.compiling)
     compile: str = "off"
 
+    def save_interval(self) -> tuple[str, float]:
+        """How often a checkpoint is saved: ``("minutes", N)`` where ``ckpt_every_minutes`` is
+        set, else ``("steps", N)``: ``ckpt_every_steps``, or a tenth of the run."""
+        if self.ckpt_every_minutes:
+            return "minutes", self.ckpt_every_minutes
+        return "steps", self.ckpt_every_steps or max(1, self.train_steps // 10)
+
     def split_batch(self, devices: int) -> tuple[int, int]:
         """(micro-batches accumulated per step, tokens per micro-batch per device) so that
         devices x accumulated x micro-batch tokens reaches ``batch_tokens`` (the paper's tokens

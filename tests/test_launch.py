@@ -134,8 +134,14 @@ def test_slurm_options_reach_the_sbatch_header_and_runs_of_other_needs_get_their
     assert "#SBATCH --time=2160" in launch.sbatch_script(Path("/jobs"), "paper", runs, timed)
 
 
-def test_with_on_gpu_each_run_asks_the_time_its_estimate_needs_and_similar_runs_share_an_array():
+def test_with_on_gpu_each_run_asks_the_time_its_estimate_needs_and_similar_runs_share_an_array(
+        monkeypatch):
+    from reproduce import paths
     from reproduce.plan.gpu_prices import price
+
+    # the H200 measured on 2026-11-27, whatever a later GPU window commits to results/
+    monkeypatch.setenv("REPRODUCE_RESULTS", str(paths.REPO / "tests" / "golden" / "gpu"))
+    launch.gpu_target.cache_clear()
 
     spec = load_spec("table3")
     runs = spec.plan(["base", "A1", "C1", "big"], "paper", [0])

@@ -24,13 +24,15 @@ beam. ``compile: on`` or ``auto`` adds the bench's compile warm-up; the compiled
 CLI was not measured on a GPU, so the step stays the eager one (an upper bound).
 
 **A GPU never measured** is priced from the measured one: the GPU's part of the step times the
-larger of the two ratios, dense peak (measured / it) and memory bandwidth (measured / it); the
+larger of the two ratios, dense bf16 peak (measured / it; its fp32 peak where it has no bf16
+tensor cores) and memory bandwidth (measured / it); the
 host's part and the phases around the steps as measured (a like host); the micro-batch's memory
 (16 bytes a parameter for weights, gradients and Adam, plus activations per token from the
 measured peak, scaled by d_model x layers) checked against what it holds. The plan says "scaled
 from <GPU>, not measured" with the factor.
 
-Not priced: several GPUs' gradient all-reduce (one GPU was measured).
+Only a CLI run of one GPU, eager, in one sitting, not profiled prices (``unfit``). Not priced,
+and said on the line: several GPUs' gradient all-reduce (one GPU was measured), a Hub download.
 """
 
 from __future__ import annotations
@@ -95,7 +97,8 @@ class Measured:
     def load(cls, results: Path | None = None) -> Measured | None:
         """The GPU measured in ``results`` (default: the results folder, else the project's),
         from its ``gpu.json`` and ``paper-run.json``; None where either is missing or they were
-        measured on different GPUs."""
+        measured on different GPUs. A CLI run that cannot price plans (profiled, compiled,
+        several devices, resumed, or missing what the prices read) is one line naming why."""
         folders = [results] if results else [results_dir(), *([REPO / "results"] if REPO else [])]
         for folder in folders:
             try:
@@ -105,7 +108,14 @@ class Measured:
                 continue
             if (run.get("hardware", {}).get("gpus") or [None])[0] != bench.get("gpu"):
                 continue
-            return _measured(bench, run, folder)
+            if why := unfit(run):
+                raise ConfigError(f"{folder / CLI_RUN}: cannot price GPU runs from it: {why}")
+            try:
+                return _measured(bench, run, folder)
+            except (KeyError, TypeError, ValueError, ZeroDivisionError,
+                    statistics.StatisticsError) as e:
+                raise ConfigError(f"{folder / BENCH} and {CLI_RUN}: cannot price GPU runs from "
+                                  f"them: {type(e).__name__} {e}") from None
         return None
 
     def step(self, config: Config, devices: int, factor: float = 1.0) -> tuple[float, float, float]:
@@ -125,24 +135,43 @@ class Measured:
         return per_token * m.d_model * layers(m) / (base.d_model * layers(base))
 
 
+def unfit(run: dict[str, Any]) -> str:
+    """Why a CLI run's record cannot price plans ("" where it can): its step must be the eager
+    one of one device, timed without a profiler, in one sitting."""
+    if run.get("profiled"):
+        return "it ran under cProfile (its host-bound steps pay the profiler)"
+    if run.get("compile"):
+        return "it trained compiled (the prices start from the eager step bench --gpu measured)"
+    if run.get("batch", {}).get("world_size", 1) != 1:
+        return "it trained on several devices"
+    if run.get("resumed"):
+        return "it resumed from a checkpoint (its curve's seconds are two sittings')"
+    return ""
+
+
 def _measured(bench: dict[str, Any], run: dict[str, Any], folder: Path) -> Measured:
     parts = bench["parts"]
     base, big = parts["base"], parts.get("big", parts["base"])
     config = Config.from_dict(run["config"])
     model = config.model
-    accumulate = int(base["accumulate"])
-    host = float(base["seconds_per_step"]) / (accumulate * layers(model))
+    host = float(base["seconds_per_step"]) / (int(base["accumulate"]) * layers(model))
     device = float(big["flops_per_step"]) / float(big["seconds_per_step"]) / 1e12
     quiet, first, save, evaluation = fit_curve(run)
+    # the CLI's quiet step over the bench's model of the same config (its micro-batches)
+    accumulate = int(run.get("batch", {}).get("accumulate") or config.train.split_batch(1)[0])
+    modelled = max(host * accumulate * layers(model), step_work(config)[0] / (device * 1e12))
     compiled = parts.get("base, compiled", {}).get("warmup_seconds", 0.0)
+    notes = [] if "big" in parts else ["big not measured: every model's GPU part at base's rate"]
+    if "command_seconds" not in run:
+        notes.append("no command wall clock in the CLI run: start-up not priced")
     return Measured(
-        gpu=str(bench["gpu"]), host_s=host, device_tflops=device,
-        cli_factor=quiet / float(base["seconds_per_step"]), config=config,
-        beam=int(run["config"]["decode"]["beam"]),
+        gpu=str(bench["gpu"]), host_s=host, device_tflops=device, cli_factor=quiet / modelled,
+        config=config, beam=int(run["config"]["decode"]["beam"]),
         per=_around(run, model, first, save, evaluation), peak_gib=float(base["peak_memory_gib"]),
         micro=int(base["micro_batch_tokens"]), compile_s=float(compiled),
         source=(f"{bench['gpu']}: bench --gpu ({BENCH}, {bench.get('measured_at', '?')[:10]}) "
-                f"and a CLI run ({CLI_RUN}, {run.get('finished_at', '?')[:10]}) in {folder.name}/"))
+                f"and a CLI run ({CLI_RUN}, {run.get('finished_at', '?')[:10]}) in {folder.name}/"
+                + "".join(f" ({n})" for n in notes)))
 
 
 def _around(r: dict[str, Any], model: ModelConfig, first: float, save: float,
@@ -157,7 +186,7 @@ def _around(r: dict[str, Any], model: ModelConfig, first: float, save: float,
         "fit's start": max(0.0, p["fit"] - m["train_seconds"]),
         "first step": first,
         "save per parameter": save / params,
-        "evaluation per pair": evaluation / d["dev_pairs"],
+        "evaluation per pair": evaluation / max(1, d["dev_pairs"]),
         "averaging per parameter": p.get("average", 0.0) / (averaged * params),
         "perplexity per pair": p["dev_ppl"] / (d["dev_pairs"] + d.get("train_sample_pairs", 0)),
         "beam search per sentence": p["decode"] / (d["dev_pairs"] + d["test_pairs"]),
@@ -168,27 +197,48 @@ def fit_curve(r: dict[str, Any]) -> tuple[float, float, float, float]:
     """(the quiet step, the first step's extra, a save, an evaluation during training), seconds,
     from a record's learning curve ``[step, seconds, loss]``: the quiet step is the median over the
     intervals that hold no save or evaluation; saves and evaluations are fitted by least squares
-    (at least 0) to the extra seconds of the others, the last interval running to the end of
-    training. A save or evaluation at a logged step falls after that step's point."""
-    t = r["config"]["train"]
-    steps, every, val = t["train_steps"], t["ckpt_every_steps"], t["val_every_steps"]
+    (at least 0; one cost for both where they always fall together) to the extra seconds of the
+    others, the last interval running to the end of training. A point at step s is logged after
+    s steps (at step 0, after the first of ``batch.accumulate`` micro-batches); a save or
+    evaluation at a logged step falls after its point. Saves every N minutes fall where the
+    clock crosses a multiple of N."""
+    c = Config.from_dict(r["config"]).train
+    steps, val = c.train_steps, c.val_every_steps
+    unit, every = c.save_interval()
+    accumulate = int(r.get("batch", {}).get("accumulate") or 1)
     points = [(int(s), float(sec)) for s, sec, _ in r["curve"]["train_loss"]]
     points.append((steps + 1, float(r["metrics"]["train_seconds"])))
 
-    def count(a: int, b: int, n: int) -> int:  # multiples of n in [a, b), step 0 excluded
+    def count(a: int, b: int, n: float) -> int:  # multiples of n in [a, b), 0 excluded
         return sum(1 for s in range(max(a, 1), b) if n and s % n == 0)
 
-    spans = [(b[0] - a[0], b[1] - a[1], count(a[0], b[0], every), count(a[0], b[0], val))
+    def saves(a: tuple[int, float], b: tuple[int, float]) -> int:
+        if unit == "steps":
+            return count(a[0], b[0], every)
+        return int(b[1] // (every * 60)) - int(a[1] // (every * 60))
+
+    spans = [(b[0] - a[0], b[1] - a[1], saves(a, b), count(a[0], b[0], val))
              for a, b in zip(points, points[1:], strict=False)]
-    quiet = statistics.median(sec / n for n, sec, saves, evals in spans if not saves + evals)
-    busy = [(saves, evals, sec - min(n, steps - a) * quiet) for (n, sec, saves, evals), (a, _)
-            in zip(spans, points, strict=False) if saves + evals]
+    counted = [(min(n, steps - a), sec, k, e) for (n, sec, k, e), (a, _)
+               in zip(spans, points, strict=False)]
+    quiet_ones = [sec / n for n, sec, k, e in counted if not k + e and n]
+    if not quiet_ones:
+        raise ValueError("no interval of its curve without a save or an evaluation: its quiet "
+                         "step cannot be told from them")
+    quiet = statistics.median(quiet_ones)
+    busy = [(k, e, sec - n * quiet) for n, sec, k, e in counted if k + e]
     save = evaluation = 0.0
     if busy:
-        x = np.array([[s, e] for s, e, _ in busy], float)
-        coef, *_ = np.linalg.lstsq(x, np.array([y for *_, y in busy]), rcond=None)
-        save, evaluation = (max(0.0, float(c)) for c in coef)
-    return quiet, max(0.0, points[0][1] - quiet), save, evaluation
+        x = np.array([[k, e] for k, e, _ in busy], float)
+        y = np.array([extra for *_, extra in busy])
+        if np.linalg.matrix_rank(x) < 2:  # saves and evaluations never apart: one cost, saves'
+            total = x.sum(axis=1)
+            save = max(0.0, float(total @ y / (total @ total)))
+        else:
+            coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+            save, evaluation = (max(0.0, float(v)) for v in coef)
+    first = points[0][1] - max(points[0][0], 1 / accumulate) * quiet
+    return quiet, max(0.0, first), save, evaluation
 
 
 @dataclass(frozen=True)
@@ -215,10 +265,11 @@ def gpu(name: str, results: Path | None = None) -> Gpu:
     memory = lookup(name, MEMORY_GB)
     if lookup(m.gpu, {name: 1.0}) is not None:  # every word of `name` in the measured GPU's name
         return Gpu(m, 1.0, memory or lookup(m.gpu, MEMORY_GB), f"MEASURED on {m.source}")
-    peaks = [lookup(g, BF16_DENSE_TFLOPS) for g in (m.gpu, name)]
-    which = "dense bf16 peak"
-    if None in peaks:
-        peaks, which = [lookup(g, SUSTAINED_TFLOPS) for g in (m.gpu, name)], "fp32 peak"
+    # the measured rate is a bf16-mixed step's: against the other GPU's dense bf16 peak, or its
+    # fp32 peak where it has no bf16 tensor cores (a P100 runs the step in fp32)
+    its = lookup(name, BF16_DENSE_TFLOPS)
+    peaks = [lookup(m.gpu, BF16_DENSE_TFLOPS), its or lookup(name, SUSTAINED_TFLOPS)]
+    which = "dense bf16 peak" if its else "bf16 peak over its fp32 peak"
     bandwidths = [lookup(g, MEMORY_TBS) for g in (m.gpu, name)]
     ratios = {}
     for what, (ours, its) in ((which, peaks), ("memory bandwidth", bandwidths)):
@@ -261,24 +312,29 @@ def price(config: Config, target: Target, steps: int, pairs: int | None = None,
     slower = m.step(c, 1, g.factor)[0] / m.step(m.config, 1)[0]
     params = parameters(c.model)
     quiet = steps * step + m.per["first step"]
-    evals = (steps // c.train.val_every_steps) if c.train.val_every_steps else 1
+    # during training (with none, fit validates nothing: the end's pass is "perplexity")
+    evals = (steps // c.train.val_every_steps) if c.train.val_every_steps else 0
     dev = c.data.max_eval_pairs or EVAL_SENTENCES
-    if c.train.ckpt_every_steps:
-        saves = steps // c.train.ckpt_every_steps
-    else:
-        saves = int(quiet / 60 / c.train.ckpt_every_minutes) if c.train.ckpt_every_minutes else 0
+    unit, every = c.train.save_interval()
+    saves = int(steps // every if unit == "steps" else quiet / 60 / every)
     save_s = m.per["save per parameter"] * params
     eval_s = m.per["evaluation per pair"] * dev * slower
     train = quiet + saves * save_s + evals * eval_s
+    notes = []
     if pairs is None:
         from reproduce.runs.footprint import footprint
 
         f = footprint(c)
         pairs = 0 if f is None or f.built else f.pairs
+        if f is not None and f.download:
+            notes.append(f"its download of {f.download / 1e9:.1f} GB not priced")
+    if target.devices > 1:
+        notes.append(f"one GPU measured: {target.devices} GPUs' gradient all-reduce not priced")
     around = {
         "start-up": m.per["start-up"],
         "data": pairs * m.per["data per pair"],
-        "compile": m.compile_s if c.train.compile in ("on", "auto") else 0.0,
+        # auto compiles to time it (once a machine: runs/compile.json) and again to train
+        "compile": m.compile_s * {"on": 1, "auto": 2}.get(c.train.compile, 0),
         "fit's start": m.per["fit's start"],
         "averaging": (m.per["averaging per parameter"] * params * c.train.average_last
                       if c.train.average_last > 1 else 0.0),
@@ -286,9 +342,10 @@ def price(config: Config, target: Target, steps: int, pairs: int | None = None,
         "beam search": m.per["beam search per sentence"] * 2 * dev * slower
         * c.decode.beam / m.beam,
     }
-    detail = (f"a quiet step {step:.3g} s (host {host * m.cli_factor:.3g} s, GPU "
-              f"{device * m.cli_factor:.3g} s), {saves} save(s) of {save_s:.2g} s, {evals} dev "
-              f"evaluation(s) of {eval_s:.2g} s")
+    detail = (f"a quiet step {step:.3g} s (host {host * m.cli_factor:.3g} s, taken by layers and "
+              f"micro-batches from base's; GPU {device * m.cli_factor:.3g} s), {saves} save(s) of "
+              f"{save_s:.2g} s, {evals} dev evaluation(s) of {eval_s:.2g} s"
+              + "".join(f"; {n}" for n in notes))
     return Estimate(run_id, steps, train / steps, target.devices,
                     step_work(c, target.devices)[0] * target.devices * steps,
                     f"{g.source}; {detail}{_memory(g, c, target.devices)}", around)
@@ -315,7 +372,8 @@ def check(record: dict[str, Any], results: Path | None = None) -> dict[str, tupl
     plan made for its own config, steps and corpus size on its GPU: how far the plan is from what
     the run took. The command's wall clock where the record has it (``benchmarks/paper_run.py``)."""
     config = Config.from_dict(record["config"])
-    target = parse_on(record["hardware"]["gpus"][0], results)
+    world = int(record.get("batch", {}).get("world_size") or 1)
+    target = parse_on(f"{world}x{record['hardware']['gpus'][0]}", results)
     m = record["metrics"]
     e = price(config, target, m["train_steps"], pairs=record["data"]["train_pairs"])
     p = record["phases"]

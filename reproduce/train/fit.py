@@ -99,9 +99,9 @@ def fit(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=(),
                       every=LOG_EVERY if module.fast else 1)
     if os.environ.get(machine.SHARE_ENV):  # a --workers worker on a CPU
         callbacks = [*callbacks, ShareCores()]
-    every = ({"train_time_interval": timedelta(minutes=c.train.ckpt_every_minutes)}
-             if c.train.ckpt_every_minutes else
-             {"every_n_train_steps": c.train.ckpt_every_steps or max(1, c.train.train_steps // 10)})
+    unit, n = c.train.save_interval()
+    every = ({"train_time_interval": timedelta(minutes=n)} if unit == "minutes" else
+             {"every_n_train_steps": int(n)})
     ckpt = StepCheckpoint(
         val_every_steps=c.train.val_every_steps, steps_weights_only=disk.weights_only(c),
         dirpath=work / "checkpoints", filename="step{step}", auto_insert_metric_name=False,
