@@ -348,3 +348,102 @@ def test_tuning_on_the_cluster_runs_a_task_per_trial_then_records_the_tuned_run(
     # the preempted trial failed, and its settings trained on in a third trial
     assert tuning["n_trials"] == 3 and tuning["complete"] + tuning["pruned"] == 2, tuning
     assert record["run_id"].endswith(path.stem.rsplit("-tuned-", 1)[1])
+
+
+RECIPE = "The recipe: from nothing to a rendered table"
+
+
+def _recipe() -> list[str]:
+    """The bash block under ``RECIPE`` in docs/cluster.md, its lines joined where they continue,
+    comments and blank lines left out."""
+    text = (ROOT / "docs" / "cluster.md").read_text().split(f"## {RECIPE}\n", 1)[1]
+    block = text.split("```bash\n", 1)[1].split("```", 1)[0].replace("\\\n", " ")
+    return [line.strip() for line in block.splitlines()
+            if line.strip() and not line.strip().startswith("#")]
+
+
+def _check_download(argv: list[str], hf_home: Path) -> None:
+    """An ``hf download`` line of the recipe against the Hub's layout (tests/test_hub_snapshot.py's
+    fixture): the repository and pair a corpus reads, into HF_HOME's hub cache, where a run then
+    finds it by the corpus's name, offline."""
+    import fnmatch
+
+    import huggingface_hub.constants
+
+    from reproduce.data import hub
+    from reproduce.data.corpora import corpus_spec
+    from reproduce.data.source import CorpusSource
+    from tests.test_hub_snapshot import REVISION, write_snapshot
+
+    assert argv[:2] == ["hf", "download"] and "--local-dir" not in argv, argv
+    assert argv[argv.index("--repo-type") + 1] == "dataset", argv
+    include = argv[argv.index("--include") + 1]
+    corpus = next(c for c in ("wmt14-en-de", "wmt14-en-fr")
+                  if corpus_spec(c).hub == (argv[2], include.split("/")[0]))
+    assert include == f"{corpus_spec(corpus).hub[1]}/*"  # what hub_download asks the cache for
+    if corpus != "wmt14-en-de":  # the fixture holds de-en's shards
+        return
+    cache = hf_home / "hub"
+    snapshot = write_snapshot(cache / "datasets--wmt--wmt14" / "snapshots" / REVISION,
+                              metadata=False)
+    assert all(fnmatch.fnmatch(p.relative_to(snapshot).as_posix(), include)
+               for p in snapshot.rglob("*.parquet"))
+    (cache / "datasets--wmt--wmt14" / "refs").mkdir()
+    (cache / "datasets--wmt--wmt14" / "refs" / "main").write_text(REVISION)
+    before = huggingface_hub.constants.HF_HUB_CACHE
+    huggingface_hub.constants.HF_HUB_CACHE = str(cache)  # as HF_HOME sets it at import
+    hub.hub_download.cache_clear()
+    try:
+        assert CorpusSource(corpus).data_dir == str(snapshot)
+    finally:
+        huggingface_hub.constants.HF_HUB_CACHE = before
+        hub.hub_download.cache_clear()
+
+
+def test_the_cluster_recipe_runs_as_written_at_smoke(slurm_env, tmp_path):
+    """docs/cluster.md's recipe, line by line, with SHARED a folder both nodes see and SCALE
+    smoke: the install lines stand for this checkout and its venv (`.ci/run` installs from
+    nothing as the README says), the downloads are checked against the Hub's layout, the
+    exports set, and every `python -m reproduce` line runs: the plan, the array, status, and once
+    the queue is empty the table."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    env = {k: v for k, v in slurm_env.items() if not k.startswith("REPRODUCE_")}
+    env.update(SHARED=str(shared), SCALE="smoke", USER=env.get("USER", "me"),
+               WANDB_MODE="disabled")
+    submitted, ran = "", []
+
+    def expand(text: str) -> str:  # $NAME and ${NAME} from the recipe's own exports
+        return re.sub(r"\$\{?(\w+)\}?", lambda m: env.get(m.group(1), m.group(0)), text)
+
+    for line in _recipe():
+        argv = shlex.split(expand(line))
+        if argv[0] == "export":
+            for pair in argv[1:]:
+                key, _, value = pair.partition("=")
+                if key not in ("SHARED", "SCALE"):  # where, and at what scale, the test says
+                    env[key] = value
+            continue
+        if argv[0] == "cd":
+            continue  # the checkout's root is where every command below runs
+        if argv[:2] == ["git", "clone"] or "venv" in argv or "pip" in argv[0] \
+                or argv[:2] == ["python3", "-m"]:
+            continue  # the install: this checkout, its venv
+        if argv[0] == "hf" or argv[0].endswith("/hf"):
+            _check_download([os.path.basename(argv[0]), *argv[1:]], Path(env["HF_HOME"]))
+            continue
+        assert argv[0].endswith("python") and argv[1:3] == ["-m", "reproduce"], line
+        args = argv[3:]
+        if "--render" in args:
+            _wait_for_queue(slurm_env, submitted)
+        out = cli(env, *args, cwd=ROOT, check=False)
+        assert out.returncode == 0, f"{line}\n{out.stdout}\n{out.stderr}"
+        if "--launcher" in args and "--dry-run" not in args:
+            submitted = out.stdout
+        ran.append(args)
+    assert any("--dry-run" in a for a in ran) and submitted and any("--render" in a for a in ran)
+    results = next(Path(a[a.index("--results") + 1]) for a in ran if "--results" in a)
+    records = sorted(p.name for p in (results / "table3").glob("*.json"))
+    assert records == [f"table3-{v}-smoke-seed0.json" for v in ("A1", "A2", "A3", "A4", "base")]
+    page = (results / "table3.md").read_text()
+    assert all(f"\n| {variant} | " in page for variant in ("A1", "A2", "A3", "A4")), page
