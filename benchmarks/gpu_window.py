@@ -22,7 +22,7 @@ each stage's seconds and outcome; rewritten after each), ``window.log`` (every s
 ``paper-run.md``, ``paper-run.json`` (the run's record) and ``tokenizer.tar.gz`` (its BPE model,
 which a CPU ``verify`` of the run needs: unpack it into the cache). Exits 1 only when nothing was
 measured. On a CPU the same command rehearses it (``--scale smoke``: a tiny model;
-``tests/test_gpu_window.py``). The checklist: docs/devices.md.
+``tests/test_gpu_window.py``). The checklist: docs/developing.md.
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
            "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     kit = not args.no_kit and (ROOT / ".kit" / "requirements.txt").is_file()
-    if kit:  # the copy may lack .git, or hold one that lags (docs/devices.md)
+    if kit:  # the copy may lack .git, or hold one that lags (docs/developing.md)
         env["REPRODUCE_COMMIT"] = (ROOT / ".kit" / "commit").read_text().strip()
     preflight(w)
     install = start_install(w, env) if kit else None
