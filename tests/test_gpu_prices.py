@@ -231,3 +231,21 @@ def test_the_committed_plan_check_is_what_the_records_give_now():
         sys.path.remove(str(paths.REPO / "benchmarks"))
     assert report(COMMITTED) == (COMMITTED / "plan-check.md").read_text(), \
         "rerun python benchmarks/plan_check.py"
+
+
+def test_without_a_measurement_a_slurm_run_keeps_its_scales_limit(tmp_path, monkeypatch):
+    """An installed package has no results/ to price --on from: a run's time limit is its scale's
+    default, said so, not an error."""
+    from reproduce.plan import launch
+
+    monkeypatch.setenv("REPRODUCE_RESULTS", str(tmp_path))
+    monkeypatch.setattr(gpu_prices, "REPO", None)  # not a checkout
+    launch.gpu_target.cache_clear()
+    try:
+        (run,) = load_spec("table3").plan(["base"], "paper", [0])
+        cluster = launch.Cluster(gpus_per_node=8, on="H100")
+        minutes, why = launch.time_limit(run, cluster, launch.resources(run, cluster))
+        assert why == "the scale's default (no GPU measured to price --on from)"
+        assert minutes == launch.RESOURCES["paper"]["timeout_min"]
+    finally:
+        launch.gpu_target.cache_clear()

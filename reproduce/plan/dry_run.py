@@ -75,8 +75,7 @@ def print_plan(spec, runs: list, layout: Layout, on: str | None = None,
             continue
         if state.startswith("redo: "):
             print(f"  {run.run_id}: will be redone: {state[6:]}")
-        d = run.config.data
-        corpus = (d.corpus, d.data_dir, d.max_train_pairs, d.train_every)
+        corpus = _corpus(run.config)
         e = (here.estimate(run, threads, to_go[run.run_id], settled[run.scale], target) if here
              else gpu_prices.price(run.config, target, to_go[run.run_id], run_id=run.run_id,
                                    pairs=0 if corpus in read else None))
@@ -101,13 +100,18 @@ def print_plan(spec, runs: list, layout: Layout, on: str | None = None,
     return {"device_hours": total, "wall_hours": wall}
 
 
+def _corpus(config) -> tuple:
+    """What makes two runs read the same training pairs: one corpus to read and encode."""
+    d = config.data
+    return d.corpus, d.data_dir, d.max_train_pairs, d.train_every
+
+
 def _print_data(runs: list[PlannedRun]) -> None:
     """A line for each corpus the runs will read (``runs.footprint``): what it takes on disk and
     the first run's minutes, beside the cache's free space."""
     seen = set()
     for run in runs:
-        d = run.config.data
-        if (key := (d.corpus, d.data_dir, d.max_train_pairs, d.train_every)) in seen:
+        if (key := _corpus(run.config)) in seen:
             continue
         seen.add(key)
         if (f := footprint.footprint(run.config)) is not None:

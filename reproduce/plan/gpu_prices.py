@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +67,10 @@ BENCH, CLI_RUN = "gpu.json", "paper-run.json"
 EVAL_SENTENCES = 3000
 BYTES_PER_PARAMETER = 16  # fp32 weights and gradients, Adam's two moments
 GIB = 2 ** 30
+
+
+class NoMeasurement(ConfigError):
+    """No GPU measurement to price from (an installed package, without the project's results/)."""
 
 
 def layers(m: ModelConfig) -> int:
@@ -174,22 +179,36 @@ def _measured(bench: dict[str, Any], run: dict[str, Any], folder: Path) -> Measu
                 + "".join(f" ({n})" for n in notes)))
 
 
+def measured_phases(r: dict[str, Any]) -> dict[str, float]:
+    """Seconds of each phase around training a CLI run's record holds: start-up and shutdown
+    (the command's wall clock less the runner's, where the record has it), data, fit's start
+    (fit less training), averaging, perplexity and beam search."""
+    p, train = r["phases"], r["metrics"]["train_seconds"]
+    phases = {"data": p["data"], "fit's start": p["fit"] - train,
+              "averaging": p.get("average", 0.0), "perplexity": p["dev_ppl"],
+              "beam search": p["decode"]}
+    if "command_seconds" in r:
+        phases["start-up"] = r["command_seconds"] - r["wall_seconds"]
+    return phases
+
+
 def _around(r: dict[str, Any], model: ModelConfig, first: float, save: float,
             evaluation: float) -> dict[str, float]:
     """The CLI run's phases around its steps, per unit: per pair, parameter or sentence."""
-    p, d, m = r["phases"], r["data"], r["metrics"]
+    d, took = r["data"], measured_phases(r)
     params = parameters(model)
     averaged = max(1, len(r.get("averaged_checkpoints") or []))
     return {
-        "start-up": float(r.get("command_seconds", r["wall_seconds"])) - float(r["wall_seconds"]),
-        "data per pair": p["data"] / d["train_pairs"],
-        "fit's start": max(0.0, p["fit"] - m["train_seconds"]),
+        "start-up": took.get("start-up", 0.0),
+        "data per pair": took["data"] / d["train_pairs"],
+        "fit's start": max(0.0, took["fit's start"]),
         "first step": first,
         "save per parameter": save / params,
         "evaluation per pair": evaluation / max(1, d["dev_pairs"]),
-        "averaging per parameter": p.get("average", 0.0) / (averaged * params),
-        "perplexity per pair": p["dev_ppl"] / (d["dev_pairs"] + d.get("train_sample_pairs", 0)),
-        "beam search per sentence": p["decode"] / (d["dev_pairs"] + d["test_pairs"]),
+        "averaging per parameter": took["averaging"] / (averaged * params),
+        "perplexity per pair": took["perplexity"] / (d["dev_pairs"]
+                                                     + d.get("train_sample_pairs", 0)),
+        "beam search per sentence": took["beam search"] / (d["dev_pairs"] + d["test_pairs"]),
     }
 
 
@@ -250,21 +269,18 @@ class Gpu:
     factor: float
     memory_gb: float | None
     source: str
-
-    @property
-    def is_measured(self) -> bool:
-        return self.factor == 1.0 and self.source.startswith("MEASURED")
+    is_measured: bool  # this GPU is the one measured; else scaled from it
 
 
 def gpu(name: str, results: Path | None = None) -> Gpu:
     """The price of GPU ``name``: measured, or scaled from the one that was."""
     m = Measured.load(results)
     if m is None:
-        raise ConfigError(f"--on {name}: no GPU measured to price it from (results/{BENCH} and "
+        raise NoMeasurement(f"--on {name}: no GPU measured to price it from (results/{BENCH} and "
                           f"results/{CLI_RUN}, made by benchmarks/gpu_window.py on a GPU)")
     memory = lookup(name, MEMORY_GB)
     if lookup(m.gpu, {name: 1.0}) is not None:  # every word of `name` in the measured GPU's name
-        return Gpu(m, 1.0, memory or lookup(m.gpu, MEMORY_GB), f"MEASURED on {m.source}")
+        return Gpu(m, 1.0, memory or lookup(m.gpu, MEMORY_GB), f"MEASURED on {m.source}", True)
     # the measured rate is a bf16-mixed step's: against the other GPU's dense bf16 peak, or its
     # fp32 peak where it has no bf16 tensor cores (a P100 runs the step in fp32)
     its = lookup(name, BF16_DENSE_TFLOPS)
@@ -272,22 +288,20 @@ def gpu(name: str, results: Path | None = None) -> Gpu:
     which = "dense bf16 peak" if its else "bf16 peak over its fp32 peak"
     bandwidths = [lookup(g, MEMORY_TBS) for g in (m.gpu, name)]
     ratios = {}
-    for what, (ours, its) in ((which, peaks), ("memory bandwidth", bandwidths)):
-        if ours is not None and its is not None:
-            ratios[what] = ours / its
+    for what, (measured, other) in ((which, peaks), ("memory bandwidth", bandwidths)):
+        if measured is not None and other is not None:
+            ratios[what] = measured / other
     if not ratios:
         raise ConfigError(f"--on {name}: neither its peak nor its bandwidth is known")
     why, factor = max(ratios.items(), key=lambda kv: kv[1])
     return Gpu(m, factor, memory, (
         f"SCALED from {m.gpu}, not measured: its GPU part of a step x{factor:.2f} (the larger of "
         + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()) + f": {why}), the host's part and "
-        f"the phases around the steps as on {m.source}"))
+        f"the phases around the steps as on {m.source}"), False)
 
 
 def parse_on(value: str | None, results: Path | None = None) -> Target:
     """``--on``: ``8xH100``, ``H100`` or ``cpu``/absent (this machine)."""
-    import re
-
     if not value or value.lower() in ("cpu", "here"):
         return Target("cpu")
     match = re.fullmatch(r"(?:(\d+)\s*[xX]\s*)?(.+)", value.strip())
@@ -376,13 +390,9 @@ def check(record: dict[str, Any], results: Path | None = None) -> dict[str, tupl
     target = parse_on(f"{world}x{record['hardware']['gpus'][0]}", results)
     m = record["metrics"]
     e = price(config, target, m["train_steps"], pairs=record["data"]["train_pairs"])
-    p = record["phases"]
-    measured = {"training": m["train_seconds"], "data": p["data"],
-                "fit's start": p["fit"] - m["train_seconds"], "averaging": p.get("average", 0.0),
-                "perplexity": p["dev_ppl"], "beam search": p["decode"]}
+    measured = {"training": m["train_seconds"], **measured_phases(record)}
     planned = {"training": e.hours * 3600, **e.around}
     if "command_seconds" in record:
-        measured["start-up"] = record["command_seconds"] - record["wall_seconds"]
         measured["the command"] = record["command_seconds"]
         planned["the command"] = e.command_hours * 3600
     return {k: (planned[k], v) for k, v in measured.items()}

@@ -199,28 +199,36 @@ def time_limit(run: PlannedRun, cluster: Cluster, res: dict[str, Any]) -> tuple[
 
 
 def _time_limit(run: PlannedRun, cluster: Cluster, res: dict[str, Any]) -> tuple[int, str]:
-    from reproduce.plan.gpu_prices import Measured, price
+    from reproduce.plan.gpu_prices import NoMeasurement
 
-    unpriced = cluster.on and res["gpus_per_node"] and Measured.load() is None
-    if cluster.on and res["gpus_per_node"] and not unpriced:
-        target = gpu_target(cluster.on, res["nodes"] * res["gpus_per_node"])
-        e = price(run.config, target, run.config.train.train_steps, run_id=run.run_id)
-        need = e.command_hours * 60 * TIME_MARGIN + TIME_ALLOWANCE_MIN
-        hours = next((h for h in TIME_LIMITS_H if h * 60 >= need), TIME_LIMITS_H[-1])
-        return hours * 60, (f"{e.command_hours:.1f} h estimated on {target.label} (training "
-                            f"{e.hours:.1f} h, with start-up, data, compile, saves, averaging "
-                            "and evaluation; " + (
-                                ("measured there" if target.devices == 1 else "one measured")
-                                if target.gpu.is_measured
-                                else f"scaled from {target.gpu.measured.gpu}")
-                            + f") x {TIME_MARGIN} + {TIME_ALLOWANCE_MIN} min, rounded up")
+    unpriced = False
+    if cluster.on and res["gpus_per_node"]:
+        try:
+            return _priced_limit(run, gpu_target(cluster.on, res["nodes"] * res["gpus_per_node"]))
+        except NoMeasurement:  # an installed package, without the project's results/
+            unpriced = True
     default = int(RESOURCES.get(run.scale, RESOURCES["cpu"])["timeout_min"])
     if run.scale == "paper" and run.config.train.train_steps > BIG_STEPS:  # big: 3x the steps
         return min(default * 3, 14 * 24 * 60), "the scale's default, 3x for its steps"
-    if unpriced:  # an installed package, without the project's results/
+    if unpriced:
         return default, "the scale's default (no GPU measured to price --on from)"
     return default, "the scale's default" + (" (--on GPU: from the run's estimate)"
                                              if run.scale == "paper" and not cluster.on else "")
+
+
+def _priced_limit(run: PlannedRun, target) -> tuple[int, str]:
+    """The limit of ``run``'s whole command as priced on ``target`` (``gpu_prices.price``)."""
+    from reproduce.plan.gpu_prices import price
+
+    e = price(run.config, target, run.config.train.train_steps, run_id=run.run_id)
+    need = e.command_hours * 60 * TIME_MARGIN + TIME_ALLOWANCE_MIN
+    hours = next((h for h in TIME_LIMITS_H if h * 60 >= need), TIME_LIMITS_H[-1])
+    where = (("measured there" if target.devices == 1 else "one measured")
+             if target.gpu.is_measured else f"scaled from {target.gpu.measured.gpu}")
+    return hours * 60, (f"{e.command_hours:.1f} h estimated on {target.label} (training "
+                        f"{e.hours:.1f} h, with start-up, data, compile, saves, averaging and "
+                        f"evaluation; {where}) x {TIME_MARGIN} + {TIME_ALLOWANCE_MIN} min, "
+                        "rounded up")
 
 
 def partition_minutes(partition: str | None) -> int | None:
