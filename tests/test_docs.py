@@ -113,3 +113,11 @@ def test_a_wrong_command_in_a_page_is_found():
         "verify r.json --precision bf16-mixed"]
     assert _commands("python -m reproduce table3 >> log 2>&1 &\n(python -m reproduce status &)") == [
         "table3", "status"]
+
+
+def test_the_pages_a_user_reads_stay_short():
+    """README and docs/ less the developer page: at most 20,000 words (whitespace-separated, as
+    `wc -w` counts), so a new fact replaces an old diary rather than piling onto it."""
+    user_pages = [p for p in PAGES if p.name != "developing.md"]
+    words = sum(len(p.read_text().split()) for p in user_pages)
+    assert words <= 20_000, f"{words} words in README.md and docs/ less developing.md"

@@ -6,6 +6,7 @@ where they fail."""
 
 import json
 import os
+import pwd
 import re
 import shlex
 import subprocess
@@ -66,43 +67,6 @@ def _wait_for_queue(env: dict[str, str], stdout: str, timeout: float = 600) -> N
             return
         time.sleep(3)
     pytest.fail(f"jobs {jobs} still queued after {timeout:.0f} s")
-
-
-def _page_blocks(heading: str) -> list[list[list[str]]]:
-    """The ``python -m reproduce`` commands of each bash block under ``heading`` in
-    docs/cluster.md, as argument lists."""
-    text = (ROOT / "docs" / "cluster.md").read_text().split(f"## {heading}\n", 1)[1]
-    text = text.split("\n## ", 1)[0]
-    return [[shlex.split(line)[3:] for line in block.split("```")[0].splitlines()
-             if line.startswith("python -m reproduce ")] for block in text.split("```bash\n")[1:]]
-
-
-def test_the_first_cluster_sweep_works_as_docs_cluster_md_writes_it(slurm_env, tmp_path):
-    # row A at smoke, as a user with a GPU-less SLURM follows the page: an array task per run,
-    # status while they run, every record, nothing submitted twice, the table rendered
-    submit, finish = _page_blocks("A first sweep on a cluster without GPUs")
-    user = {k: v for k, v in slurm_env.items() if not k.startswith("REPRODUCE_")}
-    env = {**user, "REPRODUCE_CACHE": str(tmp_path / "cache"), "WANDB_MODE": "disabled"}
-
-    def run(args: list[str]) -> str:
-        out = cli(env, *args, cwd=tmp_path, check=False)
-        assert out.returncode == 0, f"{args}\n{out.stdout}\n{out.stderr}"
-        return out.stdout
-
-    plan, submitted, status = (run(args) for args in submit)
-    assert "#SBATCH --array=0-4%5" in plan and "nothing" not in submitted
-    assert "submission plan: 5 of 5 run(s)" in submitted and submitted.count("-seed0: job ") == 5
-    assert "  queued   table3-" in status or "  running  table3-" in status, status
-    assert "table3: job " in submitted and " renders " in submitted  # waits on the array
-    _wait_for_queue(slurm_env, submitted)  # the render job's too
-    records = sorted(p.name for p in (tmp_path / "mine" / "table3").glob("*.json"))
-    assert records == [f"table3-{v}-smoke-seed0.json" for v in ("A1", "A2", "A3", "A4", "base")]
-    page = (tmp_path / "mine" / "table3.md").read_text()  # rendered by the render job
-    assert all(f"\n| {variant} | " in page for variant in ("A1", "A2", "A3", "A4")), page
-    again, _ = (run(args) for args in finish)
-    assert "nothing to submit" in again
-    page = (tmp_path / "mine" / "table3.md").read_text()
-    assert all(f"\n| {variant} | " in page for variant in ("A1", "A2", "A3", "A4")), page
 
 
 REFUSED = "error: sbatch refused the array (sbatch: error: {}"
@@ -402,14 +366,17 @@ def _check_download(argv: list[str], hf_home: Path) -> None:
 
 def test_the_cluster_recipe_runs_as_written_at_smoke(slurm_env, tmp_path):
     """docs/cluster.md's recipe, line by line, with SHARED a folder both nodes see and SCALE
-    smoke: the install lines stand for this checkout and its venv (`.ci/run` installs from
-    nothing as the README says), the downloads are checked against the Hub's layout, the
-    exports set, and every `python -m reproduce` line runs: the plan, the array, status, and once
-    the queue is empty the table."""
+    smoke, as a user with a GPU-less SLURM follows it: the install lines stand for this checkout
+    and its venv (`.ci/run` installs from nothing as the README says), the downloads are checked
+    against the Hub's layout, the exports set, and every `python -m reproduce` line runs: the
+    plan (an array task per run), the array and its render job, status while they run, and once
+    the queue is empty a second submit that submits nothing, and the table. Every record is
+    there, and the render job wrote the table before the recipe's own render."""
     shared = tmp_path / "shared"
     shared.mkdir()
     env = {k: v for k, v in slurm_env.items() if not k.startswith("REPRODUCE_")}
-    env.update(SHARED=str(shared), SCALE="smoke", USER=env.get("USER", "me"),
+    user = env.get("USER") or pwd.getpwuid(os.getuid()).pw_name  # whose tasks status asks squeue
+    env.update(SHARED=str(shared), SCALE="smoke", USER=user,
                WANDB_MODE="disabled")
     submitted, ran = "", []
 
@@ -434,15 +401,28 @@ def test_the_cluster_recipe_runs_as_written_at_smoke(slurm_env, tmp_path):
             continue
         assert argv[0].endswith("python") and argv[1:3] == ["-m", "reproduce"], line
         args = argv[3:]
-        if "--render" in args:
-            _wait_for_queue(slurm_env, submitted)
+        submits = "--launcher" in args and "--dry-run" not in args
+        results = Path(args[args.index("--results") + 1]) if "--results" in args else None
+        if submitted and (submits or "--render" in args):
+            _wait_for_queue(slurm_env, submitted)  # the render job's too
+            page = (results / "table3.md").read_text()  # rendered by the render job
+            assert all(f"\n| {v} | " in page for v in ("A1", "A2", "A3", "A4")), page
         out = cli(env, *args, cwd=ROOT, check=False)
         assert out.returncode == 0, f"{line}\n{out.stdout}\n{out.stderr}"
-        if "--launcher" in args and "--dry-run" not in args:
+        if "--dry-run" in args:
+            assert "#SBATCH --array=0-4%5" in out.stdout, out.stdout
+        elif submits and not submitted:
             submitted = out.stdout
+            assert "submission plan: 5 of 5 run(s)" in submitted, submitted
+            assert submitted.count("-seed0: job ") == 5
+            assert "table3: job " in submitted and " renders " in submitted  # waits on the array
+        elif submits:
+            assert "nothing to submit" in out.stdout, out.stdout
+        elif args[0] == "status":
+            assert "  queued   table3-" in out.stdout or "  running  table3-" in out.stdout
         ran.append(args)
-    assert any("--dry-run" in a for a in ran) and submitted and any("--render" in a for a in ran)
-    results = next(Path(a[a.index("--results") + 1]) for a in ran if "--results" in a)
+    assert [a[0] for a in ran] == ["table3", "table3", "status", "table3", "table3"], ran
+    assert "--dry-run" in ran[0] and "--render" in ran[-1] and "--launcher" in ran[3]
     records = sorted(p.name for p in (results / "table3").glob("*.json"))
     assert records == [f"table3-{v}-smoke-seed0.json" for v in ("A1", "A2", "A3", "A4", "base")]
     page = (results / "table3.md").read_text()
