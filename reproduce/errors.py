@@ -52,7 +52,7 @@ class Diverged(RuntimeError):
 
 class Stopped(SystemExit):
     """A run stopped by a signal (SIGTERM, SLURM's USR2) at the end of a step, saved there: exit 1
-    with the message; ``signal`` says which (``plan.launch`` requeues on USR2), ``step`` where,
+    with the message; ``signal`` says which (``launch.task`` requeues on USR2), ``step`` where,
     ``work`` the run folder it trained in."""
 
     def __init__(self, message: str, signum: int, step: int | None = None,

@@ -16,6 +16,7 @@ LAYERS = [
     {"train"},
     {"plan"},
     {"tables", "bench"},
+    {"launch"},
     {"commands"},
     {"__main__"},
 ]

@@ -236,7 +236,7 @@ def test_the_committed_plan_check_is_what_the_records_give_now():
 def test_without_a_measurement_a_slurm_run_keeps_its_scales_limit(tmp_path, monkeypatch):
     """An installed package has no results/ to price --on from: a run's time limit is its scale's
     default, said so, not an error."""
-    from reproduce.plan import launch
+    from reproduce.launch import slurm as launch
 
     monkeypatch.setenv("REPRODUCE_RESULTS", str(tmp_path))
     monkeypatch.setattr(gpu_prices, "REPO", None)  # not a checkout

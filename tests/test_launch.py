@@ -9,7 +9,7 @@ import pytest
 
 from reproduce.__main__ import main
 from reproduce.errors import ConfigError
-from reproduce.plan import launch
+from reproduce.launch import slurm, task
 from reproduce.runs.sweep import load_spec
 
 
@@ -30,13 +30,13 @@ def test_slurm_dry_run_prints_the_plan_and_the_sbatch_header(capsys, tmp_path, m
 def test_big_gets_three_times_the_time_and_gpus_can_be_changed():
     spec = load_spec("table3")
     base, big = spec.plan(["base", "big"], "paper", [0])
-    assert launch.slurm_parameters("paper", [big])["time"] == \
-        3 * launch.slurm_parameters("paper", [base])["time"]
-    one = launch.slurm_parameters("paper", [base], launch.Cluster(gpus_per_node=1))
+    assert slurm.slurm_parameters("paper", [big])["time"] == \
+        3 * slurm.slurm_parameters("paper", [base])["time"]
+    one = slurm.slurm_parameters("paper", [base], slurm.Cluster(gpus_per_node=1))
     assert (one["gpus_per_node"], one["ntasks_per_node"], one["nodes"]) == (1, 1, 1)
-    two = launch.slurm_parameters("paper", [base], launch.Cluster(nodes=2, gpus_per_node=4))
+    two = slurm.slurm_parameters("paper", [base], slurm.Cluster(nodes=2, gpus_per_node=4))
     assert (two["gpus_per_node"], two["ntasks_per_node"], two["nodes"]) == (4, 4, 2)
-    cpu = launch.slurm_parameters("cpu", spec.plan(["base"], "cpu", [0]))
+    cpu = slurm.slurm_parameters("cpu", spec.plan(["base"], "cpu", [0]))
     assert "gpus_per_node" not in cpu and cpu["cpus_per_task"] == 2
 
 
@@ -57,9 +57,9 @@ def test_set_values_travel_with_each_array_task():
             submitted.append((fn, args))
             return args
 
-    launch.submit(Executor(), str(spec.path), runs, spec.split, "python -m reproduce test")
+    slurm.submit(Executor(), str(spec.path), runs, spec.split, "python -m reproduce test")
     [(fn, args)] = submitted
-    assert fn is launch.run_one and args[-4:] == ({"warmup_steps": 5}, 1, 0, "run")
+    assert fn is task.run_one and args[-4:] == ({"warmup_steps": 5}, 1, 0, "run")
 
 
 
@@ -92,8 +92,8 @@ def test_tuning_submits_a_task_per_trial_then_each_run_after_them_storage_in_the
         executors.append((len(runs), role, after))
         return Executor()
 
-    monkeypatch.setattr(launch, "executor_for", executor_for)
-    monkeypatch.setattr(launch, "render_executor", lambda folder, table, after, cluster:
+    monkeypatch.setattr(slurm, "executor_for", executor_for)
+    monkeypatch.setattr(slurm, "render_executor", lambda folder, table, after, cluster:
                         executors.append((table, "render", after)) or Executor())
     url = "postgresql://me:hunter2@db.example/optuna"
     assert main(["table3", "--variant", "base", "--variant", "A1", "--scale", "smoke",
@@ -116,22 +116,22 @@ def test_tuning_submits_a_task_per_trial_then_each_run_after_them_storage_in_the
 def test_slurm_options_reach_the_sbatch_header_and_runs_of_other_needs_get_their_own_array():
     spec = load_spec("table3")
     runs = spec.plan(["base", "A1", "big"], "paper", [0])
-    cluster = launch.Cluster(partition="gpu", options=launch.parse_options(
+    cluster = slurm.Cluster(partition="gpu", options=slurm.parse_options(
         ["mem=64G", "cpus-per-task=6", "account=nlp", "qos=high", "constraint=a100",
          "mail-user=me@example.org", "exclusive"]))
-    base_and_a1, big = launch.arrays(runs, cluster)  # big asks 3x the time: an array of its own
+    base_and_a1, big = slurm.arrays(runs, cluster)  # big asks 3x the time: an array of its own
     assert [r.variant for r in base_and_a1] == ["base", "A1"] and [r.variant for r in big] == ["big"]
-    header = launch.sbatch_script(Path("/jobs"), "paper", base_and_a1, cluster).splitlines()
+    header = slurm.sbatch_script(Path("/jobs"), "paper", base_and_a1, cluster).splitlines()
     for line in ("#SBATCH --mem=64G", "#SBATCH --cpus-per-task=6", "#SBATCH --account=nlp",
                  "#SBATCH --qos=high", "#SBATCH --constraint=a100", "#SBATCH --exclusive",
                  "#SBATCH --mail-user=me@example.org", "#SBATCH --partition=gpu",
                  "#SBATCH --requeue", "#SBATCH --array=0-1%2", "#SBATCH --time=4320"):
         assert line in header
-    assert "#SBATCH --time=12960" in launch.sbatch_script(Path("/jobs"), "paper", big, cluster)
+    assert "#SBATCH --time=12960" in slurm.sbatch_script(Path("/jobs"), "paper", big, cluster)
     # one time limit for all, as the user set it: one array again
-    timed = launch.Cluster(options=launch.parse_options(["time=1-12:00:00"]))
-    assert [len(a) for a in launch.arrays(runs, timed)] == [3]
-    assert "#SBATCH --time=2160" in launch.sbatch_script(Path("/jobs"), "paper", runs, timed)
+    timed = slurm.Cluster(options=slurm.parse_options(["time=1-12:00:00"]))
+    assert [len(a) for a in slurm.arrays(runs, timed)] == [3]
+    assert "#SBATCH --time=2160" in slurm.sbatch_script(Path("/jobs"), "paper", runs, timed)
 
 
 def test_with_on_gpu_each_run_asks_the_time_its_estimate_needs_and_similar_runs_share_an_array(
@@ -141,39 +141,39 @@ def test_with_on_gpu_each_run_asks_the_time_its_estimate_needs_and_similar_runs_
 
     # the H200 measured on 2026-11-27, whatever a later GPU window commits to results/
     monkeypatch.setenv("REPRODUCE_RESULTS", str(paths.REPO / "tests" / "golden" / "gpu"))
-    launch.gpu_target.cache_clear()
+    slurm.gpu_target.cache_clear()
 
     spec = load_spec("table3")
     runs = spec.plan(["base", "A1", "C1", "big"], "paper", [0])
-    cluster = launch.Cluster(gpus_per_node=8, on="H100")
+    cluster = slurm.Cluster(gpus_per_node=8, on="H100")
     limits = {}
     for run in runs:
-        minutes, why = launch.time_limit(run, cluster, launch.resources(run, cluster))
-        hours = price(run.config, launch.gpu_target("H100", 8),
+        minutes, why = slurm.time_limit(run, cluster, slurm.resources(run, cluster))
+        hours = price(run.config, slurm.gpu_target("H100", 8),
                       run.config.train.train_steps).command_hours
-        assert minutes % 60 == 0 and minutes / 60 in launch.TIME_LIMITS_H
+        assert minutes % 60 == 0 and minutes / 60 in slurm.TIME_LIMITS_H
         # enough for the estimate with its margin, and the next shorter limit would not be
-        need = hours * 60 * launch.TIME_MARGIN + launch.TIME_ALLOWANCE_MIN
-        shorter = [h for h in launch.TIME_LIMITS_H if h * 60 < minutes]
+        need = hours * 60 * slurm.TIME_MARGIN + slurm.TIME_ALLOWANCE_MIN
+        shorter = [h for h in slurm.TIME_LIMITS_H if h * 60 < minutes]
         assert minutes >= need and (not shorter or shorter[-1] * 60 < need), (run.variant, hours)
         assert f"{hours:.1f} h estimated on 8x H100 (training" in why
         assert "scaled from NVIDIA H200" in why  # no H100 was measured
         limits[run.variant] = minutes
     assert limits["big"] > limits["base"] and limits["base"] < 3 * 24 * 60  # not the default
-    groups = launch.arrays(runs, cluster)
+    groups = slurm.arrays(runs, cluster)
     assert sorted(len(g) for g in groups) == sorted(
         list(limits.values()).count(m) for m in set(limits.values()))  # one array per limit
-    line = launch.plan_lines(runs[:1], cluster)[0]
+    line = slurm.plan_lines(runs[:1], cluster)[0]
     assert f"{limits['base']} min (" in line and "estimated on 8x H100" in line
     # the user's own time limit still wins; a CPU-only run keeps the scale's
-    timed = launch.Cluster(gpus_per_node=8, on="H100", options=launch.parse_options(["time=600"]))
-    assert launch.resources(runs[0], timed)["timeout_min"] == 600
-    cpu = launch.Cluster(gpus_per_node=0, on="H100")
-    assert launch.resources(runs[0], cpu)["timeout_min"] == launch.RESOURCES["paper"]["timeout_min"]
+    timed = slurm.Cluster(gpus_per_node=8, on="H100", options=slurm.parse_options(["time=600"]))
+    assert slurm.resources(runs[0], timed)["timeout_min"] == 600
+    cpu = slurm.Cluster(gpus_per_node=0, on="H100")
+    assert slurm.resources(runs[0], cpu)["timeout_min"] == slurm.RESOURCES["paper"]["timeout_min"]
     with pytest.raises(ConfigError, match=r"--on 4xH100: a run here takes 8 GPU\(s\)"):
-        launch.resources(runs[0], launch.Cluster(gpus_per_node=8, on="4xH100"))
+        slurm.resources(runs[0], slurm.Cluster(gpus_per_node=8, on="4xH100"))
     with pytest.raises(ConfigError, match="--on cpu: with --launcher slurm, the GPU"):
-        launch.resources(runs[0], launch.Cluster(gpus_per_node=8, on="cpu"))
+        slurm.resources(runs[0], slurm.Cluster(gpus_per_node=8, on="cpu"))
 
 
 def _fake_command(tmp_path: Path, monkeypatch, name: str, body: str) -> None:
@@ -189,19 +189,19 @@ def test_a_partition_s_max_time_caps_the_estimates_and_refuses_a_longer_time_in_
         tmp_path, monkeypatch):
     _fake_command(tmp_path, monkeypatch, "sinfo",
                   "echo 'debug* infinite'\necho 'gpu 2-00:00:00'\necho 'short 5:00'")
-    assert [launch.partition_minutes(p) for p in (None, "gpu", "short", "nowhere")] == \
+    assert [slurm.partition_minutes(p) for p in (None, "gpu", "short", "nowhere")] == \
         [None, 2880, 5, None]
     (big,) = load_spec("table3").plan(["big"], "paper", [0])
-    capped = launch.Cluster(gpus_per_node=1, on="H100", max_minutes=600)
-    minutes, why = launch.time_limit(big, capped, launch.resources(big, capped))
+    capped = slurm.Cluster(gpus_per_node=1, on="H100", max_minutes=600)
+    minutes, why = slurm.time_limit(big, capped, slurm.resources(big, capped))
     assert minutes == 600 and "the partition's MaxTime" in why  # big on 1 GPU: hours more
-    over = launch.Cluster(options=launch.parse_options(["time=3000"]), max_minutes=2880)
+    over = slurm.Cluster(options=slurm.parse_options(["time=3000"]), max_minutes=2880)
     with pytest.raises(ConfigError, match="--slurm time=3000: more than the partition's MaxTime "
                                           "of 2880 min"):
-        launch.resources(big, over)
+        slurm.resources(big, over)
     # the runs' own array waits on the trials' and on a dependency of the user's
-    mine = launch.Cluster(options=launch.parse_options(["dependency=afterok:5"]))
-    header = launch.sbatch_script(Path("/jobs"), "paper", [big], mine, "best", "77")
+    mine = slurm.Cluster(options=slurm.parse_options(["dependency=afterok:5"]))
+    header = slurm.sbatch_script(Path("/jobs"), "paper", [big], mine, "best", "77")
     assert "#SBATCH --dependency=afterany:77,afterok:5" in header.splitlines()
 
 
@@ -223,7 +223,7 @@ def test_on_without_a_dry_run_or_a_cluster_is_one_line(capsys):
 @pytest.mark.parametrize("text, minutes", [("90", 90), ("90:30", 91), ("24:00:00", 1440),
                                            ("2-00:00:00", 2880), ("1-12", 2160), ("0-0:30", 30)])
 def test_time_limits_read_in_every_form_sbatch_takes(text, minutes):
-    assert launch.minutes(text) == minutes
+    assert slurm.minutes(text) == minutes
 
 
 @pytest.mark.parametrize("option, says", [
@@ -239,7 +239,7 @@ def test_time_limits_read_in_every_form_sbatch_takes(text, minutes):
 ])
 def test_a_bad_slurm_option_is_one_line_naming_it(option, says):
     with pytest.raises(ConfigError, match=re.escape(says)):
-        launch.parse_options([option])
+        slurm.parse_options([option])
 
 
 def test_cluster_options_without_the_slurm_launcher_are_refused(capsys, tmp_path, monkeypatch):
@@ -251,7 +251,7 @@ def test_cluster_options_without_the_slurm_launcher_are_refused(capsys, tmp_path
 
 def test_the_docs_table_of_defaults_is_the_launcher_s():
     page = (Path(__file__).resolve().parents[1] / "docs" / "cluster.md").read_text()
-    for scale, res in launch.RESOURCES.items():
+    for scale, res in slurm.RESOURCES.items():
         row = (f"| `{scale}` | {res['gpus_per_node']} | {res['cpus_per_task']} | {res['mem']} | "
                f"{res['timeout_min']} |")
         assert row in page, row
@@ -260,22 +260,22 @@ def test_the_docs_table_of_defaults_is_the_launcher_s():
 def test_a_run_stopped_three_times_without_progress_is_not_requeued_the_third_time(tmp_path):
     work = tmp_path / "table3-base-paper-seed0"
     # stops at a new step each time: always requeued
-    assert [launch.stalled(work, "7_0", step) for step in (100, 250, 400, 400)] == [None] * 4
+    assert [task.stalled(work, "7_0", step) for step in (100, 250, 400, 400)] == [None] * 4
     # then three stops before training (a data preparation longer than the time limit)
-    assert launch.stalled(work, "7_0", None) is None
-    assert launch.stalled(work, "7_0", None) is None
-    why = launch.stalled(work, "7_0", None)
+    assert task.stalled(work, "7_0", None) is None
+    assert task.stalled(work, "7_0", None) is None
+    why = task.stalled(work, "7_0", None)
     assert why is not None and why.startswith(
         "table3-base-paper-seed0 was stopped 3 times in a row before or after training")
     assert "--slurm time=" in why
     # at one step three times over: the same
     other = tmp_path / "table3-A1-paper-seed0"
-    assert [launch.stalled(other, "8_1", 60) is None for _ in range(3)] == [True, True, False]
+    assert [task.stalled(other, "8_1", 60) is None for _ in range(3)] == [True, True, False]
 
 
 def test_status_counts_the_steps_a_run_was_submitted_with(tmp_path):
     # a run submitted with --set train.train_steps=1500 is 1500 steps long in `status`, not 30
-    from reproduce.plan import progress, queue
+    from reproduce.launch import progress, queue
 
     (run,) = load_spec("table3").plan(["base"], "smoke", [0])
     task = queue.Task(run.run_id, "5_0", "", "", {"train_steps": 1500}, "RUNNING")
@@ -287,7 +287,7 @@ def test_status_names_a_tuned_run_s_task_and_its_trial_tasks_still_in_the_queue(
         capsys, tmp_path, monkeypatch):
     import json
 
-    from reproduce.plan import queue
+    from reproduce.launch import queue
 
     monkeypatch.setenv("REPRODUCE_RESULTS", str(tmp_path / "results"))
     monkeypatch.setenv("REPRODUCE_RUNS", str(tmp_path / "runs"))
@@ -313,7 +313,7 @@ def test_status_says_how_sacct_says_tasks_ended_and_how_often_squeue_says_one_wa
     squeue's restart count as the real one gives it (``-O JobArrayID:|,State:|,RestartCnt``)."""
     import json
 
-    from reproduce.plan import queue
+    from reproduce.launch import queue
 
     monkeypatch.setenv("REPRODUCE_RESULTS", str(tmp_path / "results"))
     monkeypatch.setenv("REPRODUCE_RUNS", str(tmp_path / "runs"))
@@ -346,7 +346,7 @@ def test_tasks_cancelled_while_pending_share_one_line_of_sacct_and_each_is_told(
         tmp_path, monkeypatch):
     """sacct shows an array's tasks cancelled before they started as one line (``9_[2-4,7%2]``):
     each of them ends CANCELLED, none is left without a word."""
-    from reproduce.plan import queue
+    from reproduce.launch import queue
 
     _fake_command(tmp_path, monkeypatch, "sacct", "echo '9_0|COMPLETED|0:0'\n"
                   "echo '9_[2-4,7%2]|CANCELLED by 1000|0:0'\necho '10_[1-2]|CANCELLED|0:0'")
@@ -364,7 +364,7 @@ def test_a_refused_requeue_is_one_line_that_says_how_to_resume(tmp_path, monkeyp
                        ("SLURM_PROCID", "0"), ("SLURM_NTASKS", "1")):
         monkeypatch.setenv(key, value)
     with pytest.raises(SystemExit) as stop:
-        launch.requeue(tmp_path / "table3-base-paper-seed0", 1200)
+        task.requeue(tmp_path / "table3-base-paper-seed0", 1200)
     assert str(stop.value) == (
         "not requeued: scontrol requeue 42 failed (scontrol: error: Requested operation is "
         "presently disabled for job 42); what was trained is saved: submit the same command "

@@ -8,7 +8,7 @@ import shutil
 import pytest
 import torch
 
-from reproduce.plan import progress as status
+from reproduce.launch import progress as status
 from reproduce.runs import records
 from reproduce.runs.sweep import load_spec
 

@@ -82,7 +82,7 @@ def test_four_workers_one_killed_and_restarted_record_each_run_once(tmp_path):
 
 
 def test_balance_finds_the_best_split_that_longest_first_misses():
-    from reproduce.plan.workers import balance
+    from reproduce.launch.workers import balance
 
     # Row A's measured minutes at `cpu` scale: longest-first greedy ends at 157, the best at 142.
     costs = {"A4": 72, "A3": 64, "base": 49, "A2": 49, "A1": 44}
@@ -97,7 +97,7 @@ def test_balance_finds_the_best_split_that_longest_first_misses():
 
 
 def test_workers_finish_a_seed_before_the_next_and_stay_balanced():
-    from reproduce.plan.workers import by_seed
+    from reproduce.launch.workers import by_seed
 
     # Row A at `cpu`, three seeds: every worker's list holds seed 0, then 1, then 2.
     minutes = {"A4": 72, "A3": 64, "base": 49, "A2": 49, "A1": 44}
@@ -114,7 +114,7 @@ def test_workers_finish_a_seed_before_the_next_and_stay_balanced():
 
 
 def test_worker_argv_and_order(monkeypatch):
-    from reproduce.plan.workers import ORDER_ENV, reorder, worker_argv
+    from reproduce.launch.workers import ORDER_ENV, reorder, worker_argv
     from reproduce.runs.sweep import load_spec
 
     assert worker_argv(["table3", "--workers", "2", "--row", "A"]) == ["table3", "--row", "A"]
@@ -129,7 +129,7 @@ def test_worker_argv_and_order(monkeypatch):
 def test_workers_auto_splits_a_cpu_only_for_long_sweeps(tmp_path, monkeypatch):
     import torch
 
-    from reproduce.plan import workers
+    from reproduce.plan import worker_count as workers
     from reproduce.runs.sweep import load_spec
 
     monkeypatch.setenv("REPRODUCE_RESULTS", str(tmp_path / "results"))
@@ -168,7 +168,7 @@ def test_workers_auto_splits_a_cpu_only_for_long_sweeps(tmp_path, monkeypatch):
 
 def test_workers_get_their_own_gpus_or_share_them_when_runs_take_one_each():
     from reproduce.errors import ConfigError
-    from reproduce.plan import workers
+    from reproduce.launch import workers
 
     assert workers.gpu_blocks(2, 1, 2, None) == ["0", "1"]
     assert workers.gpu_blocks(2, 2, 4, None) == ["0,1", "2,3"]
@@ -259,7 +259,7 @@ def test_cores_follow_the_work_when_a_worker_ends(tmp_path, monkeypatch):
     takes the freed cores (`share_cores`)."""
     import torch
 
-    from reproduce.plan.workers import _wait, _write_share
+    from reproduce.launch.workers import _wait, _write_share
     from reproduce.util.machine import SHARE_ENV, share_cores
 
     share = tmp_path / "share"

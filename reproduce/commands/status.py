@@ -18,8 +18,8 @@ class Status(Command):
 
     def run(self, args: argparse.Namespace, argv: list[str]) -> int:
         from reproduce.commands.cache import cache_summary
+        from reproduce.launch.progress import report
         from reproduce.paths import cache_dir, results_dir, runs_dir
-        from reproduce.plan.progress import report
         from reproduce.util.cache_folders import cache_entries
 
         damaged: list[str] = []

@@ -1,12 +1,11 @@
-"""``python -m reproduce table2|table3|table4``: plan a table's runs, train, evaluate and record
-them (here, in worker processes, or as SLURM array tasks), and render the table from the records.
-``--render`` only renders, ``--dry-run`` only plans, ``table3 --params`` counts parameters."""
+"""``python -m reproduce table2|table3|table4``: the arguments of a table command, checked, and the
+runs they plan; launching them (here, in worker processes, or as SLURM array tasks) and rendering
+the table is ``launch.dispatch.launch_table``'s. ``table3 --params`` counts parameters."""
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 from reproduce.commands.base import Command, add_results_option, positive_or_auto
 from reproduce.config import ACCELERATORS
@@ -102,7 +101,8 @@ class Table(Command):
         if set_line:
             print(set_line)
         todo = self.announce(spec, runs, args, tuning)
-        return 1 if _train_and_render(args, argv, spec, todo, scale, tuning, self.report) else 0
+        from reproduce.launch.dispatch import launch_table
+        return 1 if launch_table(_options(args), argv, spec, todo, scale, tuning, self.report) else 0
 
     def planned(self, spec, scale: str, args: argparse.Namespace) -> list:
         return spec.plan(spec.select(args.row, args.variant, scale), scale,
@@ -243,108 +243,6 @@ def _overridden_line(spec, scale: str) -> None:
             + " (a scale sets these for every run; recorded as scale_overrode)")
 
 
-def _train_and_render(args: argparse.Namespace, argv: list[str], spec, runs: list, scale: str,
-                      tuning, report) -> bool:
-    """Train ``runs`` (tuned first with ``tuning``), here or in ``--workers`` processes, then render
-    the table from the records; ``--render`` only renders, ``--dry-run`` only estimates and
-    ``--launcher slurm`` submits instead. Whether a run failed (diverged)."""
-    from reproduce.errors import DamagedRecords
-    from reproduce.paths import results_dir
-    from reproduce.tables.render import render
-    from reproduce.train import devices
-
-    layout = devices.resolve(args.accelerator, args.devices, spec.scale(scale).devices)
-    out = results_dir() / f"{spec.table}.md"
-    log = not args.dry_run  # the rendered table to W&B (with its figures; Table 4 has none)
-    if args.render:
-        if render(spec, out, log=log):
-            raise DamagedRecords(f"{spec.table}: damaged record(s) set aside (above); the table "
-                                 "shows the rest; the sweep command redoes their runs")
-        return False
-    if args.launcher == "slurm":
-        _submit(args, argv, spec, runs, scale, args.trials if tuning else 0)
-        return False
-    if args.dry_run:
-        from reproduce.plan.dry_run import print_plan
-        print_plan(spec, runs, layout, args.on, args.devices, args.workers)
-        return False
-    from reproduce.plan import workers
-    from reproduce.runs.records import plan_state, recorded_command
-    from reproduce.train import runner
-    from reproduce.train.tuning import tune
-    from reproduce.util.logs import quiet_libraries
-    from reproduce.util.tracking import init_timeout, wandb_mode
-
-    quiet_libraries()
-    _check_writable()
-    if wandb_mode() == "online":
-        init_timeout()  # a bad WANDB_INIT_TIMEOUT is found now, not when the first run logs
-    command = recorded_command(argv)
-    planned = list(runs)  # workers take runs over; the closing lines speak of all of them
-    failed = False
-    recorded = bool(runs) and all(plan_state(run) == "done" for run in runs)
-    try:
-        n = args.workers
-        if n == "auto":
-            n = 1 if layout.devices > 1 else workers.auto_count(runs, tuning=bool(tuning))
-            if n > 1:
-                print(f"--workers auto: {n} worker processes (one per core, at most one per "
-                      "run; --workers 1 trains in this process)")
-        if n > 1 and runs:
-            if workers.launch(argv, runs, n, layout.devices):
-                raise SystemExit(1)
-            runs = []
-        for run in workers.reorder(runs):
-            extra = None
-            if tuning:
-                run, summary = tune(run, tuning, args.trials, args.storage, run.seed)
-                extra = {"tuning": summary}
-                print(f"{summary['study']}: best of {summary['n_trials']} trial(s): "
-                      f"{summary['metric']} {summary['best_value']:.3f} with "
-                      f"{summary['best_params']}")
-            outcome = runner.execute(run, spec.split, command, extra, layout)
-            if outcome.record is None:  # not run now, and why
-                print(f"{run.run_id}: {outcome.why}")
-                failed |= outcome.failed
-                continue
-            print(f"{run.run_id}: {report(outcome.record['metrics'])}")
-    except BaseException:
-        if not workers.is_worker():
-            _render_after_failure(spec, out, log)
-        raise  # the run's failure is what the command reports and exits with
-    if not workers.is_worker():  # workers leave the table to the process that started them
-        render(spec, out, log=log)
-    if recorded and not workers.is_worker():
-        _nothing_trained(spec, planned, argv)
-    return failed
-
-
-def _check_writable() -> None:
-    """Refuse to train, in one line, where the records or the checkpoints could not be written:
-    found now, not after the hours of training before the first write."""
-    from reproduce.errors import ConfigError
-    from reproduce.paths import results_dir, runs_dir
-    from reproduce.util.files import writable
-
-    for what, folder, how in (("results", results_dir(), "--results DIR writes them elsewhere"),
-                              ("runs", runs_dir(), "REPRODUCE_RUNS=DIR puts them elsewhere")):
-        if (error := writable(folder)) is not None:
-            raise ConfigError(f"the {what} folder {folder} is not writable: {error.strerror} "
-                              f"(nothing was trained; {how})")
-
-
-def _render_after_failure(spec, out, log: bool) -> None:
-    """Render what the records hold after a run failed; a failure here is one warning line, never
-    the error the command reports (that is the run's)."""
-    from reproduce.tables.render import render
-
-    try:
-        render(spec, out, log=log)
-    except Exception as exc:  # noqa: BLE001 - reported, and the run's error re-raised by the caller
-        print(f"warning: {spec.table}: the table was not rendered either ({type(exc).__name__}:"
-              f" {exc})", file=sys.stderr)
-
-
 def _check_cluster_options(args: argparse.Namespace) -> None:
     """The cluster's options mean nothing to a local sweep: one line, not silently ignored."""
     from reproduce.errors import ConfigError
@@ -361,183 +259,11 @@ def _check_cluster_options(args: argparse.Namespace) -> None:
                           "slurm")
 
 
-def _submit(args: argparse.Namespace, argv: list[str], spec, runs: list, scale: str,
-            trials: int = 0) -> None:
-    """--launcher slurm: one array task per run without a record and without a task in the queue
-    (reproduce/plan/launch.py; queue.py), one array per resource set. ``trials`` (``--tune``):
-    first an array of that many trial tasks per run, side by side in the run's study; then the
-    run's own task, once they have all ended, trains the best settings, as a local sweep does."""
-    from reproduce.errors import ConfigError
-    from reproduce.paths import runs_dir
-    from reproduce.plan import launch, queue
-    from reproduce.runs.records import recorded_command
-    from reproduce.util.secrets import mask
+def _options(args: argparse.Namespace):
+    """The launching arguments, as ``launch_table`` takes them."""
+    from reproduce.launch.options import Options
 
-    if args.nodes < 1 or (args.gpus is not None and args.gpus < 0):
-        raise ConfigError(f"--nodes {args.nodes} --gpus-per-node {args.gpus}: nodes must be 1 or "
-                          "more and GPUs per node 0 or more")
-    cluster = launch.Cluster(args.nodes, args.gpus, args.partition, launch.parse_options(args.slurm),
-                             args.on, launch.partition_minutes(args.partition))
-    folder = runs_dir() / spec.table / "slurm"
-    todo = _runs_to_submit(runs, queue.tasks(folder), tuned=bool(trials))
-    wide = {r.run_id: n for r in todo if trials and (n := launch.tasks_per_run(r, cluster)) > 1}
-    if wide:
-        run_id, n = next(iter(wide.items()))
-        raise ConfigError(f"--tune with --launcher slurm: a trial trains in one task, and {run_id}"
-                          f" takes {n} (--nodes x --gpus-per-node); tune with --gpus-per-node 1 "
-                          "(the batch is kept by accumulation), or locally")
-    groups = launch.arrays(todo, cluster)
-    if not todo:
-        print(f"submission plan: none of the {len(runs)} run(s) needs a task (each has a record "
-              "or a task in the queue): nothing to submit")
-        return
-    print(f"submission plan: {len(todo)} of {len(runs)} run(s) have no record and no task in the "
-          f"queue; one SLURM array task each, in {len(groups)} array(s)"
-          + (f", each after an array of {trials} trial task(s) per run (--tune)" if trials else "")
-          + ":")
-    for line in launch.plan_lines(todo, cluster):
-        print("  " + line)
-    if args.dry_run:
-        for group in groups:
-            headers = [(group, "run", None)] if not trials else [
-                ([r for r in group for _ in range(trials)], "trial", None),
-                (group, "best", "TRIALS_JOB_ID")]
-            for members, role, after in headers:
-                script = launch.sbatch_script(folder, scale, members, cluster, role, after)
-                print(f"sbatch header of the array of {', '.join(r.run_id for r in group)}"
-                      + (f" ({trials} trial task(s) each)" if role == "trial" else "")
-                      + " (submitit writes the rest):")
-                print("\n".join("  " + line for line in script.splitlines()
-                                if line.startswith("#SBATCH")))
-        return
-    if trials:
-        from reproduce.train.tuning import STORAGE_ENV, cluster_storage
-
-        # the storage reaches the tasks in their environment (sbatch passes it on), so a
-        # password in it is never written into submitit's folders
-        os.environ[STORAGE_ENV] = args.storage or cluster_storage()
-        print(f"--tune: {trials} trial task(s) per run, side by side, then each run's task trains "
-              f"the best settings; studies in {mask(os.environ[STORAGE_ENV])}")
-    done = 0
-    arrays: list[str] = []
-    for group in groups:
-        after = None
-        if trials:
-            members = [r for r in group for _ in range(trials)]
-            jobs = _submit_array(folder, scale, members, cluster, "trial", None, spec,
-                                 recorded_command(argv), done)
-            queue.record_submission(folder, members, jobs, trial=True)
-            after = str(jobs[0].job_id).split("_")[0]
-            print(f"  trials of {', '.join(r.run_id for r in group)}: job {after} "
-                  f"({len(jobs)} task(s))")
-        jobs = _submit_array(folder, scale, group, cluster, "best" if trials else "run", after,
-                             spec, recorded_command(argv), done)
-        queue.record_submission(folder, group, jobs)
-        done += len(group)
-        arrays += [a for a in (after, str(jobs[0].job_id).split("_")[0]) if a]
-        for run, job in zip(group, jobs, strict=True):
-            print(f"  {run.run_id}: job {job.job_id}" + (f" (after job {after})" if after else ""))
-    _render_after(folder, spec, arrays, cluster)
-    _after_submission(folder)
-
-
-def _render_after(folder, spec, arrays: list[str], cluster) -> None:
-    """The render job: the table once every array task has ended (or one line: render by hand)."""
-    from reproduce.paths import results_dir
-    from reproduce.plan import launch
-
-    out = results_dir() / f"{spec.table}.md"
-    try:
-        job = launch.submit_render(launch.render_executor(folder, spec.table, arrays, cluster),
-                                   render_job, str(spec.path))
-    except launch.Refused as e:  # the runs are in; the table is one command away
-        print(f"  {spec.table}: no render job ({e}); once the tasks end: python -m reproduce "
-              f"{spec.table} --render")
-        return
-    print(f"  {spec.table}: job {job.job_id} renders {out} once every task above has ended")
-
-
-def _runs_to_submit(runs: list, submitted: dict, tuned: bool) -> list:
-    """The runs that need a task: no record (any, with ``--tune``: more trials) and no task of
-    theirs queued or running; a line for each that is skipped, or whose last task failed."""
-    from reproduce.runs.records import finished
-
-    todo = []
-    for run in (run for run in runs if tuned or finished(run) is None):
-        task = submitted.get(run.run_id)
-        if task is not None and (task.queued or task.running):
-            print(f"  {run.run_id}: job {task.job_id} is {str(task.state).lower()}; not submitted "
-                  "again")
-            continue
-        if task is not None and task.ended:
-            print(f"  {run.run_id}: its last task, job {task.job_id}, ended"
-                  + (f" {task.ending()}" if task.ending() else "")
-                  + f" without a record ({task.last_words()}; log {task.stderr})")
-        todo.append(run)
-    return todo
-
-
-def _submit_array(folder, scale: str, runs: list, cluster, role: str, after: str | None, spec,
-                  command: str, done: int) -> list:
-    """One array of ``runs``' tasks (``launch.ROLES``); sbatch's refusal as one line that says
-    what earlier arrays of this command (``done`` runs) had already submitted."""
-    from reproduce.errors import ConfigError
-    from reproduce.plan import launch
-
-    executor = launch.executor_for(folder, scale, runs, cluster, role, after)
-    try:
-        return launch.submit(executor, str(spec.path), runs, spec.split, command, cluster, role)
-    except launch.Refused as e:
-        trials = ("its runs' trial tasks were submitted (they add trials to the studies), not "
-                  "the runs' own tasks" if role == "best" else "")
-        earlier = f"{done} run(s) were submitted before it, the rest were not" if done else ""
-        raise ConfigError(
-            f"sbatch refused the array ({e}); "
-            + ("; ".join(part for part in (trials, earlier) if part) or "nothing was submitted")
-            + ". Check --partition, --gpus-per-node (0 on a partition without GPUs), --nodes "
-            "and --slurm against `sinfo`") from None
-
-
-def render_job(spec_path: str) -> str:
-    """The render job's body, on a node: the table from the records there are (as ``--render``),
-    once the arrays it waits on have ended, however they ended."""
-    from reproduce.paths import results_dir
-    from reproduce.runs.sweep import load_spec
-    from reproduce.tables.render import render
-    from reproduce.util.logs import quiet_libraries
-
-    quiet_libraries()
-    spec = load_spec(spec_path)
-    out = results_dir() / f"{spec.table}.md"
-    render(spec, out, log=True)
-    print(f"rendered {out}", flush=True)
-    return str(out)
-
-
-def _after_submission(folder) -> None:
-    """Where the tasks' logs and W&B files go, and how to follow them."""
-    from reproduce.util.tracking import wandb_mode
-
-    print(f"logs: {folder}/<job>/; `python -m reproduce status` shows the queued, running and "
-          "failed tasks")
-    if wandb_mode() == "offline":
-        print("W&B: the tasks log offline (no WANDB_API_KEY set; compute nodes often have no "
-              f"internet); to upload, from a login node: wandb sync {folder.parent}/*/wandb/"
-              "offline-run-*")
-
-
-def _nothing_trained(spec, runs: list, argv: list[str]) -> None:
-    """The last lines of a command whose runs all had records: say so, and how to train them
-    yourself (a fresh clone holds the project's committed records) or re-run one and compare."""
-    from reproduce.paths import results_dir
-    from reproduce.runs.records import record_path
-
-    folder = os.path.relpath(results_dir())
-    print(f"All {len(runs)} run(s) already had a record in {folder}/: nothing was trained "
-          "(a fresh clone holds the project's committed records; a record is never redone).")
-    if "--results" not in argv:
-        print("  to train them yourself, beside ours: python -m reproduce "
-              + " ".join(argv + ["--results", "my-results"]))
-    example = os.path.relpath(record_path(runs[0]))
-    print(f"  to re-run one from nothing and compare with its record: python -m reproduce verify "
-          f"{example}")
+    return Options(render=args.render, dry_run=args.dry_run, launcher=args.launcher, on=args.on,
+                   accelerator=args.accelerator, devices=args.devices, workers=args.workers,
+                   trials=args.trials, storage=args.storage, nodes=args.nodes, gpus=args.gpus,
+                   partition=args.partition, slurm=tuple(args.slurm))

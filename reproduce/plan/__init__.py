@@ -1,1 +1,2 @@
-"""Planning a sweep: worker processes, SLURM, status and the cost model behind --dry-run."""
+"""Planning a sweep: what its runs will take (the cost model, GPU prices, the dry run) and how many
+workers train it."""

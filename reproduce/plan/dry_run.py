@@ -10,7 +10,7 @@ import torch
 
 from reproduce import paths
 from reproduce.paths import results_dir, runs_dir
-from reproduce.plan import estimates, gpu_prices, workers
+from reproduce.plan import estimates, gpu_prices, worker_count
 from reproduce.runs import disk, footprint
 from reproduce.runs.checkpoints import steps_left
 from reproduce.runs.precision_history import most_common, trained_in
@@ -45,7 +45,7 @@ def print_plan(spec, runs: list, layout: Layout, on: str | None = None,
     n = 1
     if target.kind == "cpu":
         n = n_workers if isinstance(n_workers, int) else (
-            1 if layout.devices > 1 else workers.auto_count(todo, to_go=to_go))
+            1 if layout.devices > 1 else worker_count.auto_count(todo, to_go=to_go))
     ranks = target.devices if target.kind == "cpu" else 1
     threads = max(1, min(machine.cores(), torch.get_num_threads()) // max(n * ranks, 1))
     records = {r["run_id"]: r for r in load_records(spec.table, results_dir(), move=False)}

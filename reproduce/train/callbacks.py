@@ -114,7 +114,7 @@ class StepCheckpoint(pl.callbacks.ModelCheckpoint):
 
 class SaveOnStop(pl.Callback):
     """On a stop signal (SIGTERM: a preemption, ``kill``, ``scancel``; USR2: SLURM's warning
-    before the time limit, which ``plan.launch`` also requeues on; SIGINT: Ctrl-C, where a second
+    before the time limit, which ``launch.task`` also requeues on; SIGINT: Ctrl-C, where a second
     one stops at once), end the run at the end of the step in flight, saving a checkpoint there
     (``checkpoints.PREEMPTED``): the next start resumes from it, and averaging never counts it,
     so the record is the one an uninterrupted run writes.

@@ -126,7 +126,7 @@ def external_ranks() -> bool:
 
 def cluster_plugins() -> list:
     """Lightning's cluster environment for a SLURM task, with Lightning's own requeue (on USR1)
-    off: ``plan.launch`` owns preemption (submitit's signal, a checkpoint at the step, requeue)."""
+    off: ``launch.task`` owns preemption (submitit's signal, a checkpoint at the step, requeue)."""
     from lightning_fabric.plugins.environments import SLURMEnvironment
 
     return [SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else []

@@ -17,7 +17,7 @@ import torch
 from reproduce import paths
 
 CPUINFO = Path("/proc/cpuinfo")
-# Set in a --workers worker on a CPU: a file "<workers still running> <cores they share>" (workers.py)
+# Set in a --workers worker on a CPU: a file "<workers still running> <cores they share>" (launch/workers.py)
 SHARE_ENV = "REPRODUCE_WORKER_SHARE"
 # How many workers of one --workers command train on this worker's GPU (workers.gpu_blocks)
 GPU_SHARE_ENV = "REPRODUCE_GPU_SHARE"

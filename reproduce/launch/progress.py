@@ -27,8 +27,9 @@ from typing import Any
 import torch
 
 from reproduce.data import missing_input
-from reproduce.plan import estimates, queue
-from reproduce.plan.workers import auto_count
+from reproduce.launch import queue
+from reproduce.plan import estimates
+from reproduce.plan.worker_count import auto_count
 from reproduce.runs.checkpoints import steps_left
 from reproduce.runs.claims import holder
 from reproduce.runs.diverged import diverged_with
