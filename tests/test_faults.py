@@ -488,7 +488,7 @@ def test_ctrl_c_saves_the_step_it_stopped_at_and_twice_stops_at_once(tmp_path):
 
 
 # Faults injected into the real CLI (``helpers.inject``), chosen by REPRODUCE_TEST_FAULT (several
-# with commas): SIGTERM during a step; a GPU running out of memory at step 7; a full disk when
+# with commas): SIGTERM or SIGKILL during a step; a GPU running out of memory at step 7; a full disk when
 # the step-10 checkpoint is written; a read-only results folder (every durable write and the
 # writable check make their temporary file first); a disk with 2 MB free.
 FAULTS = '''
@@ -511,6 +511,18 @@ if fault == "sigterm-at-train-end":  # as training ends, after the last step's e
         os.kill(os.getpid(), signal.SIGTERM)
 
     lit.TranslationModule.on_train_end = on_train_end
+elif fault.startswith("kill-9-at-"):  # the process killed outright during the step named
+    import signal
+    import reproduce.train.lit as lit
+
+    _step = lit.TranslationModule.training_step
+
+    def killed_step(self, batch, batch_idx):
+        if self.trainer.global_step + 1 == int(fault.removeprefix("kill-9-at-")):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return _step(self, batch, batch_idx)
+
+    lit.TranslationModule.training_step = killed_step
 elif fault.startswith("sigterm-at-"):  # as a scheduler's, during the step named (or an epoch's last)
     import signal
     import reproduce.train.lit as lit

@@ -283,10 +283,15 @@ def test_tuning_on_the_cluster_runs_a_task_per_trial_then_records_the_tuned_run(
     """A task per trial, side by side on both nodes, in one study (optuna's journal file in the
     shared runs folder: SQLite's locks are unsafe there); then the run's own task, held until
     they have ended, trains the best settings and records them. A trial task preempted (USR2)
-    is requeued and its trial resumed from the step it stopped at, not drawn anew."""
+    is requeued and its trial resumed from the step it stopped at, not drawn anew. The other
+    trial task is killed outright (SIGKILL, as a node lost): the journal has no heartbeats, so
+    the next task to open the study finds that trial by its run folder's free claim, fails it
+    and queues its settings again for the next --tune (5 s after a trial starts, not 60: its
+    process claims the folder within a second)."""
     paced = {k: v for k, v in inject(slurm_env, tmp_path / "inject", PACED).items()
              if k in ("PYTHONPATH", INJECTED)}
-    out = _submit(slurm_env, tmp_path, "--variant", "A1", "--tune", "--trials", "2", **paced)
+    out = _submit(slurm_env, tmp_path, "--variant", "A1", "--tune", "--trials", "2",
+                  REPRODUCE_TRIAL_STALE_SECONDS="5", **paced)
     assert "--tune: 2 trial task(s) per run" in out
     trials = out.split("trials of table3-A1-smoke-seed0: job ")[1].split()[0]
     assert "table3-A1-smoke-seed0: job " in out and f"(after job {trials})" in out
@@ -294,12 +299,15 @@ def test_tuning_on_the_cluster_runs_a_task_per_trial_then_records_the_tuned_run(
     assert "queued   table3-A1-smoke-seed0 (SLURM job " in status, status
     folder = tmp_path / "mine" / "runs" / "table3" / "slurm"
     preempted = folder / f"{trials}_0" / f"{trials}_0_0_log.out"
+    killed = folder / f"{trials}_1" / f"{trials}_1_0_log.out"
+    _wait_for_step(killed, 10)  # its step-10 checkpoint saved
+    subprocess.run(["scancel", "--signal=KILL", f"{trials}_1"], env=slurm_env, check=True)
     _wait_for_step(preempted, 10)
     subprocess.run(["scancel", "--signal=USR2", f"{trials}_0"], env=slurm_env, check=True)
     _wait_for_queue(slurm_env, out)
-    for index in (0, 1):  # each trial task added its trial, and trained nothing else
-        said = (folder / f"{trials}_{index}" / f"{trials}_{index}_0_log.out").read_text()
-        assert "trial added to study table3-A1-smoke-seed0 (" in said, said[-2000:]
+    # the preempted task added its trial, and trained nothing else; the killed one said nothing
+    assert "trial added to study table3-A1-smoke-seed0 (" in preempted.read_text()
+    assert "trial added" not in killed.read_text() and "Traceback" not in killed.read_text()
     said = preempted.read_text()
     assert "trial 0 stopped; its settings are queued again" in said \
         or "trial 1 stopped; its settings are queued again" in said, said[-3000:]
@@ -309,9 +317,21 @@ def test_tuning_on_the_cluster_runs_a_task_per_trial_then_records_the_tuned_run(
     record = json.loads(path.read_text())
     tuning = record["tuning"]
     assert tuning["storage"] == f"journal:{tmp_path / 'mine' / 'runs' / 'optuna.journal'}"
-    # the preempted trial failed, and its settings trained on in a third trial
-    assert tuning["n_trials"] == 3 and tuning["complete"] + tuning["pruned"] == 2, tuning
+    # the preempted trial failed, and its settings trained on in a third trial; the killed one
+    # failed, its settings waiting in a fourth for the next --tune
+    assert tuning["n_trials"] == 4 and tuning["complete"] + tuning["pruned"] == 1, tuning
     assert record["run_id"].endswith(path.stem.rsplit("-tuned-", 1)[1])
+    import optuna
+
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(
+        str(tmp_path / "mine" / "runs" / "optuna.journal")))
+    study = optuna.load_study(study_name="table3-A1-smoke-seed0", storage=storage)
+    (waiting,) = [t for t in study.trials if t.state == optuna.trial.TrialState.WAITING]
+    dead = study.trials[waiting.user_attrs["resumes_trial"]]
+    assert dead.state == optuna.trial.TrialState.FAIL  # its settings wait, set when it starts:
+    assert waiting.system_attrs["fixed_params"] == dead.params
+    assert (tmp_path / "mine" / "runs" / "table3" / dead.user_attrs["run_id"] / "checkpoints"
+            / "last.ckpt").exists()  # where its next trial resumes
 
 
 RECIPE = "The recipe: from nothing to a rendered table"

@@ -91,6 +91,71 @@ def test_a_trial_stopped_by_a_signal_is_resumed_by_the_next_trial(tmp_path):
     assert record["tuning"]["best_params"] == first.params
 
 
+def test_a_trial_killed_outright_is_found_by_its_claim_and_resumed_by_the_next_call(tmp_path):
+    """kill -9 during a trial's step 13 (a node lost): nothing in the process can fail the trial,
+    and the journal file has no heartbeats, so optuna would keep it RUNNING for ever. The next
+    call finds it by its run folder's claim, free since its process died, fails it and queues its
+    settings again; its next trial resumes the folder from its last checkpoint, of step 10."""
+    import optuna
+
+    from tests.test_faults import FAULTS
+
+    env = {**cli_env(tmp_path), "REPRODUCE_CACHE": str(tmp_path / "cache"),
+           "REPRODUCE_TRIAL_STALE_SECONDS": "0"}
+    journal = tmp_path / "runs" / "optuna.journal"
+    args = ("table3", "--variant", "A3", "--scale", "smoke", "--tune", "--storage",
+            f"journal:{journal}", "--trials")
+    killed = cli({**inject(env, tmp_path / "inject", FAULTS), "REPRODUCE_TEST_FAULT":
+                  "kill-9-at-13"}, *args, "2", check=False)
+    assert killed.returncode == -9, killed.stdout + killed.stderr
+
+    def trials() -> list:
+        storage = optuna.storages.JournalStorage(
+            optuna.storages.journal.JournalFileBackend(str(journal)))
+        return optuna.load_study(study_name="table3-A3-smoke-seed0", storage=storage).trials
+
+    (first,) = trials()
+    assert first.state == optuna.trial.TrialState.RUNNING  # what optuna alone leaves
+    folder = tmp_path / "runs" / "table3" / first.user_attrs["run_id"]
+    assert (folder / "checkpoints" / "step10.ckpt").exists()
+
+    out = cli(env, *args, "1")
+    assert "trial 0 was left running by a process that is gone" in out.stdout, out.stdout
+    assert f"resuming from {folder / 'checkpoints' / 'last.ckpt'}" in out.stdout, out.stdout
+    assert "step 20/30" in out.stdout and "step 10/30" not in out.stdout  # from step 10 on
+    after = trials()
+    assert [t.state for t in after] == [optuna.trial.TrialState.FAIL,
+                                        optuna.trial.TrialState.COMPLETE]
+    assert after[1].params == first.params and after[1].user_attrs["resumes_trial"] == 0
+
+
+def test_a_running_trial_whose_folder_is_claimed_is_left_alone(tmp_path, monkeypatch):
+    """A RUNNING trial whose run folder a live process claims is training: not failed, however
+    old; one past the wait with its folder unclaimed is failed and its settings queued again."""
+    import optuna
+
+    from reproduce.runs.claims import claim
+    from reproduce.train.tuning import requeue_dead_trials
+
+    monkeypatch.setenv("REPRODUCE_RUNS", str(tmp_path / "runs"))
+    monkeypatch.setenv("REPRODUCE_TRIAL_STALE_SECONDS", "0")
+    study = optuna.create_study(study_name="s")
+    alive, dead = study.ask({"lr": optuna.distributions.FloatDistribution(0.1, 1.0)}), \
+        study.ask({"lr": optuna.distributions.FloatDistribution(0.1, 1.0)})
+    alive.set_user_attr("run_id", "table3-base-smoke-seed0-tuned-a")
+    dead.set_user_attr("run_id", "table3-base-smoke-seed0-tuned-b")
+    with claim(tmp_path / "runs" / "table3" / "table3-base-smoke-seed0-tuned-a") as held:
+        assert held
+        requeue_dead_trials(study, "table3")
+    states = [t.state for t in study.trials]
+    assert states == [optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.FAIL,
+                      optuna.trial.TrialState.WAITING]
+    assert study.trials[2].user_attrs == {"resumes_trial": 1}
+    monkeypatch.setenv("REPRODUCE_TRIAL_STALE_SECONDS", "3600")  # started just now: not yet
+    requeue_dead_trials(study, "table3")
+    assert study.trials[0].state == optuna.trial.TrialState.RUNNING
+
+
 def test_a_storage_password_is_never_written(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("WANDB_MODE", "offline")  # W&B's files are searched for it too
     """A record, its W&B run, the logs and the table name the study's URL as user:***@host."""

@@ -6,8 +6,9 @@ on the development set; the spec lists those knobs and the dev metric. A study l
 ``journal:PATH``, optuna's journal file, the default in SLURM tasks) and is
 resumed by name, so ``--tune --trials N`` again adds N trials to the same study. Each trial trains
 in the run folder its settings name (``<run_id>-tuned-<digest>``). A trial stopped by a signal
-(SIGTERM, SLURM's USR2) has its settings queued again, and one whose process died (an RDB's
-heartbeats) is retried: either way the next trial resumes its run folder from its checkpoint. The
+(SIGTERM, SLURM's USR2) has its settings queued again, and so has one whose process died
+(SIGKILL, a node lost: found by its run folder's claim, or by an RDB's heartbeats): either way the
+next trial resumes its run folder from its checkpoint. The
 final run of the best settings reuses the best trial's trained model and only evaluates it. Bad
 trials are pruned on their dev loss.
 """
@@ -193,6 +194,40 @@ def requeue_trial(study, trial) -> None:
                 "trial resumes them from their checkpoint", study.study_name, trial.number)
 
 
+# A RUNNING trial started this long ago whose run folder no live process claims has died with its
+# process (SIGKILL, a node lost): optuna keeps it RUNNING for ever where the storage has no
+# heartbeats (the journal file SLURM tasks share). The wait covers a trial's first moments, before
+# its process claims the folder; REPRODUCE_TRIAL_STALE_SECONDS sets it.
+STALE_SECONDS = 60.0
+STALE_ENV = "REPRODUCE_TRIAL_STALE_SECONDS"
+
+
+def requeue_dead_trials(study, table: str) -> None:
+    """Fail each trial of ``study`` whose process is gone (``STALE_SECONDS``, no live claim on its
+    run folder under ``runs/<table>/``) and queue its settings again, as ``requeue_trial`` does for
+    a stopped one: the next trial resumes that folder from its last checkpoint."""
+    import datetime
+
+    from optuna.trial import TrialState
+
+    stale = float(os.environ.get(STALE_ENV, STALE_SECONDS))
+    now = datetime.datetime.now()  # optuna keeps naive local times
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        started = trial.datetime_start
+        if started is None or (now - started).total_seconds() < stale:
+            continue
+        run_id = trial.user_attrs.get("run_id")
+        if run_id and holder(runs_dir() / table / run_id) is not None:
+            continue  # its process is alive, training
+        study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
+        if trial.params:
+            study.enqueue_trial(trial.params, user_attrs={"resumes_trial": trial.number})
+        log.warning("%s: trial %d was left running by a process that is gone (no claim on %s); "
+                    "failed%s", study.study_name, trial.number, run_id or "its run folder",
+                    ", and its settings queued again: the next trial resumes them from their "
+                    "checkpoint" if trial.params else "")
+
+
 def check_trials(trials: int) -> None:
     """``--trials``: each ``--tune`` adds at least one trial to its study."""
     if trials < 1:
@@ -220,6 +255,7 @@ def tune(run: PlannedRun, tuning: Tuning, trials: int, storage: str | None = Non
     apart = (os.getpid(), os.environ.get("SLURM_ARRAY_TASK_ID")) if storage else 0
     study.sampler = optuna.samplers.TPESampler(
         seed=hash((seed, len(study.trials), apart)) % 2**32)
+    requeue_dead_trials(study, run.table)
     done = len(study.trials)
     log.info("%s: study %r in %s, %d trial(s) so far, %d more", run.run_id, run.run_id,
              mask(url), done, trials)
