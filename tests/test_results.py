@@ -383,3 +383,15 @@ def test_verify_says_when_a_record_keeps_no_hypotheses():
     assert _without_outputs(kept) == ""
     assert _without_outputs({"evalb": {}}) == ""  # parsing: no BLEU to recompute
     assert "keeps no hypotheses" in _without_outputs({"bleu": {"dev": {}, "test": {}}})
+
+
+def test_each_metric_s_facts_live_in_one_table():
+    """runs/metrics.py: every metric there is a key of a record's metrics, and each one Table 3
+    compares has the paper's figure in the spec's base, under its paper key."""
+    from reproduce.runs.metrics import COMPARED, METRICS
+    from reproduce.runs.schema import METRIC_NAMES
+
+    assert set(METRICS) <= set(METRIC_NAMES)
+    base = load_spec("table3").variants["base"].paper
+    assert all(m.paper_key in base for m in COMPARED), base
+    assert [m.lower_is_better for m in COMPARED] == [True, False]  # PPL down, BLEU up is better

@@ -115,6 +115,60 @@ class TrainedBy(TypedDict):
     commit: Commit | None
 
 
+class BleuScore(TypedDict, total=False):
+    """One BLEU convention's score of a split (``paper.bleu``)."""
+
+    kind: str  # sacrebleu | tokenized-compound-split
+    score: float
+    sentences: int
+    signature: str
+    verbose: str  # sacreBLEU's line: n-gram precisions, brevity penalty, lengths
+
+
+class Example(TypedDict):
+    source: str
+    reference: str
+    output: str
+
+
+class SplitBleu(TypedDict, total=False):
+    """A split's BLEU: both conventions, a few examples, and the kept outputs' paths."""
+
+    sacrebleu: BleuScore
+    tokenized: BleuScore
+    examples: list[Example]
+    outputs: dict[str, str]  # hypotheses, references: paths under the table's folder
+
+
+class Curve(TypedDict, total=False):
+    """Learning curve points, [step, seconds of training, value]."""
+
+    train_loss: list[list[float]]
+    dev_ppl: list[list[float]]
+
+
+class Hardware(TypedDict, total=False):
+    """The machine a run trained or was evaluated on (``util.machine.hardware``)."""
+
+    cpu: str
+    cpu_flags: list[str]
+    cpu_count: int
+    torch_threads: int
+    torch: str
+    python: str
+    gpus: list[str]
+    load_average: list[float]
+
+
+class WandbRun(TypedDict, total=False):
+    """Where the run's W&B run is: its folder relative to the runs root (``util.tracking``)."""
+
+    id: str
+    mode: str  # online | offline | disabled
+    dir: str | None
+    url: str | None
+
+
 class _Required(TypedDict):
     run_id: str
     config: dict[str, Any]  # config.Config.to_dict(): the resolved config
@@ -136,28 +190,28 @@ class Record(_Required, total=False):
     precision_choice: dict[str, Any]  # how `auto` chose (train.precision)
     compile: bool  # whether training went through torch.compile (train.compile)
     compile_choice: dict[str, Any]  # how: the config, or `auto`'s timings (train.compiling)
-    bleu: dict[str, Any]  # per split: sacrebleu, tokenized, examples, outputs
+    bleu: dict[str, SplitBleu]  # per split
     evalb: dict[str, Any]  # per split (Table 4)
     treebank: dict[str, Any]  # which treebank and sections (Table 4)
     paper: dict[str, Any]  # the paper's figures for this variant, from the spec
     data: DataSummary
     batch: Batch
     averaged_checkpoints: list[str]
-    curve: dict[str, Any]  # learning curve: train loss, dev PPL by step
+    curve: Curve
     cost: Cost
     resumed: bool
     resumed_from: Any
     commit: Commit
-    hardware: dict[str, Any]
+    hardware: Hardware
     worker: str
     wall_seconds: float
     phases: dict[str, float]  # seconds of this process's phases: (compile_choice,) data, fit,
     # average, dev_ppl, decode
     command: str
     finished_at: str
-    wandb: dict[str, Any]
+    wandb: WandbRun
     trained_by: TrainedBy  # set when the training is another run's (runs.sharing)
-    evaluated_on: dict[str, Any]
+    evaluated_on: Hardware  # where this run was evaluated, when another trained it
     tuning: dict[str, Any]  # how --tune chose the settings
     set: dict[str, Any]  # --set on the command line, over the spec and scale
 

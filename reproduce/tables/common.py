@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections import defaultdict
+from collections.abc import Mapping
 from typing import Any
 
 from reproduce.runs.schema import Record, config_of
@@ -184,7 +185,7 @@ def hours_note(record: Record) -> str:
     return f" ({', '.join(notes)})" if notes else ""
 
 
-def gpus_label(h: dict[str, Any]) -> str:
+def gpus_label(h: Mapping[str, Any]) -> str:
     """A record's GPUs as "<count>x <name>" (``h``: its ``hardware``)."""
     return f"{len(h['gpus'])}x {h['gpus'][0]}"
 

@@ -15,15 +15,26 @@ import os
 from pathlib import Path
 from typing import Any
 
+from reproduce.runs.metrics import (
+    COMPARED,
+    DEV_BLEU,
+    DEV_PPL,
+    PARAMS,
+    TEST_BLEU,
+    TEST_BLEU_TOKENIZED,
+    TRAIN_SECONDS,
+    TRAIN_STEPS,
+)
 from reproduce.runs.schema import Record
 from reproduce.runs.sweep import Spec
 from reproduce.util.files import write_atomic
 from reproduce.util.tracking import init_run, wandb_mode
 
 # wandb is imported where it is used: 1.3 s that rendering without logging never needs.
-COLUMNS: list[str | int] = [
-    "variant", "scale", "seed", "dev_ppl", "dev_bleu", "test_bleu", "test_bleu_tokenized",
-    "params", "train_steps", "train_seconds", "paper_ppl", "paper_bleu", "run_id"]
+# ours, then the paper's figures for what Table 3 compares (paper_ppl, paper_bleu)
+OURS = (DEV_PPL, DEV_BLEU, TEST_BLEU, TEST_BLEU_TOKENIZED, PARAMS, TRAIN_STEPS, TRAIN_SECONDS)
+COLUMNS: list[str | int] = ["variant", "scale", "seed", *(m.key for m in OURS),
+                            *(f"paper_{m.paper_key}" for m in COMPARED), "run_id"]
 
 
 def table_rows(spec: Spec, records: list[Record]) -> list[list[Any]]:
@@ -32,10 +43,8 @@ def table_rows(spec: Spec, records: list[Record]) -> list[list[Any]]:
     for r in sorted(records, key=lambda r: (r["scale"], r["variant"], r["seed"])):
         m, paper = r["metrics"], spec.variants.get(r["variant"])
         figures = paper.paper if paper else {}
-        rows.append([r["variant"], r["scale"], r["seed"], m.get("dev_ppl"), m.get("dev_bleu"),
-                     m.get("test_bleu"), m.get("test_bleu_tokenized"), m.get("params"),
-                     m.get("train_steps"), m.get("train_seconds"), figures.get("ppl"),
-                     figures.get("bleu"), r["run_id"]])
+        rows.append([r["variant"], r["scale"], r["seed"], *(m.get(o.key) for o in OURS),
+                     *(figures.get(c.paper_key or "") for c in COMPARED), r["run_id"]])
     return rows
 
 

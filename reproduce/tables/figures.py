@@ -12,11 +12,12 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
+from reproduce.runs.metrics import COMPARED
 from reproduce.runs.schema import Record
 from reproduce.runs.sweep import Spec
 from reproduce.tables.common import mean_paper_flops
 from reproduce.tables.noise import difference_noise
-from reproduce.tables.table3 import COMPARED, compare_to_base
+from reproduce.tables.table3 import compare_to_base
 
 
 # matplotlib is imported when a figure is drawn: 1.0 s that status and --dry-run never need.
@@ -76,7 +77,8 @@ def plot_changes(spec: Spec, records: list[Record], path: Path, scale: str) -> P
     heights = [max(1, len(names)) for _, names in rows]
     fig, axes = plt.subplots(len(rows), 2, figsize=(12, 1.2 + 0.62 * sum(heights)),
                              squeeze=False, gridspec_kw={"height_ratios": heights})
-    for m, ((key, paper_key), label) in enumerate(zip(COMPARED, ("dev PPL", "dev BLEU"), strict=True)):
+    for m, metric in enumerate(COMPARED):
+        key, paper_key, label = metric.key, metric.paper_key or "", metric.label
         base_ours = [r["metrics"][key] for r in runs.get("base", [])]
         base_paper = spec.variants["base"].paper.get(paper_key) if "base" in spec.variants else None
         for k, (row, names) in enumerate(rows):
@@ -88,7 +90,7 @@ def plot_changes(spec: Spec, records: list[Record], path: Path, scale: str) -> P
                     ax.barh(i - 0.2, 100 * (paper - base_paper) / base_paper, 0.38, color="0.65",
                             label="paper")
                 ours = [r["metrics"][key] for r in runs.get(name, [])]
-                verdict = compare_to_base(spec, runs, name, key, paper_key).verdict
+                verdict = compare_to_base(spec, runs, name, metric).verdict
                 mark = "no run"
                 if ours and base_ours and not statistics.mean(base_ours):
                     mark = "base is 0: no relative change"
@@ -110,7 +112,8 @@ def plot_changes(spec: Spec, records: list[Record], path: Path, scale: str) -> P
             ax.set_title(f"({row}) {label}", fontsize=9, loc="left")
             ax.tick_params(axis="x", labelsize=7)
         axes[-1][m].set_xlabel(f"change from base, % of base {label} "
-                               + ("(right is worse)" if key == "dev_ppl" else "(right is better)"),
+                               + ("(right is worse)" if metric.lower_is_better
+                                  else "(right is better)"),
                                fontsize=8)
     handles, labels = axes[0][0].get_legend_handles_labels()
     unique = dict(zip(labels, handles, strict=True))

@@ -8,9 +8,10 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
+from reproduce.runs.metrics import COMPARED
 from reproduce.runs.records import load_records
 from reproduce.runs.sweep import load_spec
-from reproduce.tables.table3 import COMPARED, compare_to_base, configuration
+from reproduce.tables.table3 import compare_to_base, configuration
 
 START, END = "<!-- results: start -->", "<!-- results: end -->"
 SCALE = "cpu"
@@ -31,8 +32,7 @@ def summary(results: Path) -> str:
              "|---|---|---|---|---|---|---|---|"]
     for row, names in spec.rows_at(SCALE).items():
         for name in (n for n in names if runs.get(n)):
-            ppl, bleu = (compare_to_base(spec, runs, name, key, paper_key)
-                         for key, paper_key in COMPARED)
+            ppl, bleu = (compare_to_base(spec, runs, name, metric) for metric in COMPARED)
             lines.append(f"| {row} | {name}: {configuration(spec, name)} | {ppl.paper_cell or '–'} "
                          f"| {ppl.ours_cell} | {bleu.paper_cell or '–'} | {bleu.ours_cell} | "
                          f"{ppl.verdict}; {bleu.verdict} | {len(runs[name])} |")

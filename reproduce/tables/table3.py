@@ -7,6 +7,7 @@ import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
+from reproduce.runs.metrics import COMPARED, DEV_BLEU, DEV_PPL, TEST_BLEU, Metric
 from reproduce.runs.schema import MetricName, Record, config_of
 from reproduce.runs.sweep import Spec
 from reproduce.tables.common import (
@@ -102,24 +103,23 @@ def _scale_table(spec: Spec, scale: str, records: list[Record]) -> list[str]:
         for i, name in enumerate(n for n in names if n in spec.variants):
             paper, ours = spec.variants[name].paper, runs.get(name, [])
             label = name if row == "base" or i else f"({row}) {name}"
-            metric = [[r["metrics"][k] for r in ours] for k in ("dev_ppl", "dev_bleu", "test_bleu")]
-            verdicts = [compare_to_base(spec, runs, name, key, paper_key)
-                        for key, paper_key in COMPARED]
+            metric = [[r["metrics"][m.key] for r in ours] for m in (*COMPARED, TEST_BLEU)]
+            verdicts = [compare_to_base(spec, runs, name, m) for m in COMPARED]
             apart = other_data(ours, runs.get("base", [])) if name != "base" else None
             for v in verdicts:
                 tally[v.metric][v.verdict] += name != "base" and not apart
             delta = ["" if name == "base" else f"{v.paper_cell or '–'} / {v.ours_cell or '–'}"
                      for v in verdicts]
             cells = [label, configuration(spec, name), fmt(paper.get("ppl"), 2),
-                     mean_std(metric[0], 2), delta[0], fmt(paper.get("bleu")),
-                     mean_std(metric[1], 1), delta[1],
+                     mean_std(metric[0], DEV_PPL.digits), delta[0], fmt(paper.get("bleu")),
+                     mean_std(metric[1], DEV_BLEU.digits), delta[1],
                      "" if name == "base" else apart or "; ".join(v.verdict for v in verdicts)]
             out.append("| " + " | ".join(cells) + " |")
             if ours:
                 m = config_of(ours[0]).model
                 details.append(
                     f"| {name} | {', '.join(str(r['seed']) for r in ours)} | "
-                    f"{mean_std(metric[2], 1)} | {fmt(paper.get('params_m')) or '–'} / "
+                    f"{mean_std(metric[2], TEST_BLEU.digits)} | {fmt(paper.get('params_m')) or '–'} / "
                     f"{_params([r['metrics']['params'] for r in ours])} | "
                     f"{m.d_model}, {m.d_ff}, {m.h}, {m.d_k}, {m.d_v} | "
                     + ", ".join(f"{r['metrics']['train_seconds'] / 3600:.2f}" + hours_note(r)
@@ -273,9 +273,6 @@ def dev_ppl_curve(record: Record) -> dict[int, float]:
 
 
 # Our metric beside the paper's key for it (the spec's `paper:` figures): what a verdict compares.
-COMPARED: tuple[tuple[MetricName, str], ...] = (("dev_ppl", "ppl"), ("dev_bleu", "bleu"))
-
-
 @dataclass(frozen=True)
 class Verdict:
     metric: str
@@ -284,28 +281,28 @@ class Verdict:
     verdict: str  # yes | no | no effect | n/a
 
 
-def compare_to_base(spec: Spec, runs: dict[str, list[Record]], variant: str, key: MetricName,
-                    paper_key: str) -> Verdict:
+def compare_to_base(spec: Spec, runs: dict[str, list[Record]], variant: str,
+                    metric: Metric) -> Verdict:
     """Our change from base beside the paper's, and whether the two agree in sign.
 
     A change inside our seed noise (the 95% confidence interval of the difference of the two
     means, Welch's t: ``noise.difference_noise``) is
     "no effect", never agreement; with fewer than two seeds on either side there is no noise
     estimate and no verdict."""
-    metric = {"ppl": "PPL", "bleu": "BLEU"}[paper_key]
+    paper_key = metric.paper_key or ""
     paper_v, paper_b = (spec.variants[n].paper.get(paper_key) if n in spec.variants else None
                         for n in (variant, "base"))
     paper_delta = None if paper_v is None or paper_b is None else paper_v - paper_b
-    ours_v = [r["metrics"][key] for r in runs.get(variant, [])]
-    ours_b = [r["metrics"][key] for r in runs.get("base", [])]
+    ours_v = [r["metrics"][metric.key] for r in runs.get(variant, [])]
+    ours_b = [r["metrics"][metric.key] for r in runs.get("base", [])]
     if variant == "base" or not ours_v or not ours_b:
-        return Verdict(metric, "" if variant == "base" else signed(paper_delta), "", "n/a")
+        return Verdict(metric.short, "" if variant == "base" else signed(paper_delta), "", "n/a")
     delta = statistics.mean(ours_v) - statistics.mean(ours_b)
     if len(ours_v) < 2 or len(ours_b) < 2 or paper_delta is None:
-        return Verdict(metric, signed(paper_delta), signed(delta), "n/a")
+        return Verdict(metric.short, signed(paper_delta), signed(delta), "n/a")
     noise = difference_noise(ours_v, ours_b)
     if abs(delta) <= noise:
         verdict = "no effect"
     else:
         verdict = "yes" if paper_delta != 0 and (delta > 0) == (paper_delta > 0) else "no"
-    return Verdict(metric, signed(paper_delta), f"{signed(delta)} (±{noise:.2f})", verdict)
+    return Verdict(metric.short, signed(paper_delta), f"{signed(delta)} (±{noise:.2f})", verdict)

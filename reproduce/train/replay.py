@@ -138,7 +138,7 @@ def _compare(old: Mapping[str, Any], new: Mapping[str, Any], tolerance: float = 
     return lines, same
 
 
-def _curve_points(curve: dict[str, list]) -> dict[tuple[str, int], float]:
+def _curve_points(curve: Mapping[str, Any]) -> dict[tuple[str, int], float]:
     """{(train_loss or dev_ppl, step): value} of a recorded learning curve."""
     return {(kind, int(p[0])): p[2] for kind, points in curve.items() for p in points}
 
@@ -187,7 +187,8 @@ def verify(path: Path, steps: int | None = None, scratch: Path | None = None,
                     raise RuntimeError(f"{run.run_id}: {outcome.why}")
                 lines, same = _compare(record["metrics"], fresh["metrics"], tolerance)
                 lines += _hash_lines(record, fresh)
-                old_curve, new_curve = record.get("curve", {}), fresh["curve"]
+                old_curve: Mapping[str, Any] = record.get("curve", {})
+                new_curve: Mapping[str, Any] = fresh["curve"]
             else:
                 old_curve = record.get("curve", {})
                 new_curve, vocab = _train_only(run, _cadence(old_curve.get("train_loss", [])))

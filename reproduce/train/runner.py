@@ -33,8 +33,10 @@ from reproduce.runs.schema import (
     Commit,
     Cost,
     DataSummary,
+    Hardware,
     Metrics,
     Record,
+    WandbRun,
 )
 from reproduce.runs.sharing import Donor, reuse, take_training
 from reproduce.runs.sweep import PlannedRun
@@ -226,15 +228,15 @@ def run_here(run: PlannedRun, split: str, command: str, work: Path,
         "averaged_checkpoints": weights, "curve": clock.curve,
         "cost": _cost(c, work_done, clock.seconds, trainer.world_size),
         "resumed": resumed, "resumed_from": module.resumed_from, "commit": _commit(),
-        "hardware": hardware(), "worker": worker_id(),
+        "hardware": cast(Hardware, hardware()), "worker": worker_id(),
         "wall_seconds": round(time.time() - phases.started, 1), "command": command,
         "phases": phases.rounded(),
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "wandb": wandb_run,
+        "wandb": cast(WandbRun, wandb_run),
     }
     if donor is not None:  # the training is the donor's: what it took is in its record
         take_training(record, donor)
-        record["trained_by"], record["evaluated_on"] = donor.describe(), hardware()
+        record["trained_by"], record["evaluated_on"] = donor.describe(), cast(Hardware, hardware())
     if run.sets:  # --set on the command line, over the spec and scale
         record["set"] = run.sets
     cast(dict[str, Any], record).update(extra or {})  # e.g. tuning: keys of Record
