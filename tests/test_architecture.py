@@ -138,3 +138,20 @@ def test_no_function_over_80_lines():
                 if (lines := node.end_lineno - node.lineno + 1) > 80:
                     long.append(f"{_name(path)}.{node.name}: {lines} lines")
     assert long == []
+
+
+def test_signal_handlers_and_lightning_s_stop_flag_live_in_one_module():
+    """Stops have one owner (reproduce/train/stops.py): no other module installs a signal handler
+    (``signal.signal``) or touches Lightning's private ``_signal_connector``."""
+    owner = PACKAGE / "train" / "stops.py"
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        if path == owner:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr == "_signal_connector" or (
+                    isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "signal" and isinstance(node.func.value, ast.Name)
+                    and node.func.value.id == "signal"):
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
+    assert not found, "signal handling outside train/stops.py: " + ", ".join(found)

@@ -35,7 +35,6 @@ measured here: DDP over several GPUs (``--devices N`` on a table run; docs/devic
 from __future__ import annotations
 
 import json
-import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -200,16 +199,10 @@ class PartCut(BaseException):
 @contextmanager
 def capped(seconds: float) -> Iterator[None]:
     """Raise ``PartCut`` in this (the main) thread once ``seconds`` have gone."""
-    def cut(signum, frame) -> None:
-        raise PartCut
+    from reproduce.train.stops import alarm
 
-    before = signal.signal(signal.SIGALRM, cut)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
+    with alarm(seconds, PartCut):
         yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, before)
 
 
 def _where(cuda: bool, steps: int, out: str | None, budget: float

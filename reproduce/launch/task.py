@@ -28,6 +28,7 @@ from reproduce.errors import Stopped, one_line
 from reproduce.paths import runs_dir
 from reproduce.runs.records import finished
 from reproduce.runs.sweep import load_spec, with_sets
+from reproduce.train import stops
 from reproduce.train.devices import Layout
 from reproduce.train.runner import execute
 from reproduce.util.logs import quiet_libraries
@@ -114,11 +115,11 @@ def _run_one(spec_path: str, variant: str, scale: str, seed: int, split: str, co
     # USR2 (the time limit is near): while fitting, callbacks.SaveOnStop takes it (the run stops at the
     # step's end, saved there, and requeues below); before or after, there is nothing a requeued
     # start would not redo, so requeue at once.
-    signal.signal(signal.SIGUSR2, lambda signum, frame: requeue())
+    stops.for_the_process(signal.SIGUSR2, lambda signum, frame: requeue())
     spec = load_spec(spec_path)
     run = with_sets(spec.plan([variant], scale, [seed])[-1:], spec, sets or {})[0]
     work = runs_dir() / run.table / run.run_id
-    signal.signal(signal.SIGUSR2, lambda signum, frame: requeue(work))
+    stops.for_the_process(signal.SIGUSR2, lambda signum, frame: requeue(work))
     if role == "run" and finished(run) is not None:
         return f"{run.run_id}: finished earlier"
     layout = Layout("gpu" if torch.cuda.is_available() else "cpu", devices, nodes)

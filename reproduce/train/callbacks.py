@@ -9,7 +9,6 @@ import logging
 import os
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from reproduce.errors import Diverged
 from reproduce.runs import checkpoints
+from reproduce.train import stops
 from reproduce.util import machine
 from reproduce.util.files import atomic_file
 
@@ -129,7 +129,7 @@ class SaveOnStop(pl.Callback):
     then Lightning's own flag makes every rank leave at that step's end, and ``on_exception``
     saves."""
 
-    SIGNALS = (signal.SIGTERM, signal.SIGUSR2, signal.SIGINT)
+    SIGNALS = stops.STOP_SIGNALS
 
     def __init__(self, folder: Path, diverged: StopOnDivergence, val_every_steps: int = 0,
                  every: int = 1) -> None:
@@ -138,22 +138,19 @@ class SaveOnStop(pl.Callback):
         self.step_end = StepEnd(val_every_steps)
         self.saved: Path | None = None
         self.signal: int | None = None  # the stop signal that came, if any
-        self.interrupts = 0  # Ctrl-Cs: a second one stops at once
+        self.ctrl_c = stops.CtrlC()  # a second one stops at once
 
     def on_train_start(self, trainer, pl_module) -> None:
-        if threading.current_thread() is not threading.main_thread():
+        if not stops.in_main_thread():
             return  # Python takes signals in the main thread only; Lightning's stay in place
-        if trainer.received_sigterm:  # came before training started, through Lightning's handler
+        if stops.stop_requested(trainer):  # came before training, through Lightning's handler
             self.signal = signal.SIGTERM
-            trainer._signal_connector.received_sigterm = False
-        for signum in self.SIGNALS:
-            if signal.getsignal(signum) is not signal.SIG_IGN:  # SIGINT in a background job
-                signal.signal(signum, self._note)
+            stops.stop_at_step_end(trainer, False)
+        stops.take(self._note, self.SIGNALS)  # Lightning restores its own when the fit ends
 
     def _note(self, signum, frame) -> None:
         if signum == signal.SIGINT:
-            self.interrupts += 1
-            if self.interrupts > 1:  # Ctrl-C again: now (Lightning's interrupt, no save)
+            if self.ctrl_c.again():  # Ctrl-C again: now (Lightning's interrupt, no save)
                 raise KeyboardInterrupt
             # straight to the file: a handler that prints may land inside another print
             os.write(sys.stderr.fileno(), b"Ctrl-C: stopping at the end of this step, saved there "
@@ -189,17 +186,16 @@ class SaveOnStop(pl.Callback):
             if stop and self.signal is None:
                 self.signal = signal.SIGTERM  # another rank's
         if stop:  # Lightning's flag: every rank raises SIGTERMException at this step's end
-            trainer._signal_connector.received_sigterm = True  # no public setter
+            stops.stop_at_step_end(trainer)
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         if not isinstance(exception, SIGTERMException):
             return
         self.diverged.check(trainer)  # never save a diverged model
         _at_next_epoch_start(trainer)
-        if threading.current_thread() is threading.main_thread():
-            # a Ctrl-C in the save would leave Lightning's teardown undone (its handlers not
-            # restored); the save takes seconds at most
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # a Ctrl-C in the save would leave Lightning's teardown undone (its handlers not
+        # restored); the save takes seconds at most
+        stops.ignore_ctrl_c()
         path = self.folder / checkpoints.PREEMPTED
         trainer.save_checkpoint(path)
         self.saved = path

@@ -40,6 +40,7 @@ from reproduce.errors import ConfigError, DiskError, RankFailure, Stopped, one_l
 from reproduce.runs.checkpoints import PREEMPTED
 from reproduce.runs.claims import rank
 from reproduce.runs.sweep import PlannedRun
+from reproduce.train import stops
 from reproduce.util import machine
 from reproduce.util.files import DISK_ERRNOS, write_atomic
 from reproduce.util.machine import SHARE_ENV
@@ -220,24 +221,21 @@ def train_on_ranks(run: PlannedRun, split: str, command: str, work: Path,
     proc = subprocess.Popen([sys.executable, "-m", "reproduce", "_rank-run", str(payload)],
                             env=env, start_new_session=True)
     stopped: list[int] = []
+    ctrl_c = stops.CtrlC()
 
     def forward(signum, frame) -> None:  # every rank saves the step it is at and exits
-        if signum == signal.SIGINT and signal.SIGINT in stopped:
+        if signum == signal.SIGINT and ctrl_c.again():
             raise KeyboardInterrupt  # Ctrl-C again: stop every rank now (below)
         stopped.append(signum)
         _signal_group(proc.pid, signum)
 
-    main = threading.current_thread() is threading.main_thread()
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)
-                if signal.getsignal(s) is not signal.SIG_IGN} if main else {}  # (a background job)
     try:
-        code = proc.wait()
+        with stops.handling(forward, (signal.SIGTERM, signal.SIGINT)):
+            code = proc.wait()
     except BaseException:  # Ctrl-C twice: every rank stops at once, then go on stopping
         _stop_group(proc, signal.SIGINT)
         raise
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
         _kill_group(proc.pid)  # ranks still alive after rank 0 ended (it died, or they linger)
     if code != 0 and stopped:
         saved = work / "checkpoints" / PREEMPTED

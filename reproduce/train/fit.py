@@ -25,7 +25,7 @@ from reproduce.errors import Stopped
 from reproduce.paths import cache_dir
 from reproduce.runs import checkpoints, disk
 from reproduce.runs.sweep import PlannedRun
-from reproduce.train import devices
+from reproduce.train import devices, stops
 from reproduce.train.callbacks import (
     LOG_EVERY,
     AtomicCheckpointIO,
@@ -61,20 +61,13 @@ def local_data(corpus: str, data_dir: str | None) -> dict[str, Any]:
     return {"data_dir": data_dir, "files": local_files(corpus, data_dir)}
 
 
-def _interrupted(e: SystemExit) -> bool:
-    """Whether ``e`` is Lightning's ``exit(1)`` after a KeyboardInterrupt (its
-    ``_call_and_handle_interrupt`` exits inside ``except KeyboardInterrupt``), not another exit
-    (the USR2 requeue's, a Stopped)."""
-    return isinstance(e.__context__, KeyboardInterrupt)
-
-
 def validate(trainer: pl.Trainer, module, **kwargs) -> Mapping[str, float]:
     """``trainer.validate``'s first result; a Ctrl-C during it is a KeyboardInterrupt (one line,
     exit 130), not Lightning's ``exit(1)`` without a word."""
     try:
         return trainer.validate(module, verbose=False, **kwargs)[0]
     except SystemExit as e:
-        if _interrupted(e):
+        if stops.interrupted_by_ctrl_c(e):
             raise KeyboardInterrupt from None
         raise
 
@@ -135,7 +128,7 @@ def fit(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=(),
                       f"{c.train.train_steps}; {where}", stop.signal or signal.SIGTERM,
                       trainer.global_step, work) from None
     except SystemExit as e:
-        if not _interrupted(e):
+        if not stops.interrupted_by_ctrl_c(e):
             raise
         # Lightning's exit(1) after a KeyboardInterrupt (Ctrl-C twice, or once before training);
         # it leaves SIGINT ignored where the Ctrl-C came before its handlers were saved: the
