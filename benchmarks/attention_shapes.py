@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from reproduce.paper.model import Transformer  # noqa: E402
 from reproduce.paper.optim import adam_with_schedule  # noqa: E402
-from reproduce.runs.sweep import load_spec  # noqa: E402
+from reproduce.records.sweep import load_spec  # noqa: E402
 from reproduce.train.step_time import step_loss  # noqa: E402
 
 

@@ -6,7 +6,7 @@ the files are written, as ``train.callbacks.AtomicCheckpointIO`` writes them.
 For the paper's base and big (vocabulary 37000), on this machine's CPU: the model and its Adam
 state (after one step), then, per save, what Table 2's runs write every 10 minutes of training
 (section 5.2's checkpoints, ``train.ckpt_every_minutes``): a ``step<N>.ckpt`` holding the weights
-alone (kept for averaging: ``runs.disk``) and ``last.ckpt`` with the optimizer state (to resume),
+alone (kept for averaging: ``records.disk``) and ``last.ckpt`` with the optimizer state (to resume),
 each streamed to a temporary file, fsynced and renamed into ``--folder``. Reported: each file's
 size and median seconds, and the stall as a share of the 10 minutes between saves. On a GPU the
 tensors are copied to the host as they are written (PCIe or NVLink: some GB/s more than a disk),

@@ -244,7 +244,7 @@ def report(results: list[dict], command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-EN_FR_ROWS = 40_836_715  # the Hub's wmt/wmt14 fr-en train rows (runs.footprint.KNOWN)
+EN_FR_ROWS = 40_836_715  # the Hub's wmt/wmt14 fr-en train rows (records.footprint.KNOWN)
 
 
 def extrapolation(results: list[dict]) -> str:

@@ -5,7 +5,7 @@
 Decodes `--sentences` random sources of `--length` tokens with a small untrained model (d_model 256,
 3+3 layers), greedy and beam 4, with the key/value cache, recomputing the prefix at every step, and
 with MarianMT ``generate`` (our weights copied in; skipped without ``transformers``). Contenders are
-interleaved and repeated (``reproduce.bench.decoding_peers.bench_decoding``); medians are
+interleaved and repeated (``reproduce.speed.decoding_peers.bench_decoding``); medians are
 reported. Exits non-zero if cached and uncached outputs differ. ``python -m reproduce bench``
 runs the same comparison at the `cpu` and paper sizes, beside training.
 """
@@ -18,9 +18,9 @@ import sys
 
 import torch
 
-from reproduce.bench.decoding_peers import bench_decoding
 from reproduce.config import ModelConfig
 from reproduce.paper.model import Transformer
+from reproduce.speed.decoding_peers import bench_decoding
 
 
 def main() -> int:

@@ -11,7 +11,7 @@ dependencies), whose device time comes in windows of 15 minutes counted from the
 2. the kit (``tools/offline-gpu/install.sh``) installs in the background meanwhile, since
 3. **``bench --gpu``**'s parts need none of it: base, big, beam search, then the costly ones
    (compiling, TF32, the micro-batch search), each under its hard cap, all of them by the time
-   ``--reserve`` seconds of the window are left (``reproduce/bench/gpu.py``);
+   ``--reserve`` seconds of the window are left (``reproduce/speed/gpu.py``);
 4. **a paper-scale run through the real CLI** in the reserve (``benchmarks/paper_run.py``: Table 2's
    base EN-DE at the paper's size and batch on a generated corpus of ``--pairs`` pairs, ``--steps``
    steps, ``--eval-pairs`` dev and test sentences), stopped at the window's end if it runs over.
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-pairs", type=int, default=300)
     parser.add_argument("--scale", default="paper")
     parser.add_argument("--cap", nargs="+", default=[], metavar="PART=SECONDS",
-                        help="bench --gpu's caps (reproduce/bench/gpu.py's PARTS)")
+                        help="bench --gpu's caps (reproduce/speed/gpu.py's PARTS)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/gpu-window"))
     parser.add_argument("--compile", choices=("off", "on", "auto"), default="off",
                         help="the paper-scale run's train.compile (paper_run.py --compile)")

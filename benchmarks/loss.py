@@ -3,7 +3,7 @@ training uses). Speed and gradient.
 
     python benchmarks/loss.py [--threads 2] [--batches 8] [--rounds 4]
 
-At the `cpu` scale's base config, on Bible training batches (``reproduce.bench.inputs.Bible``):
+At the `cpu` scale's base config, on Bible training batches (``reproduce.speed.inputs.Bible``):
 
 * ``autograd``: the tied projection to logits, then the loss formula left to autograd
   (log-softmax, gather, mean);
@@ -12,7 +12,7 @@ At the `cpu` scale's base config, on Bible training batches (``reproduce.bench.i
 
 It times the output layer alone (projection + loss, forward + backward, from the first batch's
 decoder output) and a whole training step (forward, loss, backward, Adam) with each, the
-contenders interleaved (``reproduce.bench.timing.interleaved``); medians are reported. Exits non-zero if
+contenders interleaved (``reproduce.speed.timing.interleaved``); medians are reported. Exits non-zero if
 a gradient (decoder output and shared embedding) differs from autograd's by more than 1e-4 of
 its largest entry (float rounding is ~1e-6).
 """
@@ -27,13 +27,13 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from reproduce.bench.inputs import Bible
-from reproduce.bench.report import environment
-from reproduce.bench.timing import interleaved
-from reproduce.bench.training import plain_step
 from reproduce.paper.model import Transformer
 from reproduce.paper.optim import output_loss
-from reproduce.runs.sweep import load_spec
+from reproduce.records.sweep import load_spec
+from reproduce.speed.inputs import Bible
+from reproduce.speed.report import environment
+from reproduce.speed.timing import interleaved
+from reproduce.speed.training import plain_step
 
 
 def autograd_loss(logits, target, eps_ls: float, pad_id: int):

@@ -2,8 +2,8 @@
 
     python benchmarks/profile_step.py [--variant base] [--scale cpu] [--threads 1] [--steps 4]
 
-On Bible training batches (``reproduce.bench.inputs.Bible``) at the scale's config, the step the
-runs take (forward, fused output loss, backward, Adam, schedule; ``reproduce.bench.training``)
+On Bible training batches (``reproduce.speed.inputs.Bible``) at the scale's config, the step the
+runs take (forward, fused output loss, backward, Adam, schedule; ``reproduce.speed.training``)
 is warmed up for two batches, timed over ``--steps`` more, then profiled over the same number.
 It prints each group's share of the profiled CPU time (self time of its aten ops), the step's
 seconds, and the FLOP rate it reaches (the model's analytic training FLOPs, ``reproduce.paper.flops``)
@@ -20,10 +20,10 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from reproduce.bench.inputs import Bible, batch_flops
-from reproduce.bench.report import environment
-from reproduce.bench.training import plain_step
-from reproduce.runs.sweep import load_spec
+from reproduce.records.sweep import load_spec
+from reproduce.speed.inputs import Bible, batch_flops
+from reproduce.speed.report import environment
+from reproduce.speed.training import plain_step
 from reproduce.train.lit import TranslationModule
 from reproduce.util.machine import matmul_gflops
 

@@ -41,7 +41,7 @@ class RankFailure(RuntimeError):
 
 class Diverged(RuntimeError):
     """A run's training loss turned non-finite: it stops there, with nothing evaluated or
-    recorded (``train.callbacks.StopOnDivergence``, ``runs.diverged``)."""
+    recorded (``train.callbacks.StopOnDivergence``, ``records.diverged``)."""
 
     def __init__(self, run_id: str, step: int, last_finite: float | None):
         self.run_id, self.step, self.last_finite = run_id, step, last_finite
@@ -92,5 +92,5 @@ class DiskError(RuntimeError):
 
 
 class NoRoom(RuntimeError):
-    """A run not started because its checkpoints would not fit on the disk (``runs.disk``):
+    """A run not started because its checkpoints would not fit on the disk (``records.disk``):
     one line (exit 2) with what they need, what is free and how to go on."""

@@ -28,7 +28,7 @@ class _Losses(pl.Callback):
 
 def config(steps: int = STEPS):
     """Table 3's base at ``smoke``, trained ``steps`` steps, nothing saved or evaluated."""
-    from reproduce.runs.sweep import load_spec
+    from reproduce.records.sweep import load_spec
 
     return load_spec("table3").resolve("base", "smoke").overrides(
         train_steps=steps, val_every_steps=0, ckpt_every_steps=0)

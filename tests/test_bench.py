@@ -8,13 +8,13 @@ import pytest
 import torch
 
 from reproduce.__main__ import main
-from reproduce.bench import decoding_peers as bench_decoding
-from reproduce.bench import inputs as bench_inputs
-from reproduce.bench import peers
-from reproduce.bench import timing as bench_timing
 from reproduce.config import ModelConfig
 from reproduce.paper.decoding import beam_search, greedy_search
 from reproduce.paper.model import Transformer
+from reproduce.speed import decoding_peers as bench_decoding
+from reproduce.speed import inputs as bench_inputs
+from reproduce.speed import peers
+from reproduce.speed import timing as bench_timing
 from tests.helpers import smoothed_loss
 
 BOS, EOS = 2, 3
@@ -129,8 +129,8 @@ def test_the_compiled_step_trains_as_the_eager_step_does_for_20_steps():
     its limit, and a GPU run compiled for minutes)."""
     from torch._dynamo.utils import counters
 
-    from reproduce.bench.training import module_loss, plain_step
-    from reproduce.runs.sweep import load_spec
+    from reproduce.records.sweep import load_spec
+    from reproduce.speed.training import module_loss, plain_step
     from reproduce.train.lit import TranslationModule
     from reproduce.train.step_time import compile_stats
 
@@ -161,8 +161,8 @@ def test_train_compile_trains_a_run_through_the_compiled_loss(monkeypatch):
     it (the same compiled function whose losses follow eager's, above); evaluation stays eager.
     torch.compile is replaced by a recorder here: what is checked is the wiring, not the
     compiler."""
-    from reproduce.bench.training import lightning_loop
-    from reproduce.runs.sweep import load_spec
+    from reproduce.records.sweep import load_spec
+    from reproduce.speed.training import lightning_loop
     from reproduce.train.lit import TranslationModule
 
     calls = []

@@ -11,8 +11,8 @@ from reproduce.config import ModelConfig
 from reproduce.paper.bleu import moses_tokenize, multi_bleu, split_compounds, tokenized_bleu
 from reproduce.paper.flops import analytic_flops, forward_flops_per_token, gpu_tflops, paper_cost
 from reproduce.paper.model import Transformer
-from reproduce.runs.averaging import average_checkpoints
-from reproduce.runs.checkpoints import last_checkpoints
+from reproduce.records.averaging import average_checkpoints
+from reproduce.records.checkpoints import last_checkpoints
 from reproduce.train.evaluate import sacre_bleu
 
 # --- tokenized BLEU --------------------------------------------------------------------------------
@@ -171,7 +171,7 @@ def test_paper_cost_reproduces_table_2():
 
 def test_a_run_on_a_shared_gpu_counts_its_share_of_it(monkeypatch):
     from reproduce.config import Config
-    from reproduce.runs.records import device_hours
+    from reproduce.records.store import device_hours
     from reproduce.tables.common import cost_line
     from reproduce.train import runner
 

@@ -4,7 +4,7 @@ import os
 
 import torch
 
-from reproduce.runs import checkpoints
+from reproduce.records import checkpoints
 
 
 def _save(path, step, mtime):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from reproduce.config import ConfigError, parse_sets
-from reproduce.runs.sweep import load_spec
+from reproduce.records.sweep import load_spec
 from reproduce.train import compiling
 from tests.helpers import cli, cli_env, inject
 
@@ -162,8 +162,8 @@ def test_auto_decides_records_its_timings_and_trains_eager_when_the_compiler_fai
 
 
 def test_an_error_of_the_computation_itself_is_not_taken_for_a_compiler_failure(monkeypatch):
-    from reproduce.bench import inputs as bench_inputs
-    from reproduce.bench.training import lightning_loop
+    from reproduce.speed import inputs as bench_inputs
+    from reproduce.speed.training import lightning_loop
     from reproduce.train.lit import TranslationModule
 
     def compiled_that_fails(fn, **options):

@@ -7,7 +7,7 @@ import pytest
 
 from reproduce.config import BASE, BIG, PARSING, Config, ModelConfig, apply_overrides
 from reproduce.errors import ConfigError, SpecError
-from reproduce.runs.sweep import load_spec, shipped_specs
+from reproduce.records.sweep import load_spec, shipped_specs
 from tests.helpers import cli
 
 from .test_model import independent_count
@@ -147,7 +147,7 @@ def test_a_probe_that_names_its_variants_plans_reports_and_renders_only_them(tmp
         with pytest.raises(SpecError, match=rf"scales.{scale} runs A: base, A1: variant A2 "
                                             rf"\(row A\) is not run at scale `{scale}`"):
             spec.select(variants=["A2"], scale=scale)
-    from reproduce.runs.sweep import load_scales
+    from reproduce.records.sweep import load_scales
     rows = {"A": ["A1", "A2"], "B": ["B1"]}
     for raw, message in (({"rows": ["A"], "variants": ["B1"]},
                           r"scales.p.variants: 'B1' is not a variant of its rows \(A\); valid: A1, "
@@ -182,7 +182,7 @@ def test_the_data_size_probes_are_cpu_on_fewer_training_pairs():
 
 
 def test_a_shared_scale_may_not_name_rows(tmp_path):
-    from reproduce.runs.sweep import load_scales
+    from reproduce.records.sweep import load_scales
     with pytest.raises(SpecError, match=r"scales.yaml: scales.tiny.rows: a shared scale is every "
                                         "table's"):
         load_scales(tmp_path / "scales.yaml", {"tiny": {"rows": ["A"]}}, set())

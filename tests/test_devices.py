@@ -170,7 +170,7 @@ def test_table4_decodes_constrained_after_ddp_training(tmp_path):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's cores are what is checked")
 def test_workers_times_devices_must_fit_the_cores():
     from reproduce.launch import workers
-    from reproduce.runs.sweep import load_spec
+    from reproduce.records.sweep import load_spec
 
     runs = load_spec("table3").plan(["base", "A1"], "smoke", [0])
     with pytest.raises(ConfigError, match=r"--workers 2 --devices \d+: on a CPU each device"):

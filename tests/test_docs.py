@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from reproduce.runs.records import load_records
-from reproduce.runs.sweep import load_spec
+from reproduce.records.store import load_records
+from reproduce.records.sweep import load_spec
 from reproduce.tables import RENDERERS
 
 ROOT = Path(__file__).resolve().parents[1]

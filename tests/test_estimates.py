@@ -6,7 +6,7 @@ import json
 import pytest
 
 from reproduce.plan import estimates
-from reproduce.runs.sweep import load_spec
+from reproduce.records.sweep import load_spec
 from reproduce.util.machine import cpu_name
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from reproduce.runs import checkpoints, claims, disk
-from reproduce.runs.sweep import load_spec
+from reproduce.records import checkpoints, claims, disk
+from reproduce.records.sweep import load_spec
 from tests.helpers import WANDB_OFFLINE, cli, cli_env, inject, start
 
 pytestmark = pytest.mark.slow
@@ -713,8 +713,8 @@ def test_a_record_on_files_since_edited_is_redone_and_no_table_compares_across_t
 
 def test_checkpoints_of_files_since_edited_are_not_resumed(tmp_path, monkeypatch):
     # stopped before the edit: no record, only checkpoints; the run's data.json tells them apart
-    from reproduce.runs.records import DATA_FILE, retire_stale
-    from reproduce.runs.sweep import load_spec
+    from reproduce.records.store import DATA_FILE, retire_stale
+    from reproduce.records.sweep import load_spec
 
     monkeypatch.setenv("REPRODUCE_RUNS", str(tmp_path / "runs"))
     monkeypatch.setenv("REPRODUCE_RESULTS", str(tmp_path / "results"))

@@ -1,4 +1,4 @@
-"""runs/footprint.py: what a corpus takes on disk and in time before a run's first step, counted
+"""records/footprint.py: what a corpus takes on disk and in time before a run's first step, counted
 without reading it; a run whose data would not fit is refused in one line before anything is
 read."""
 
@@ -8,7 +8,7 @@ import pytest
 
 from reproduce.config import Config
 from reproduce.errors import NoRoom
-from reproduce.runs import disk, footprint
+from reproduce.records import disk, footprint
 from reproduce.util.cache_folders import cache_entries
 
 

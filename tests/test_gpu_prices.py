@@ -11,7 +11,7 @@ from reproduce.__main__ import main
 from reproduce.errors import ConfigError
 from reproduce.paper.flops import BF16_DENSE_TFLOPS, MEMORY_TBS, SUSTAINED_TFLOPS, lookup
 from reproduce.plan import gpu_prices
-from reproduce.runs.sweep import load_spec
+from reproduce.records.sweep import load_spec
 
 COMMITTED = paths.REPO / "results"
 # The H200 measurement of 2026-11-27 (results/gpu.json, results/paper-run.json), kept here so that

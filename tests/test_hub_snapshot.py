@@ -139,7 +139,7 @@ def test_a_record_from_the_hub_s_snapshot_is_stale_once_a_later_download_holds_o
 
     from reproduce.config import Config
     from reproduce.data import hub
-    from reproduce.runs.records import data_changed, files_now
+    from reproduce.records.store import data_changed, files_now
 
     repo = tmp_path / "hub" / "datasets--wmt--wmt14"
     write_snapshot(repo / "snapshots" / REVISION, metadata=False)

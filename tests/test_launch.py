@@ -10,7 +10,7 @@ import pytest
 from reproduce.__main__ import main
 from reproduce.errors import ConfigError
 from reproduce.launch import slurm, task
-from reproduce.runs.sweep import load_spec
+from reproduce.records.sweep import load_spec
 
 
 def test_slurm_dry_run_prints_the_plan_and_the_sbatch_header(capsys, tmp_path, monkeypatch):
@@ -43,7 +43,7 @@ def test_big_gets_three_times_the_time_and_gpus_can_be_changed():
 def test_set_values_travel_with_each_array_task():
     import contextlib
 
-    from reproduce.runs.sweep import with_sets
+    from reproduce.records.sweep import with_sets
 
     spec = load_spec("table3")
     runs = with_sets(spec.plan(["A3"], "smoke", [0]), spec, {"warmup_steps": 5})

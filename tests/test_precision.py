@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from reproduce.runs.sweep import load_spec
+from reproduce.records.sweep import load_spec
 from reproduce.train import precision, step_time
 
 

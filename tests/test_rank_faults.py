@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from reproduce.runs import claims
+from reproduce.records import claims
 from reproduce.train import devices
 from tests.helpers import WANDB_OFFLINE, cli, cli_env, start
 
@@ -64,7 +64,7 @@ def test_two_processes_train_one_run_with_one_record_one_wandb_run_one_table(two
     assert claims.holder(work) is None
     assert "Traceback" not in out.stderr
     # The dev perplexity gathered over the ranks' shards is that of one process over all of dev.
-    from reproduce.runs.sweep import load_spec
+    from reproduce.records.sweep import load_spec
     from reproduce.train import fit as training
     from reproduce.train.lit import TranslationModule
 

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from reproduce.runs.records import load_records, write_record
-from reproduce.runs.sweep import load_spec
+from reproduce.records.store import load_records, write_record
+from reproduce.records.sweep import load_spec
 from reproduce.tables.table3 import render_table3
 
 
@@ -41,8 +41,8 @@ def _row(table: str, variant: str) -> list[str]:
 
 def test_every_committed_record_loads_as_the_typed_record():
     from reproduce import paths
-    from reproduce.runs.records import read_record
-    from reproduce.runs.schema import Record, problems
+    from reproduce.records.schema import Record, problems
+    from reproduce.records.store import read_record
 
     found = sorted(paths.REPO.glob("results/table*/*.json"))
     assert len(found) >= 90
@@ -76,7 +76,7 @@ def test_no_committed_record_holds_an_absolute_path():
 
 
 def test_migrate_makes_a_wandb_folder_relative_to_the_runs_root(tmp_path):
-    from reproduce.runs.records import migrate, read_record
+    from reproduce.records.store import migrate, read_record
 
     r = {**record("A1"), "wandb": {"dir": "/elsewhere/runs/table3/x/wandb/files", "id": "x"}}
     write_record(tmp_path / "table3" / "x.json", r)
@@ -89,12 +89,12 @@ def test_migrate_makes_a_wandb_folder_relative_to_the_runs_root(tmp_path):
 
 
 def test_a_record_of_the_wrong_shape_is_named_damaged(tmp_path):
-    from reproduce.runs.records import DamagedRecord, read_record
-    from reproduce.runs.schema import problems
+    from reproduce.records.schema import problems
+    from reproduce.records.store import DamagedRecord, read_record
 
     assert problems({"run_id": "x", "config": {}, "metrics": {}, "seed": 0}) == []
     assert problems({"run_id": "x", "config": {}, "metrics": [], "seed": "0"}) == [
-        "'metrics' is a list, not <class 'reproduce.runs.schema.Metrics'>",
+        "'metrics' is a list, not <class 'reproduce.records.schema.Metrics'>",
         "'seed' is a str, not <class 'int'>"]
     path = tmp_path / "table3" / "x.json"
     write_record(path, {"run_id": "x", "config": {}})
@@ -386,10 +386,10 @@ def test_verify_says_when_a_record_keeps_no_hypotheses():
 
 
 def test_each_metric_s_facts_live_in_one_table():
-    """runs/metrics.py: every metric there is a key of a record's metrics, and each one Table 3
+    """records/metrics.py: every metric there is a key of a record's metrics, and each one Table 3
     compares has the paper's figure in the spec's base, under its paper key."""
-    from reproduce.runs.metrics import COMPARED, METRICS
-    from reproduce.runs.schema import METRIC_NAMES
+    from reproduce.records.metrics import COMPARED, METRICS
+    from reproduce.records.schema import METRIC_NAMES
 
     assert set(METRICS) <= set(METRIC_NAMES)
     base = load_spec("table3").variants["base"].paper

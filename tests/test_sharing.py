@@ -1,5 +1,5 @@
 """One training, several records: Table 3's base (seed 0) evaluated from Table 2's base EN-DE
-training, which is the same training (reproduce/runs/sharing.py)."""
+training, which is the same training (reproduce/records/sharing.py)."""
 
 import json
 from dataclasses import replace
@@ -7,8 +7,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from reproduce.runs.sharing import same_training
-from reproduce.runs.sweep import load_spec
+from reproduce.records.sharing import same_training
+from reproduce.records.sweep import load_spec
 
 from .helpers import cli, cli_env
 
@@ -29,7 +29,7 @@ def test_same_training_ignores_only_what_acts_after_training():
 
 
 def test_a_donor_must_hold_every_checkpoint_the_run_averages(tmp_path):
-    from reproduce.runs.sharing import _enough
+    from reproduce.records.sharing import _enough
 
     config = load_spec("table2").resolve("base-en-de", "smoke")  # averages the last 5
     for step in (3, 6, 9, 12):
@@ -60,7 +60,7 @@ def test_a_plan_says_which_runs_train_the_same_weights(tmp_path):
 def test_a_run_waits_for_its_twin_that_a_worker_is_training(tmp_path):
     # Table 2's base EN-DE in training (its claim held here): Table 3's base seed 0 is left to
     # evaluate it later, not trained beside it
-    from reproduce.runs.claims import claim
+    from reproduce.records.claims import claim
 
     with claim(tmp_path / "runs" / "table2" / "table2-base-en-de-smoke-seed0") as mine:
         assert mine
@@ -143,7 +143,7 @@ def test_under_slurm_a_twin_s_evaluation_frees_the_other_tasks_before_it_starts(
     """Rank 0 of a run's SLURM tasks evaluates a twin's training alone, on one device; the other
     tasks are told at once that they have nothing to do, not after the evaluation (which at the
     paper's size can outlast their wait, REPRODUCE_DDP_TIMEOUT)."""
-    from reproduce.runs.sharing import Donor
+    from reproduce.records.sharing import Donor
     from reproduce.train import runner
     from reproduce.train.devices import Layout
 

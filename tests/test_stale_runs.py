@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from reproduce.launch import progress as status
-from reproduce.runs import records
-from reproduce.runs.sweep import load_spec
+from reproduce.records import store as records
+from reproduce.records.sweep import load_spec
 
 
 @pytest.fixture
@@ -185,7 +185,7 @@ def test_a_record_calls_the_code_dirty_for_edits_outside_results_only(tmp_path, 
 
 def test_time_left_estimates_fp32_steps_where_the_finished_runs_trained_in_fp32(dirs, monkeypatch):
     # This machine timed bf16 twice as fast (cached), but a scale whose runs trained in fp32 keeps
-    # its remaining `auto` runs in fp32 (runs.precision_history.settled): their steps are estimated as fp32.
+    # its remaining `auto` runs in fp32 (records.precision_history.settled): steps estimated as fp32.
     from reproduce.plan import estimates
 
     results, runs = dirs

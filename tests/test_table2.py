@@ -8,7 +8,7 @@ import pytest
 from reproduce.__main__ import main
 from reproduce.config import TrainConfig
 from reproduce.plan import step_probe as cost
-from reproduce.runs.sweep import load_spec
+from reproduce.records.sweep import load_spec
 from reproduce.tables.table2 import render_table2
 
 

@@ -17,7 +17,7 @@ from reproduce.errors import DataError, SpecError
 from reproduce.paper.evalb import bracket_f1
 from reproduce.paper.parsing import delinearize, linearize, tag_pos, words
 from reproduce.paper.tokenizer import train_tokenizer
-from reproduce.runs.sweep import load_spec
+from reproduce.records.sweep import load_spec
 from reproduce.tables.table4 import render_table4
 
 # PTB .mrg style: an unlabelled root, function tags, co-indices, traces, punctuation.

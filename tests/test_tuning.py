@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from reproduce.errors import SpecError
-from reproduce.runs.sweep import load_spec
+from reproduce.records.sweep import load_spec
 from tests.helpers import cli, cli_env, inject
 
 pytestmark = pytest.mark.slow
@@ -134,7 +134,7 @@ def test_a_running_trial_whose_folder_is_claimed_is_left_alone(tmp_path, monkeyp
     old; one past the wait with its folder unclaimed is failed and its settings queued again."""
     import optuna
 
-    from reproduce.runs.claims import claim
+    from reproduce.records.claims import claim
     from reproduce.train.tuning import requeue_dead_trials
 
     monkeypatch.setenv("REPRODUCE_RUNS", str(tmp_path / "runs"))
@@ -212,7 +212,7 @@ def test_a_trial_whose_settings_another_process_is_training_is_pruned(tmp_path, 
     # two SLURM trial tasks that drew the same settings share one run folder: the second stops
     import optuna
 
-    from reproduce.runs.claims import claim
+    from reproduce.records.claims import claim
     from reproduce.train.tuning import train_and_score
 
     monkeypatch.setenv("REPRODUCE_RUNS", str(tmp_path))

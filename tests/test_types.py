@@ -1,5 +1,5 @@
 """The record is typed at both ends: mypy checks every reader of reproduce/ against
-runs/schema.py (its settings in pyproject.toml), so a field renamed on one side fails here, not
+records/schema.py (its settings in pyproject.toml), so a field renamed on one side fails here, not
 in a table at render time."""
 
 import os
@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from reproduce.runs import schema, sharing
+from reproduce.records import schema, sharing
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,7 +27,7 @@ def test_reproduce_type_checks():
 def test_a_misspelt_record_field_fails_the_type_checker(tmp_path):
     # what a reader renamed on one side only looks like to mypy: the spec's own settings
     (tmp_path / "reader.py").write_text(
-        "from reproduce.runs.schema import Record, config_of\n\n\n"
+        "from reproduce.records.schema import Record, config_of\n\n\n"
         "def ppl(r: Record) -> float:\n    return r['metrics']['dev_perplexity']\n\n\n"
         "def steps(r: Record) -> int:\n    return config_of(r).train.steps\n")
     done = _mypy("--ignore-missing-imports", "reader.py", cwd=tmp_path)

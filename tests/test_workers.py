@@ -11,7 +11,7 @@ from collections import Counter
 
 import pytest
 
-from reproduce.runs.claims import claim, holder
+from reproduce.records.claims import claim, holder
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +24,7 @@ def test_a_claim_is_exclusive_and_dies_with_its_holder(tmp_path):
         assert holder(tmp_path) is not None  # looking does not release it
     assert holder(tmp_path) is None
     child = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from pathlib import Path; from reproduce.runs.claims import claim\n"
+        "import sys, time; from pathlib import Path; from reproduce.records.claims import claim\n"
         f"with claim(Path({str(tmp_path)!r})) as mine:\n"
         "    print(mine, flush=True); time.sleep(60)")], stdout=subprocess.PIPE, text=True)
     assert child.stdout.readline().strip() == "True"
@@ -115,7 +115,7 @@ def test_workers_finish_a_seed_before_the_next_and_stay_balanced():
 
 def test_worker_argv_and_order(monkeypatch):
     from reproduce.launch.workers import ORDER_ENV, reorder, worker_argv
-    from reproduce.runs.sweep import load_spec
+    from reproduce.records.sweep import load_spec
 
     assert worker_argv(["table3", "--workers", "2", "--row", "A"]) == ["table3", "--row", "A"]
     assert worker_argv(["table3", "--workers=3", "--scale", "cpu"]) == ["table3", "--scale", "cpu"]
@@ -130,7 +130,7 @@ def test_workers_auto_splits_a_cpu_only_for_long_sweeps(tmp_path, monkeypatch):
     import torch
 
     from reproduce.plan import worker_count as workers
-    from reproduce.runs.sweep import load_spec
+    from reproduce.records.sweep import load_spec
 
     monkeypatch.setenv("REPRODUCE_RESULTS", str(tmp_path / "results"))
     monkeypatch.setenv("REPRODUCE_RUNS", str(tmp_path / "runs"))
@@ -286,8 +286,8 @@ def test_cores_follow_the_work_when_a_worker_ends(tmp_path, monkeypatch):
 
 
 def test_steps_left_counts_from_the_latest_checkpoint(tmp_path, monkeypatch):
-    from reproduce.runs.checkpoints import steps_left
-    from reproduce.runs.sweep import load_spec
+    from reproduce.records.checkpoints import steps_left
+    from reproduce.records.sweep import load_spec
 
     monkeypatch.setenv("REPRODUCE_RUNS", str(tmp_path))
     run = load_spec("table3").plan(["base"], "cpu", [0])[0]

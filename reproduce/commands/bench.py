@@ -10,7 +10,7 @@ from reproduce.commands.base import Command
 class Bench(Command):
     name = "bench"
     help = ("training and decoding speed beside torch.nn.Transformer and MarianMT, in one process "
-            "(reproduce/bench/)")
+            "(reproduce/speed/)")
 
     def add_arguments(self, b: argparse.ArgumentParser) -> None:
         b.add_argument("--quick", action="store_true", help="fewer batches and rounds (minutes)")
@@ -38,18 +38,18 @@ class Bench(Command):
         b.add_argument("--cap", nargs="+", action="extend", default=[],
                        metavar="PART=SECONDS",
                        help="with --gpu: a part's hard cap, for parts base, big, beam, compiled, "
-                       "tf32, micro (defaults in reproduce/bench/gpu.py's PARTS)")
+                       "tf32, micro (defaults in reproduce/speed/gpu.py's PARTS)")
         b.add_argument("--seed", type=int, default=0)
         b.add_argument("--out", help="the report (Markdown; default results/performance.md, with "
                        "--gpu results/gpu.md, and on a CPU nothing unless given)")
 
     def run(self, args: argparse.Namespace, argv: list[str]) -> int:
         if args.gpu:  # imports none of wandb, datasets, optuna or nltk: runs before a kit installs
-            from reproduce.bench.gpu import run as check_gpu
+            from reproduce.speed.gpu import run as check_gpu
 
             return check_gpu(out=args.out, budget=args.budget, caps=_caps(args.cap))
-        from reproduce.bench.command import run as run_bench
-        from reproduce.runs.records import recorded_command
+        from reproduce.records.store import recorded_command
+        from reproduce.speed.command import run as run_bench
 
         args.out = args.out or "results/performance.md"
         return run_bench(args, recorded_command(argv))
@@ -57,8 +57,8 @@ class Bench(Command):
 
 def _caps(given: list[str]) -> dict[str, float]:
     """``--cap part=seconds`` as a dict, or a one-line error naming the parts."""
-    from reproduce.bench.gpu import PARTS
     from reproduce.errors import ConfigError
+    from reproduce.speed.gpu import PARTS
 
     caps = {}
     for item in given:

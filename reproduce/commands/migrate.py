@@ -17,7 +17,7 @@ class Migrate(Command):
 
     def run(self, args: argparse.Namespace, argv: list[str]) -> int:
         from reproduce.paths import results_dir
-        from reproduce.runs.records import migrate
+        from reproduce.records.store import migrate
 
         changed = migrate(results_dir())
         for line in changed:

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from reproduce.commands.base import Command, add_results_option
-from reproduce.runs.sweep import TABLES
+from reproduce.records.sweep import TABLES
 
 
 class Publish(Command):
@@ -23,8 +23,8 @@ class Publish(Command):
     def run(self, args: argparse.Namespace, argv: list[str]) -> int:
         from reproduce.errors import ConfigError
         from reproduce.paths import results_dir, runs_dir
-        from reproduce.runs.records import load_records
-        from reproduce.runs.sweep import load_spec
+        from reproduce.records.store import load_records
+        from reproduce.records.sweep import load_spec
         from reproduce.tables.dashboard import publish
         from reproduce.tables.figures import plot_table
         from reproduce.tables.render import render

@@ -76,8 +76,8 @@ class Table(Command):
         add_results_option(t)
 
     def run(self, args: argparse.Namespace, argv: list[str]) -> int:
-        from reproduce.runs.disk import SKIP_ENV
-        from reproduce.runs.sweep import load_spec, sets_line, with_sets
+        from reproduce.records.disk import SKIP_ENV
+        from reproduce.records.sweep import load_spec, sets_line, with_sets
 
         if args.skip_disk_check:  # in the environment: workers and ranks see it too
             os.environ[SKIP_ENV] = "1"
@@ -110,7 +110,7 @@ class Table(Command):
 
     def announce(self, spec, runs: list, args: argparse.Namespace, tuning) -> list:
         """Print each planned run; return those to run."""
-        from reproduce.runs.sweep import planned_summary
+        from reproduce.records.sweep import planned_summary
 
         for run in runs:
             print("  " + planned_summary(run, spec.variants[run.variant].overrides))
@@ -163,14 +163,14 @@ class Table4(Table):
         return super().run(args, argv)
 
     def planned(self, spec, scale: str, args: argparse.Namespace) -> list:
-        from reproduce.runs.sweep import with_data
+        from reproduce.records.sweep import with_data
 
         return [with_data(run, args.treebank, args.silver)
                 for run in super().planned(spec, scale, args)]
 
     def announce(self, spec, runs: list, args: argparse.Namespace, tuning) -> list:
         from reproduce.data import missing_input
-        from reproduce.runs.sweep import planned_summary
+        from reproduce.records.sweep import planned_summary
 
         print("  data: " + (f"Penn Treebank WSJ at {args.treebank}" if args.treebank else
                             "NLTK's WSJ sample (NLTK_DATA); --treebank DIR for the full WSJ"))
@@ -215,7 +215,7 @@ def _sets(items: list[str]) -> dict:
 def _print_params(table: str, vocab_size: int, as_json: bool) -> None:
     import json
 
-    from reproduce.runs.sweep import load_spec
+    from reproduce.records.sweep import load_spec
     from reproduce.tables.params import parameter_rows
 
     rows = parameter_rows(load_spec(table), vocab_size)

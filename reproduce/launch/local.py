@@ -19,7 +19,7 @@ def train_here(options: Options, argv: list[str], spec, runs: list, layout: Layo
     """Train ``runs`` (tuned first with ``tuning``) here or in ``--workers`` processes, then
     render ``out`` from the records (logged to W&B with ``log``); ``report`` makes a finished
     run's line. Whether a run failed (diverged)."""
-    from reproduce.runs.records import plan_state, recorded_command
+    from reproduce.records.store import plan_state, recorded_command
     from reproduce.tables.render import render
     from reproduce.train import runner
     from reproduce.train.tuning import tune
@@ -100,7 +100,7 @@ def _nothing_trained(spec, runs: list, argv: list[str]) -> None:
     """The last lines of a command whose runs all had records: say so, and how to train them
     yourself (a fresh clone holds the project's committed records) or re-run one and compare."""
     from reproduce.paths import results_dir
-    from reproduce.runs.records import record_path
+    from reproduce.records.store import record_path
 
     folder = os.path.relpath(results_dir())
     print(f"All {len(runs)} run(s) already had a record in {folder}/: nothing was trained "

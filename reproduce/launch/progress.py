@@ -30,14 +30,14 @@ from reproduce.data import missing_input
 from reproduce.launch import queue
 from reproduce.plan import estimates
 from reproduce.plan.worker_count import auto_count
-from reproduce.runs.checkpoints import steps_left
-from reproduce.runs.claims import holder
-from reproduce.runs.diverged import diverged_with
-from reproduce.runs.precision_history import most_common, trained_in
-from reproduce.runs.records import device_hours, every_table_records, is_current, load_records
-from reproduce.runs.schema import Record
-from reproduce.runs.sharing import reuse_lines
-from reproduce.runs.sweep import PlannedRun, load_spec, shipped_specs
+from reproduce.records.checkpoints import steps_left
+from reproduce.records.claims import holder
+from reproduce.records.diverged import diverged_with
+from reproduce.records.precision_history import most_common, trained_in
+from reproduce.records.schema import Record
+from reproduce.records.sharing import reuse_lines
+from reproduce.records.store import device_hours, every_table_records, is_current, load_records
+from reproduce.records.sweep import PlannedRun, load_spec, shipped_specs
 from reproduce.util import machine
 
 
@@ -93,7 +93,7 @@ def table_status(table: str, results: Path, runs: Path,
         saved = {run.run_id: (run.config.train.train_steps - to_go[run.run_id],
                               run.config.train.train_steps) for run in left if run.run_id in started}
         # what the finished runs trained in (shown); the runs still to come with `precision:
-        # auto` follow what those with `auto` trained in (runs.precision_history.settled), whatever this
+        # auto` follow what those with `auto` trained in (records.precision_history.settled), whatever this
         # machine would choose
         shown: dict[str, int] = defaultdict(int)
         for r in done:

@@ -24,7 +24,7 @@ from typing import Any
 
 from reproduce.errors import ConfigError
 from reproduce.launch.task import run_one
-from reproduce.runs.sweep import PlannedRun
+from reproduce.records.sweep import PlannedRun
 
 # Resources per scale: GPUs and tasks per node, CPUs per task, memory, time limit (docs/cluster.md
 # shows this table; a test keeps them equal). The paper's runs take 8 GPUs like the paper's (fewer

@@ -19,7 +19,7 @@ def submit_sweep(options: Options, argv: list[str], spec, runs: list, scale: str
     run's own task, once they have all ended, trains the best settings, as a local sweep does."""
     from reproduce.errors import ConfigError
     from reproduce.paths import runs_dir
-    from reproduce.runs.records import recorded_command
+    from reproduce.records.store import recorded_command
     from reproduce.util.secrets import mask
 
     if options.nodes < 1 or (options.gpus is not None and options.gpus < 0):
@@ -109,7 +109,7 @@ def _render_after(folder, spec, arrays: list[str], cluster) -> None:
 def _runs_to_submit(runs: list, submitted: dict, tuned: bool) -> list:
     """The runs that need a task: no record (any, with ``--tune``: more trials) and no task of
     theirs queued or running; a line for each that is skipped, or whose last task failed."""
-    from reproduce.runs.records import finished
+    from reproduce.records.store import finished
 
     todo = []
     for run in (run for run in runs if tuned or finished(run) is None):

@@ -26,8 +26,8 @@ import torch
 
 from reproduce.errors import Stopped, one_line
 from reproduce.paths import runs_dir
-from reproduce.runs.records import finished
-from reproduce.runs.sweep import load_spec, with_sets
+from reproduce.records.store import finished
+from reproduce.records.sweep import load_spec, with_sets
 from reproduce.train import stops
 from reproduce.train.devices import Layout
 from reproduce.train.runner import execute
@@ -43,7 +43,7 @@ def requeue(work: Path | None = None, step: int | None = None) -> None:
     same step is not requeued again (``stalled``), in one line, instead of looping."""
     import submitit
 
-    from reproduce.runs.claims import rank
+    from reproduce.records.claims import rank
 
     if rank() == 0:
         job = submitit.JobEnvironment().job_id
@@ -154,7 +154,7 @@ def render_job(spec_path: str) -> str:
     """The render job's body, on a node: the table from the records there are (as ``--render``),
     once the arrays it waits on have ended, however they ended."""
     from reproduce.paths import results_dir
-    from reproduce.runs.sweep import load_spec
+    from reproduce.records.sweep import load_spec
     from reproduce.tables.render import render
     from reproduce.util.logs import quiet_libraries
 

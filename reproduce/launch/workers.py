@@ -3,7 +3,7 @@
 On a small CPU, N single-threaded workers train more runs per hour than one process using every
 core: small matrix products scale poorly across threads (on the 2-core development machine two
 1-thread workers did ~1.3x the steps per second of one 2-thread process). The workers are the same
-command started N times, so the claims (``reproduce/runs/claims.py``) keep each run to one worker, and
+command started N times, so the claims (``reproduce/records/claims.py``) keep each run to one worker, and
 an interrupted sweep resumes as always. What ``--workers`` adds:
 
 * threads: each worker gets ``cores // N`` (``OMP_NUM_THREADS``), and its own GPUs where there
@@ -40,8 +40,8 @@ import torch
 from reproduce.errors import ConfigError
 from reproduce.plan.step_probe import step_seconds
 from reproduce.plan.worker_count import WORKER_ENV
-from reproduce.runs.checkpoints import steps_left
-from reproduce.runs.records import COMMAND_ENV, finished, recorded_command
+from reproduce.records.checkpoints import steps_left
+from reproduce.records.store import COMMAND_ENV, finished, recorded_command
 from reproduce.util import machine
 from reproduce.util.machine import GPU_SHARE_ENV, SHARE_ENV
 

@@ -11,12 +11,12 @@ import torch
 from reproduce import paths
 from reproduce.paths import results_dir, runs_dir
 from reproduce.plan import estimates, gpu_prices, worker_count
-from reproduce.runs import disk, footprint
-from reproduce.runs.checkpoints import steps_left
-from reproduce.runs.precision_history import most_common, trained_in
-from reproduce.runs.records import every_table_records, load_records, plan_state
-from reproduce.runs.sharing import reuse_lines, twins
-from reproduce.runs.sweep import PlannedRun
+from reproduce.records import disk, footprint
+from reproduce.records.checkpoints import steps_left
+from reproduce.records.precision_history import most_common, trained_in
+from reproduce.records.sharing import reuse_lines, twins
+from reproduce.records.store import every_table_records, load_records, plan_state
+from reproduce.records.sweep import PlannedRun
 from reproduce.train.devices import TIMEOUT_ENV, Layout, timeout_seconds
 from reproduce.util import machine
 
@@ -107,7 +107,7 @@ def _corpus(config) -> tuple:
 
 
 def _print_data(runs: list[PlannedRun]) -> None:
-    """A line for each corpus the runs will read (``runs.footprint``): what it takes on disk and
+    """A line for each corpus the runs will read (``records.footprint``): what it takes on disk and
     the first run's minutes, beside the cache's free space."""
     seen = set()
     for run in runs:

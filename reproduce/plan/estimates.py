@@ -36,7 +36,7 @@ import torch
 from reproduce.config import Config
 from reproduce.errors import ConfigError
 from reproduce.paper.flops import analytic_flops, gpu_tflops
-from reproduce.runs.schema import Record
+from reproduce.records.schema import Record
 from reproduce.train.precision import step_ratio, timed
 from reproduce.util import machine
 from reproduce.util.files import write_atomic
@@ -224,7 +224,7 @@ def cpu_step_ratio(run, threads: int, cache: Path | None = None,
     """A step of ``run`` in the precision ``auto`` took here over an fp32 step, from the timing
     cached (``cache``, default ``runs/precision.json``) for its table's base at ``threads`` (1.0
     when fp32 or not timed yet). ``settled``: the precision the records of its table and scale
-    trained in (``runs.precision_history.settled``), which ``auto`` follows: fp32 there is an fp32 step."""
+    trained in (``records.precision_history.settled``), which ``auto`` follows: fp32 there is an fp32 step."""
     if run.config.train.precision != "auto" or settled == "32-true":
         return 1.0
     return step_ratio(timed(run.precision_from or run.config, threads, cache))

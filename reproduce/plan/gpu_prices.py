@@ -317,7 +317,7 @@ def parse_on(value: str | None, results: Path | None = None) -> Target:
 def price(config: Config, target: Target, steps: int, pairs: int | None = None,
           run_id: str = "") -> Estimate:
     """``config``'s ``steps`` on ``target``'s GPUs, each phase apart. ``pairs``: its corpus's
-    training pairs to read and encode (default: counted by ``runs.footprint``; 0: built)."""
+    training pairs to read and encode (default: counted by ``records.footprint``; 0: built)."""
     g = target.gpu
     assert isinstance(g, Gpu), "a GPU target has its price"
     m, c = g.measured, config
@@ -336,7 +336,7 @@ def price(config: Config, target: Target, steps: int, pairs: int | None = None,
     train = quiet + saves * save_s + evals * eval_s
     notes = []
     if pairs is None:
-        from reproduce.runs.footprint import footprint
+        from reproduce.records.footprint import footprint
 
         f = footprint(c)
         pairs = 0 if f is None or f.built else f.pairs

@@ -8,8 +8,8 @@ import os
 
 import torch
 
-from reproduce.runs.checkpoints import steps_left
-from reproduce.runs.records import plan_state
+from reproduce.records.checkpoints import steps_left
+from reproduce.records.store import plan_state
 from reproduce.util import machine
 
 WORKER_ENV = "REPRODUCE_WORKER"  # set in workers: train and record, leave the table to the parent

@@ -7,5 +7,5 @@ from reproduce.tables.table2 import render_table2
 from reproduce.tables.table3 import render_table3
 from reproduce.tables.table4 import render_table4
 
-# By a spec's ``kind`` (``runs.sweep.TABLES``, checked when the spec loads)
+# By a spec's ``kind`` (``records.sweep.TABLES``, checked when the spec loads)
 RENDERERS = {"table2": render_table2, "table3": render_table3, "table4": render_table4}

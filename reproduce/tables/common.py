@@ -9,7 +9,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
 
-from reproduce.runs.schema import Record, config_of
+from reproduce.records.schema import Record, config_of
 from reproduce.train.devices import Layout
 
 CORPUS_NOTES = {
@@ -190,7 +190,7 @@ def gpus_label(h: Mapping[str, Any]) -> str:
     return f"{len(h['gpus'])}x {h['gpus'][0]}"
 
 
-def hardware(records: list[Record]) -> str:
+def hardware_line(records: list[Record]) -> str:
     return "; ".join(sorted({r["hardware"]["cpu"] if not r["hardware"]["gpus"]
                              else gpus_label(r["hardware"]) for r in records}))
 

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from reproduce.runs.metrics import (
+from reproduce.records.metrics import (
     COMPARED,
     DEV_BLEU,
     DEV_PPL,
@@ -25,8 +25,8 @@ from reproduce.runs.metrics import (
     TRAIN_SECONDS,
     TRAIN_STEPS,
 )
-from reproduce.runs.schema import Record
-from reproduce.runs.sweep import Spec
+from reproduce.records.schema import Record
+from reproduce.records.sweep import Spec
 from reproduce.util.files import write_atomic
 from reproduce.util.tracking import init_run, wandb_mode
 

@@ -12,9 +12,9 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from reproduce.runs.metrics import COMPARED
-from reproduce.runs.schema import Record
-from reproduce.runs.sweep import Spec
+from reproduce.records.metrics import COMPARED
+from reproduce.records.schema import Record
+from reproduce.records.sweep import Spec
 from reproduce.tables.common import mean_paper_flops
 from reproduce.tables.noise import difference_noise
 from reproduce.tables.table3 import compare_to_base

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from reproduce.paper.model import build_on_meta, count_parameters
-from reproduce.runs.sweep import Spec
+from reproduce.records.sweep import Spec
 
 
 def parameter_rows(spec: Spec, vocab_size: int, scale: str = "paper") -> list[dict[str, Any]]:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from reproduce import paths
 from reproduce.paths import results_dir, runs_dir
-from reproduce.runs.records import load_records
-from reproduce.runs.sweep import Spec
+from reproduce.records.store import load_records
+from reproduce.records.sweep import Spec
 from reproduce.tables import RENDERERS
 from reproduce.tables.dashboard import log_table
 from reproduce.tables.figures import plot_table

@@ -8,9 +8,9 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
-from reproduce.runs.metrics import COMPARED
-from reproduce.runs.records import load_records
-from reproduce.runs.sweep import load_spec
+from reproduce.records.metrics import COMPARED
+from reproduce.records.store import load_records
+from reproduce.records.sweep import load_spec
 from reproduce.tables.table3 import compare_to_base, configuration
 
 START, END = "<!-- results: start -->", "<!-- results: end -->"

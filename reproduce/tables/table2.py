@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from reproduce.runs.checkpoints import STEP_NAME
-from reproduce.runs.schema import Record
-from reproduce.runs.sweep import Spec
+from reproduce.records.checkpoints import STEP_NAME
+from reproduce.records.schema import Record
+from reproduce.records.sweep import Spec
 from reproduce.tables.common import (
     corpus_note,
     cost_line,
     devices_line,
     fmt,
-    hardware,
+    hardware_line,
     hours_note,
     mean_paper_flops,
     mean_std,
@@ -74,7 +74,7 @@ def _table2_details(spec: Spec, scale: str, records: list[Record]) -> list[str]:
     missing = [v for v in spec.variants if v not in ran]
     out = [f"## Our runs at scale `{scale}`", "", scale_note(spec.scales.get(scale), "model "
            "sizes as named"), "", "Corpus: " + corpus_note(records),
-           f"Hardware: {hardware(records)}.", *devices_line(records), cost_line(records),
+           f"Hardware: {hardware_line(records)}.", *devices_line(records), cost_line(records),
            *([f"Not run at this scale yet: {', '.join(missing)} (`python -m reproduce status` "
               "says what they would take here)."] if missing else []), "",
            "| variant | tokenized BLEU (paper's convention) | sacreBLEU | cost, paper's method "

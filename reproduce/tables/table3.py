@@ -7,9 +7,9 @@ import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
-from reproduce.runs.metrics import COMPARED, DEV_BLEU, DEV_PPL, TEST_BLEU, Metric
-from reproduce.runs.schema import MetricName, Record, config_of
-from reproduce.runs.sweep import Spec
+from reproduce.records.metrics import COMPARED, DEV_BLEU, DEV_PPL, TEST_BLEU, Metric
+from reproduce.records.schema import MetricName, Record, config_of
+from reproduce.records.sweep import Spec
 from reproduce.tables.common import (
     corpus_note,
     cost_line,

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections import defaultdict
 
 from reproduce.data import missing_input
-from reproduce.runs.schema import Record, config_of
-from reproduce.runs.sweep import Spec
-from reproduce.tables.common import cost_line, fmt, hardware, mean_std, scale_note
+from reproduce.records.schema import Record, config_of
+from reproduce.records.sweep import Spec
+from reproduce.tables.common import cost_line, fmt, hardware_line, mean_std, scale_note
 
 TREEBANKS = {"nltk-sample": "NLTK WSJ sample", "wsj": "WSJ"}
 
@@ -75,7 +75,7 @@ def _table4_details(spec: Spec, scale: str, kind: str, records: list[Record]) ->
            scale_note(spec.scales.get(scale), "model sizes as named"), "",
            f"Data: {first['treebank']['about']}"
            + (f" ({first['treebank']['path']})" if first["treebank"].get("path") else "") + ". "
-           f"Hardware: {hardware(records)}.", cost_line(records), "",
+           f"Hardware: {hardware_line(records)}.", cost_line(records), "",
            "| run | settings | dev P | dev R | dev F1 | test P | test R | test F1 | sentences "
            "(dev, test) | well-formed outputs (test) | dev PPL | vocabulary | params ×10⁶ | steps "
            "| training time | beam, alpha, max length |", "|" + "---|" * 16]

@@ -19,7 +19,7 @@ from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from reproduce.errors import Diverged
-from reproduce.runs import checkpoints
+from reproduce.records import checkpoints
 from reproduce.train import stops
 from reproduce.util import machine
 from reproduce.util.files import atomic_file
@@ -75,7 +75,7 @@ class StepCheckpoint(pl.callbacks.ModelCheckpoint):
     resumed after it, losing that point of the learning curve.
 
     ``steps_weights_only``: the ``step<N>.ckpt`` files hold the weights alone (kept only for
-    averaging: ``runs.disk``); ``last.ckpt``, saved with each, stays full for resuming."""
+    averaging: ``records.disk``); ``last.ckpt``, saved with each, stays full for resuming."""
 
     def __init__(self, val_every_steps: int = 0, steps_weights_only: bool = False,
                  **kwargs) -> None:
@@ -220,7 +220,7 @@ class StopOnDivergence(pl.Callback):
     """Raise ``Diverged`` within ``every`` optimizer steps of a non-finite training loss, and
     before any checkpoint save (``StepCheckpoint``), so no checkpoint holds a diverged model.
     The flags stay on the device and are read every ``every`` steps, not every step: on a GPU a
-    read is a host synchronization (``runs.diverged`` keeps the marker that follows)."""
+    read is a host synchronization (``records.diverged`` keeps the marker that follows)."""
 
     def __init__(self, run_id: str, every: int = LOG_EVERY) -> None:
         self.run_id, self.every = run_id, every

@@ -24,7 +24,7 @@ import torch
 
 from reproduce.errors import one_line
 from reproduce.paths import runs_dir
-from reproduce.runs.sweep import PlannedRun
+from reproduce.records.sweep import PlannedRun
 from reproduce.train import step_time
 from reproduce.train.devices import ONE_DEVICE, Layout, threads_of_one_rank
 from reproduce.util.files import write_atomic

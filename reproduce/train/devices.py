@@ -37,9 +37,9 @@ import torch
 
 from reproduce.config import ACCELERATORS, Config, seconds_from_env
 from reproduce.errors import ConfigError, DiskError, RankFailure, Stopped, one_line
-from reproduce.runs.checkpoints import PREEMPTED
-from reproduce.runs.claims import rank
-from reproduce.runs.sweep import PlannedRun
+from reproduce.records.checkpoints import PREEMPTED
+from reproduce.records.claims import rank
+from reproduce.records.sweep import PlannedRun
 from reproduce.train import stops
 from reproduce.util import machine
 from reproduce.util.files import DISK_ERRNOS, write_atomic

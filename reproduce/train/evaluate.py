@@ -19,7 +19,7 @@ from reproduce.data.treebank import treebank_description
 from reproduce.paper.bleu import tokenized_bleu
 from reproduce.paper.decoding import TreeConstraint, beam_search
 from reproduce.paper.model import Transformer
-from reproduce.runs import records
+from reproduce.records import store as records
 
 
 @torch.no_grad()

@@ -23,8 +23,8 @@ from reproduce.data.source import CorpusSource
 from reproduce.data.vocabulary import corpus_tokenizer
 from reproduce.errors import Stopped
 from reproduce.paths import cache_dir
-from reproduce.runs import checkpoints, disk
-from reproduce.runs.sweep import PlannedRun
+from reproduce.records import checkpoints, disk
+from reproduce.records.sweep import PlannedRun
 from reproduce.train import devices, stops
 from reproduce.train.callbacks import (
     LOG_EVERY,

@@ -9,7 +9,7 @@ table's base at the run's scale, not each variant's own: one precision per table
 a row's variants differ only in what the row varies. The answer is cached per machine, thread
 count and model shape (``runs/precision.json``), and both timings go into the record.
 Once a table has records at a scale, they decide: its later runs there train in the precision
-those trained in (``runs.precision_history.settled``), whatever this machine would choose, lest a
+those trained in (``records.precision_history.settled``), whatever this machine would choose, lest a
 section started in fp32 get variants in bf16 on another machine, which puts precision into the
 gaps. On CUDA: bf16-mixed where the GPU supports it. A CPU whose bf16 matmul is slower than fp32
 (no native bf16) trains in fp32 without timing a step. Measurements: docs/devices.md.
@@ -26,8 +26,8 @@ import torch
 
 from reproduce.config import Config
 from reproduce.paths import results_dir, runs_dir
-from reproduce.runs.precision_history import settled
-from reproduce.runs.sweep import PlannedRun
+from reproduce.records.precision_history import settled
+from reproduce.records.sweep import PlannedRun
 from reproduce.train import step_time
 from reproduce.train.devices import ONE_DEVICE, Layout, threads_of_one_rank
 from reproduce.util.files import write_atomic

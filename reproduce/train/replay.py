@@ -27,9 +27,9 @@ from reproduce import paths
 from reproduce.config import Config
 from reproduce.data.hub import file_sha256
 from reproduce.errors import ConfigError, SpecError
-from reproduce.runs import records
-from reproduce.runs.schema import Record
-from reproduce.runs.sweep import PlannedRun, load_spec
+from reproduce.records import store as records
+from reproduce.records.schema import Record
+from reproduce.records.sweep import PlannedRun, load_spec
 from reproduce.train import fit as training
 from reproduce.train import runner
 from reproduce.util import machine

@@ -22,12 +22,11 @@ from reproduce.errors import DataError, DiskError, Diverged, OutOfMemory
 from reproduce.paper.flops import analytic_flops, gpu_tflops, paper_cost
 from reproduce.paper.model import count_parameters
 from reproduce.paths import runs_dir
-from reproduce.runs import disk, diverged, footprint
-from reproduce.runs.averaging import average_checkpoints
-from reproduce.runs.checkpoints import last_checkpoints, steps_left, unreadable
-from reproduce.runs.claims import claim, rank, worker_id
-from reproduce.runs.records import finished, load_record, record_path, retire_stale, write_record
-from reproduce.runs.schema import (
+from reproduce.records import disk, diverged, footprint
+from reproduce.records.averaging import average_checkpoints
+from reproduce.records.checkpoints import last_checkpoints, steps_left, unreadable
+from reproduce.records.claims import claim, rank, worker_id
+from reproduce.records.schema import (
     SCHEMA_VERSION,
     Batch,
     Commit,
@@ -38,8 +37,9 @@ from reproduce.runs.schema import (
     Record,
     WandbRun,
 )
-from reproduce.runs.sharing import Donor, reuse, take_training
-from reproduce.runs.sweep import PlannedRun
+from reproduce.records.sharing import Donor, reuse, take_training
+from reproduce.records.store import finished, load_record, record_path, retire_stale, write_record
+from reproduce.records.sweep import PlannedRun
 from reproduce.train import devices
 from reproduce.train.compiling import choose_compile
 from reproduce.train.devices import ONE_DEVICE, Layout

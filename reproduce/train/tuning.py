@@ -31,8 +31,8 @@ from reproduce import paths
 from reproduce.config import FIELDS
 from reproduce.errors import ConfigError, Diverged, Stopped, one_line
 from reproduce.paths import runs_dir
-from reproduce.runs.claims import claim, holder
-from reproduce.runs.sweep import Knob, PlannedRun, Tuning
+from reproduce.records.claims import claim, holder
+from reproduce.records.sweep import Knob, PlannedRun, Tuning
 from reproduce.train import evaluate, precision
 from reproduce.train import fit as training
 from reproduce.train.wandb_run import wandb_logger

@@ -12,8 +12,8 @@ from typing import Any
 
 from reproduce.config import Config
 from reproduce.errors import one_line
-from reproduce.runs.records import wandb_folder
-from reproduce.runs.sweep import PlannedRun
+from reproduce.records.store import wandb_folder
+from reproduce.records.sweep import PlannedRun
 from reproduce.util.tracking import init_run, wandb_mode
 
 log = logging.getLogger("reproduce")

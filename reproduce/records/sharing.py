@@ -21,11 +21,11 @@ from typing import Any, cast
 
 from reproduce.config import Config
 from reproduce.paths import results_dir, runs_dir
-from reproduce.runs.checkpoints import LAST, NoCheckpoints, last_checkpoints, unreadable
-from reproduce.runs.claims import holder
-from reproduce.runs.records import every_table_records, finished, stored_config
-from reproduce.runs.schema import MetricName, Record, TrainedBy
-from reproduce.runs.sweep import PlannedRun, load_spec, shipped_specs
+from reproduce.records.checkpoints import LAST, NoCheckpoints, last_checkpoints, unreadable
+from reproduce.records.claims import holder
+from reproduce.records.schema import MetricName, Record, TrainedBy
+from reproduce.records.store import every_table_records, finished, stored_config
+from reproduce.records.sweep import PlannedRun, load_spec, shipped_specs
 
 # What a reused run's record takes from its donor's: everything about the training.
 TRAINING_FIELDS = ("precision", "precision_choice", "batch", "curve", "cost", "hardware",

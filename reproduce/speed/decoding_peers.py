@@ -10,10 +10,10 @@ from typing import Any
 
 import torch
 
-from reproduce.bench.inputs import BOS, EOS, PAD
-from reproduce.bench.peers import copy_into_marian, marian, marian_generate, trainable_parameters
-from reproduce.bench.timing import Result, interleaved
 from reproduce.paper.decoding import beam_search, greedy_search
+from reproduce.speed.inputs import BOS, EOS, PAD
+from reproduce.speed.peers import copy_into_marian, marian, marian_generate, trainable_parameters
+from reproduce.speed.timing import Result, interleaved
 
 
 def bench_decoding(model, sources: list[torch.Tensor], rounds: int, beam: int, alpha: float,

@@ -26,9 +26,9 @@ import torch
 from reproduce.config import Config
 from reproduce.errors import ConfigError
 from reproduce.paths import results_dir, runs_dir
-from reproduce.runs.checkpoints import newest_readable
-from reproduce.runs.schema import Record, problems
-from reproduce.runs.sweep import PlannedRun
+from reproduce.records.checkpoints import newest_readable
+from reproduce.records.schema import Record, problems
+from reproduce.records.sweep import PlannedRun
 from reproduce.util.files import DAMAGED, move_aside, write_atomic
 from reproduce.util.secrets import mask
 

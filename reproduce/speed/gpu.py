@@ -51,7 +51,7 @@ from reproduce.paper.decoding import beam_search
 from reproduce.paper.flops import BF16_DENSE_TFLOPS, analytic_flops, lookup
 from reproduce.paper.model import Transformer
 from reproduce.paper.optim import adam_with_schedule
-from reproduce.runs.sweep import load_spec
+from reproduce.records.sweep import load_spec
 from reproduce.train.devices import attention_kernels
 from reproduce.train.step_time import (
     fast_step_loss,
@@ -181,7 +181,7 @@ class Report:
         data = {**self.info, "parts": self.parts, "skipped": self.skipped}
         # whole, or not at all: a kill can come at any moment
         write_atomic(self.out.with_suffix(".json"), (json.dumps(data, indent=1) + "\n").encode())
-        write_atomic(self.out, render(data).encode())
+        write_atomic(self.out, gpu_page(data).encode())
 
 
 # Each part's key (``--cap KEY=SECONDS``), its name in the report and its hard cap in seconds, in
@@ -310,7 +310,7 @@ def run(steps: int = 10, out: str | None = None, budget: float = 420.0,
     return 0 if report.parts else 1
 
 
-def render(data: dict[str, Any]) -> str:
+def gpu_page(data: dict[str, Any]) -> str:
     """``results/gpu.md`` from what ``Report`` holds."""
     parts = data["parts"]
     lines = [f"# One GPU: {data['gpu']}", "",

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from reproduce.bench.inputs import OURS
+from reproduce.speed.inputs import OURS
 from reproduce.util.machine import cpu_flags, cpu_name
 
 
@@ -68,7 +68,7 @@ def _training(s: dict[str, Any], peak: dict[str, float]) -> list[str]:
     return lines
 
 
-def render(info: dict[str, Any], sections: list[dict[str, Any]], command: str) -> str:
+def performance_page(info: dict[str, Any], sections: list[dict[str, Any]], command: str) -> str:
     """The Markdown report (results/performance.md)."""
     m = info["machine"]
     load = m["load_average"][0]
@@ -137,7 +137,7 @@ def _decoding(s: dict[str, Any]) -> list[str]:
 # What every report says of how its contenders are built and timed.
 NOTES = [
     "- Every contender computes the same function: the peers are built by "
-    "`reproduce/bench/peers.py` with our weights copied in (nn.Transformer without its final "
+    "`reproduce/speed/peers.py` with our weights copied in (nn.Transformer without its final "
     "LayerNorms, which the paper lacks; Marian with our interleaved sinusoid table). "
     "The FLOP count (`reproduce/paper/flops.py`: matmuls only, padded shapes, training = "
     "3 x forward) is the same for all, so `model GFLOP/s` is useful work.",

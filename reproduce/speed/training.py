@@ -10,8 +10,10 @@ from typing import cast
 
 import torch
 
-from reproduce.bench.inputs import BOS, COMPILED, EOS, OURS, Plan, batch_flops, real_tokens
-from reproduce.bench.peers import (
+from reproduce.config import Config
+from reproduce.paper.optim import adam_with_schedule
+from reproduce.speed.inputs import BOS, COMPILED, EOS, OURS, Plan, batch_flops, real_tokens
+from reproduce.speed.peers import (
     TorchTransformer,
     copy_into_marian,
     copy_into_torch,
@@ -20,9 +22,7 @@ from reproduce.bench.peers import (
     smoothed_cross_entropy,
     trainable_parameters,
 )
-from reproduce.bench.timing import Result, interleaved, precision_context
-from reproduce.config import Config
-from reproduce.paper.optim import adam_with_schedule
+from reproduce.speed.timing import Result, interleaved, precision_context
 from reproduce.train.lit import TranslationModule
 from reproduce.train.step_time import compile_stats
 

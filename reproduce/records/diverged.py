@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from reproduce.errors import Diverged
-from reproduce.runs.records import same_config
+from reproduce.records.store import same_config
 from reproduce.util.files import move_aside, write_atomic
 
 MARKER = "diverged.json"

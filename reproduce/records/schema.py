@@ -107,7 +107,7 @@ class Commit(TypedDict, total=False):
 
 
 class TrainedBy(TypedDict):
-    """The finished run whose training this run evaluated (``runs.sharing``)."""
+    """The finished run whose training this run evaluated (``records.sharing``)."""
 
     table: str
     run_id: str
@@ -210,7 +210,7 @@ class Record(_Required, total=False):
     command: str
     finished_at: str
     wandb: WandbRun
-    trained_by: TrainedBy  # set when the training is another run's (runs.sharing)
+    trained_by: TrainedBy  # set when the training is another run's (records.sharing)
     evaluated_on: Hardware  # where this run was evaluated, when another trained it
     tuning: dict[str, Any]  # how --tune chose the settings
     set: dict[str, Any]  # --set on the command line, over the spec and scale

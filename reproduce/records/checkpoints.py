@@ -49,7 +49,7 @@ def _step(path: Path) -> int:
 
 def weights_only(path: Path) -> bool:
     """Whether a whole checkpoint holds a Lightning module's weights without the optimizer state
-    a run resumes with (a step file kept only for averaging: ``runs.disk``)."""
+    a run resumes with (a step file kept only for averaging: ``records.disk``)."""
     import torch
 
     saved = torch.load(path, map_location="cpu", mmap=True, weights_only=True)

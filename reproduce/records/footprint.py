@@ -34,7 +34,7 @@ from reproduce.config import Config
 from reproduce.data.corpora import corpus_spec
 from reproduce.data.hub import hub_download, hub_snapshot, local_file
 from reproduce.errors import DataError, NoRoom
-from reproduce.runs import disk
+from reproduce.records import disk
 from reproduce.util import machine
 from reproduce.util.cache_folders import CacheEntry, cache_entries
 

@@ -12,15 +12,15 @@ from typing import Any
 
 import torch
 
-from reproduce.bench.decoding_peers import bench_decoding
-from reproduce.bench.inputs import BIBLE_VOCAB, OTHER, PLANS, Bible, Plan, real_tokens, synthetic_batches
-from reproduce.bench.report import environment, render
-from reproduce.bench.training import bench_training
 from reproduce.config import Config, parse_sets
 from reproduce.errors import ConfigError
 from reproduce.paper.model import Transformer
 from reproduce.paths import runs_dir
-from reproduce.runs.sweep import load_spec
+from reproduce.records.sweep import load_spec
+from reproduce.speed.decoding_peers import bench_decoding
+from reproduce.speed.inputs import BIBLE_VOCAB, OTHER, PLANS, Bible, Plan, real_tokens, synthetic_batches
+from reproduce.speed.report import environment, performance_page
+from reproduce.speed.training import bench_training
 from reproduce.train.lit import TranslationModule
 from reproduce.train.precision import bf16_matmul_not_slower, choose
 from reproduce.util.logs import quiet_libraries
@@ -92,7 +92,7 @@ def run(args: argparse.Namespace, command: str) -> int:
         sections.append(section)
     info["peaks"] = {k: (n, max(rate, matmul_gflops(getattr(torch, k), n, 0.3)))  # again, at the end
                      for k, (n, rate) in peaks.items()}
-    report = render(info, sections, command)
+    report = performance_page(info, sections, command)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(report)

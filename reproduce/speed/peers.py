@@ -1,5 +1,5 @@
 """Our Transformer rebuilt from the parts a user would otherwise pick, for the benchmark
-(``reproduce.bench``) and as independent checks of our model.
+(``reproduce.speed``) and as independent checks of our model.
 
 * ``TorchTransformer``: ``torch.nn.Transformer`` between our embedding (tied with the pre-softmax
   projection, scaled by sqrt(d_model)) and our sinusoidal positions. nn.Transformer adds a final

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from reproduce.runs.records import load_records
-from reproduce.runs.schema import Record, config_of
-from reproduce.runs.sweep import PlannedRun
+from reproduce.records.schema import Record, config_of
+from reproduce.records.store import load_records
+from reproduce.records.sweep import PlannedRun
 
 
 def trained_in(records: Iterable[Record], scale: str, exclude: str | None = None

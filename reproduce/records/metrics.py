@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reproduce.runs.schema import MetricName
+from reproduce.records.schema import MetricName
 
 
 @dataclass(frozen=True)

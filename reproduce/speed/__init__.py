@@ -8,7 +8,7 @@ FLOPs: ``reproduce.paper.flops``, the same count for every contender since they 
 * ``ours``: ``reproduce.paper.model.Transformer`` with the loss of ``lit.py`` (``optim.output_loss``);
 * ``ours, Lightning loop``: the same module driven by a ``Trainer``, as runs train (the loop's own
   cost: hooks, logging, the optimizer call; trainer set-up excluded);
-* ``torch.nn.Transformer`` and ``MarianMT`` (``reproduce.bench.peers``), with
+* ``torch.nn.Transformer`` and ``MarianMT`` (``reproduce.speed.peers``), with
   ``F.cross_entropy(label_smoothing=...)``, the same Adam and schedule, our weights copied in;
 * ``ours, torch.compile`` with ``--compile``: the same loss function compiled (graphs counted);
 
