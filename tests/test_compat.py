@@ -1,6 +1,7 @@
-"""What the code before a change wrote still works after it: its checkpoints resume, its encoded
-cache and tokenizer map. The older code is taken from git history (the commit before the record
-was typed and train/fit.py split by job) and run for real beside this checkout."""
+"""What the code before a change wrote still works after it: its checkpoints resume mid-run, its
+encoded cache and tokenizer map. The older code is taken from git history (the commit before
+launching, stops, metrics and the records package were reorganized) and run for real beside this
+checkout."""
 
 import json
 import subprocess
@@ -13,15 +14,15 @@ import pytest
 from tests.helpers import cli, cli_env
 
 ROOT = Path(__file__).resolve().parents[1]
-BEFORE = "6acbe5e"  # the last commit before train/fit.py was split and records typed
+BEFORE = "5fab401"  # main before launch/, train/stops.py, records/ and runs/metrics.py
 RUN = "table3-base-smoke-seed0"
 
 
 def _checkout(commit: str, into: Path) -> Path:
     """The package and specs of ``commit``, unpacked into ``into`` (importable from there)."""
     try:
-        archive = subprocess.run(["git", "archive", commit, "reproduce", "sweeps"], cwd=ROOT,
-                                 capture_output=True, check=True).stdout
+        archive = subprocess.run(["git", "archive", commit, "reproduce", "sweeps", "pyproject.toml"],
+                                 cwd=ROOT, capture_output=True, check=True).stdout
     except (subprocess.CalledProcessError, FileNotFoundError) as e:
         pytest.skip(f"commit {commit} is not in this clone's history ({e})")
     with tarfile.open(fileobj=BytesIO(archive)) as tar:
@@ -30,18 +31,30 @@ def _checkout(commit: str, into: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_a_checkpoint_and_cache_of_the_code_before_resume_and_map(tmp_path):
+def test_a_checkpoint_and_cache_of_the_code_before_resume_mid_run_and_map(tmp_path):
+    """The old code stopped by SIGTERM at step 13 (its preempted.ckpt: parameters, Adam's state,
+    the schedule, the callbacks' state keys); this checkout resumes it from there, mapping the old
+    encoded cache, and ends where a run of this checkout never stopped ends."""
+    from tests.helpers import inject
+    from tests.test_faults import FAULTS
+
     env = {**cli_env(tmp_path), "REPRODUCE_CACHE": str(tmp_path / "cache"), "WANDB_MODE": "disabled"}
     old = _checkout(BEFORE, tmp_path / "before")
-    cli({**env, "PYTHONPATH": str(old)}, "table3", "--variant", "base", "--scale", "smoke",
-        "--workers", "1")
-    record = tmp_path / "results" / "table3" / f"{RUN}.json"
-    before = json.loads(record.read_text())
-    record.unlink()  # the run is unfinished again: only its old checkpoints remain
-    out = cli(env, "table3", "--variant", "base", "--scale", "smoke", "--workers", "1")
-    after = json.loads(record.read_text())
-    assert after["resumed"] is True, out.stdout + out.stderr
-    assert after["resumed_from"]["step"] == 30
-    assert after["data"]["encoded"] == before["data"]["encoded"]  # the old cache, mapped
-    assert ": encoded " not in out.stderr  # nothing encoded again
-    assert after["metrics"]["dev_ppl"] == before["metrics"]["dev_ppl"]
+    args = ("table3", "--variant", "base", "--scale", "smoke", "--workers", "1")
+    stopped = inject({**env, "PYTHONPATH": str(old)}, tmp_path / "inject", FAULTS)
+    out = cli({**stopped, "REPRODUCE_TEST_FAULT": "sigterm-at-13"}, *args, check=False)
+    assert out.returncode == 1 and "stopped by SIGTERM at step 13 of 30" in out.stderr, out.stderr
+    checkpoint = tmp_path / "runs" / "table3" / RUN / "checkpoints" / "preempted.ckpt"
+    assert checkpoint.exists()
+    out = cli(env, *args)
+    assert f"resuming from {checkpoint}" in out.stdout, out.stdout
+    assert ": encoded " not in out.stdout + out.stderr  # the old cache, mapped
+    after = json.loads((tmp_path / "results" / "table3" / f"{RUN}.json").read_text())
+    assert after["resumed_from"]["step"] == 13
+    here = {**env, "REPRODUCE_RESULTS": str(tmp_path / "here"),
+            "REPRODUCE_RUNS": str(tmp_path / "here" / "runs")}
+    cli(here, *args)
+    never = json.loads((tmp_path / "here" / "table3" / f"{RUN}.json").read_text())
+    assert after["metrics"]["dev_ppl"] == never["metrics"]["dev_ppl"]
+    for kind in ("train_loss", "dev_ppl"):  # the same points ([step, seconds, value]; seconds differ)
+        assert [p[::2] for p in after["curve"][kind]] == [p[::2] for p in never["curve"][kind]]
