@@ -165,14 +165,18 @@ def _wait_for_step(log: Path, at_least: int, after: str = "", timeout: float = 3
 
 
 # injected into the tasks (helpers.inject; sbatch hands them the submitting environment)
+# (at least 0.25 s a step while the file REPRODUCE_TEST_PACE names exists, or always without it)
 PACED = '''
+import os
 import time
 import reproduce.train.lit as lit
 
 _train = lit.TranslationModule.training_step
+_switch = os.environ.get("REPRODUCE_TEST_PACE")
 
 def paced_step(self, batch, batch_idx):
-    time.sleep(0.25)
+    if _switch is None or os.path.exists(_switch):
+        time.sleep(0.25)
     return _train(self, batch, batch_idx)
 
 lit.TranslationModule.training_step = paced_step
@@ -193,9 +197,13 @@ def test_one_run_over_both_nodes_stopped_requeued_and_a_node_lost_ends_as_two_lo
     steps = ("--variant", "base", "--set", "train.train_steps=300")
     folder = tmp_path / "mine" / "runs" / "table3" / "slurm"
     # at least 0.25 s a step, so the run is still training when each fault comes, however fast
-    # the machine (300 steps took 20 s on an idle one); the record is the same
+    # the machine (300 steps took 20 s on an idle one); the record is the same. Once the last
+    # fault has landed the switch is off, and the rest trains at the machine's own pace.
+    pace = tmp_path / "pace"
+    pace.touch()
     paced = {k: v for k, v in inject(slurm_env, tmp_path / "inject", PACED).items()
              if k in ("PYTHONPATH", INJECTED)}
+    paced["REPRODUCE_TEST_PACE"] = str(pace)
     first = _submit(slurm_env, tmp_path, *steps, "--nodes", "2", "--gpus-per-node", "0",
                     WANDB_MODE="offline", **paced)
     assert "table3-base-smoke-seed0: 2 nodes x 1 task(s)" in first
@@ -225,6 +233,7 @@ def test_one_run_over_both_nodes_stopped_requeued_and_a_node_lost_ends_as_two_lo
     _scontrol(slurm_env, "update", "nodename=n2", "state=DOWN", "reason=reproduce test: lost")
     try:
         _wait_for_state(slurm_env, job, "PENDING", timeout=120)  # killed there, and requeued
+        pace.unlink()
     finally:  # (ReturnToService=2 may have taken it back already: then there is nothing to do)
         subprocess.run(["scontrol", "update", "nodename=n2", "state=RESUME"], env=slurm_env,
                        capture_output=True, timeout=30)

@@ -56,57 +56,26 @@ def test_table3_study_persists_and_resumes(tmp_path):
     assert len(optuna.load_study(study_name="table3-A3-smoke-seed0", storage=storage).trials) == 3
 
 
-def test_a_trial_stopped_by_a_signal_is_resumed_by_the_next_trial(tmp_path):
-    """SIGTERM (or SLURM's USR2, which requeues the task) in the middle of a trial: optuna would
-    leave it RUNNING and draw new settings next time, abandoning its checkpoint. It is failed
-    and its settings queued again: the next invocation's trial takes them and resumes their run
-    folder from the step it stopped at."""
-    import optuna
-
-    from tests.test_faults import FAULTS
-
-    env = {**cli_env(tmp_path), "REPRODUCE_CACHE": str(tmp_path / "cache")}
-    args = ("table3", "--variant", "A3", "--scale", "smoke", "--tune", "--trials", "2")
-    stopped = cli({**inject(env, tmp_path / "inject", FAULTS), "REPRODUCE_TEST_FAULT":
-                   "sigterm-at-13"}, *args, check=False)
-    assert stopped.returncode == 1, stopped.stdout + stopped.stderr
-    assert "stopped by SIGTERM at step 13 of 30; saved at that step" in stopped.stderr
-    assert "trial 0 stopped; its settings are queued again" in stopped.stdout
-    storage = f"sqlite:///{tmp_path / 'runs' / 'optuna.db'}"
-    study = optuna.load_study(study_name="table3-A3-smoke-seed0", storage=storage)
-    first, queued = study.trials
-    assert (first.state, queued.state) == (optuna.trial.TrialState.FAIL,
-                                           optuna.trial.TrialState.WAITING)
-    assert queued.user_attrs == {"resumes_trial": 0}  # its params: set once it starts, below
-    folder = tmp_path / "runs" / "table3" / first.user_attrs["run_id"]
-    assert (folder / "checkpoints" / "preempted.ckpt").exists()
-
-    out = cli(env, *args[:-1], "1")
-    assert f"resuming from {folder / 'checkpoints' / 'preempted.ckpt'}" in out.stdout, out.stdout
-    study = optuna.load_study(study_name="table3-A3-smoke-seed0", storage=storage)
-    assert [t.state for t in study.trials] == [optuna.trial.TrialState.FAIL,
-                                               optuna.trial.TrialState.COMPLETE]
-    assert study.best_trial.params == first.params
-    (record,) = [json.loads(p.read_text()) for p in (tmp_path / "results" / "table3").glob("*.json")]
-    assert record["tuning"]["best_params"] == first.params
-
-
-def test_a_trial_killed_outright_is_found_by_its_claim_and_resumed_by_the_next_call(tmp_path):
-    """kill -9 during a trial's step 13 (a node lost): nothing in the process can fail the trial,
-    and the journal file has no heartbeats, so optuna would keep it RUNNING for ever. The next
-    call finds it by its run folder's claim, free since its process died, fails it and queues its
-    settings again; its next trial resumes the folder from its last checkpoint, of step 10."""
+def test_a_trial_killed_outright_or_stopped_by_a_signal_is_resumed_by_the_next_trial(tmp_path):
+    """A trial's process killed outright (kill -9 at step 13, a node lost): nothing in it can
+    fail the trial, and the journal file has no heartbeats, so optuna would keep it RUNNING for
+    ever. The next call finds it by its run folder's claim, free since its process died, fails it
+    and queues its settings again; its next trial resumes the folder from its last checkpoint (of
+    step 10). SIGTERM (or SLURM's USR2) at step 23 of that trial: optuna would leave it RUNNING
+    and draw new settings next time; it is failed and its settings queued again, and the next
+    call's trial resumes them from the step it stopped at. The first trial's settings are the
+    ones finally recorded."""
     import optuna
 
     from tests.test_faults import FAULTS
 
     env = {**cli_env(tmp_path), "REPRODUCE_CACHE": str(tmp_path / "cache"),
            "REPRODUCE_TRIAL_STALE_SECONDS": "0"}
+    faulty = inject(env, tmp_path / "inject", FAULTS)
     journal = tmp_path / "runs" / "optuna.journal"
     args = ("table3", "--variant", "A3", "--scale", "smoke", "--tune", "--storage",
             f"journal:{journal}", "--trials")
-    killed = cli({**inject(env, tmp_path / "inject", FAULTS), "REPRODUCE_TEST_FAULT":
-                  "kill-9-at-13"}, *args, "2", check=False)
+    killed = cli({**faulty, "REPRODUCE_TEST_FAULT": "kill-9-at-13"}, *args, "2", check=False)
     assert killed.returncode == -9, killed.stdout + killed.stderr
 
     def trials() -> list:
@@ -119,14 +88,25 @@ def test_a_trial_killed_outright_is_found_by_its_claim_and_resumed_by_the_next_c
     folder = tmp_path / "runs" / "table3" / first.user_attrs["run_id"]
     assert (folder / "checkpoints" / "step10.ckpt").exists()
 
+    stopped = cli({**faulty, "REPRODUCE_TEST_FAULT": "sigterm-at-23"}, *args, "1", check=False)
+    said = stopped.stdout + stopped.stderr
+    assert stopped.returncode == 1, said
+    assert "trial 0 was left running by a process that is gone" in said
+    assert f"resuming from {folder / 'checkpoints' / 'last.ckpt'}" in said
+    assert "step 20/30" in said and "step 10/30" not in said  # from step 10 on
+    assert "stopped by SIGTERM at step 23 of 30; saved at that step" in said
+    assert "trial 1 stopped; its settings are queued again" in said
+    fail, waiting = optuna.trial.TrialState.FAIL, optuna.trial.TrialState.WAITING
+    assert [t.state for t in trials()] == [fail, fail, waiting]
+    assert trials()[2].user_attrs == {"resumes_trial": 1}  # its params: set once it starts
+
     out = cli(env, *args, "1")
-    assert "trial 0 was left running by a process that is gone" in out.stdout, out.stdout
-    assert f"resuming from {folder / 'checkpoints' / 'last.ckpt'}" in out.stdout, out.stdout
-    assert "step 20/30" in out.stdout and "step 10/30" not in out.stdout  # from step 10 on
+    assert f"resuming from {folder / 'checkpoints' / 'preempted.ckpt'}" in out.stdout, out.stdout
     after = trials()
-    assert [t.state for t in after] == [optuna.trial.TrialState.FAIL,
-                                        optuna.trial.TrialState.COMPLETE]
-    assert after[1].params == first.params and after[1].user_attrs["resumes_trial"] == 0
+    assert [t.state for t in after] == [fail, fail, optuna.trial.TrialState.COMPLETE]
+    assert after[1].params == after[2].params == first.params
+    (record,) = [json.loads(p.read_text()) for p in (tmp_path / "results" / "table3").glob("*.json")]
+    assert record["tuning"]["best_params"] == first.params
 
 
 def test_a_running_trial_whose_folder_is_claimed_is_left_alone(tmp_path, monkeypatch):
