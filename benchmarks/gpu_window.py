@@ -22,7 +22,7 @@ each stage's seconds and outcome; rewritten after each), ``window.log`` (every s
 ``paper-run.md``, ``paper-run.json`` (the run's record) and ``tokenizer.tar.gz`` (its BPE model,
 which a CPU ``verify`` of the run needs: unpack it into the cache). Exits 1 only when nothing was
 measured. On a CPU the same command rehearses it (``--scale smoke``: a tiny model;
-``tests/test_gpu_window.py``). The checklist: docs/developing.md.
+``tests/speed/test_gpu_window.py``). The checklist: docs/developing.md.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The training losses of Table 3's base at the ``smoke`` scale, step by step, as Lightning trains
 it (fp32, dropout on, the run's own batches and dropout seeding): the values the eager path
-and the fast path (``train.compile``) are held to (``tests/test_fast_step.py``).
+and the fast path (``train.compile``) are held to (``tests/train/test_fast_step.py``).
 
 ``tests/golden/losses.json`` was written by ``python -m tests.golden`` at commit 5fab401 (main
 before the fast path existed), with one torch thread, on the machine its ``hardware`` names."""

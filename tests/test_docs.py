@@ -1,5 +1,5 @@
 """The pages agree with the records: every rendered table is what its generator makes of results/
-now (README's results block: tests/test_results.py), and every relative link in README.md and
+now (README's results block: tests/tables/test_results.py), and every relative link in README.md and
 docs/ leads somewhere."""
 
 import re

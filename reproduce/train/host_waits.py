@@ -5,7 +5,7 @@ value read as a Python number, a boolean mask's selection, whose size the host m
 allocate) makes it wait until every queued kernel has run, and the GPU then idles while the host
 queues the next. ``HostWaits`` counts such ops as they are dispatched, with the step and the line
 of our code or Lightning's that asked: on a CPU, where nothing waits, the same code asks the same
-questions, so a test can count them (``tests/test_fast_step.py``); on a GPU
+questions, so a test can count them (``tests/train/test_fast_step.py``); on a GPU
 ``torch.cuda.set_sync_debug_mode`` reports the real waits. What it cannot see on a CPU: a Python
 number copied to the device (``torch.tensor(x, device=...)``, which a GPU's host may wait on),
 ``.to("cpu")`` and ``copy_`` to the host (no op where the tensor is already there), and waits

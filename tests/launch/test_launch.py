@@ -1,5 +1,5 @@
 """Cluster runs without a cluster: the SLURM submission plan, its options and arrays, the job
-definitions and the requeue guard. Against a real SLURM: ``tests/test_slurm_cluster.py``."""
+definitions and the requeue guard. Against a real SLURM: ``tests/end_to_end/test_slurm_cluster.py``."""
 
 import os
 import re
@@ -250,7 +250,7 @@ def test_cluster_options_without_the_slurm_launcher_are_refused(capsys, tmp_path
 
 
 def test_the_docs_table_of_defaults_is_the_launcher_s():
-    page = (Path(__file__).resolve().parents[1] / "docs" / "cluster.md").read_text()
+    page = (Path(__file__).resolve().parents[2] / "docs" / "cluster.md").read_text()
     for scale, res in slurm.RESOURCES.items():
         row = (f"| `{scale}` | {res['gpus_per_node']} | {res['cpus_per_task']} | {res['mem']} | "
                f"{res['timeout_min']} |")

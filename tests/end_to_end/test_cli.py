@@ -1,5 +1,5 @@
 """The real CLI, end to end: bad specs and corpora, W&B's modes, README's test command. The rows
-of Table 3 trained, skipped, rendered and resumed are in ``tests/test_first_steps.py``, on the row
+of Table 3 trained, skipped, rendered and resumed are in ``tests/end_to_end/test_first_steps.py``, on the row
 docs/first-steps.md trains."""
 
 import json
@@ -32,7 +32,7 @@ def test_missing_corpus_fails_cleanly(tmp_path):
 
 
 def test_repo_readme_and_ci_run_the_same_test_command():
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     ci = (root / ".ci" / "run").read_text().strip().splitlines()[-1]
     assert ci in (root / "README.md").read_text()
 

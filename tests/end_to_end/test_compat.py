@@ -13,7 +13,7 @@ import pytest
 
 from tests.helpers import cli, cli_env
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BEFORE = "5fab401"  # main before launch/, train/stops.py, records/ and runs/metrics.py
 RUN = "table3-base-smoke-seed0"
 
@@ -35,8 +35,8 @@ def test_a_checkpoint_and_cache_of_the_code_before_resume_mid_run_and_map(tmp_pa
     """The old code stopped by SIGTERM at step 13 (its preempted.ckpt: parameters, Adam's state,
     the schedule, the callbacks' state keys); this checkout resumes it from there, mapping the old
     encoded cache, and ends where a run of this checkout never stopped ends."""
+    from tests.end_to_end.test_faults import FAULTS
     from tests.helpers import inject
-    from tests.test_faults import FAULTS
 
     env = {**cli_env(tmp_path), "REPRODUCE_CACHE": str(tmp_path / "cache"), "WANDB_MODE": "disabled"}
     old = _checkout(BEFORE, tmp_path / "before")

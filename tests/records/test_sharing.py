@@ -9,8 +9,7 @@ import torch
 
 from reproduce.records.sharing import same_training
 from reproduce.records.sweep import load_spec
-
-from .helpers import cli, cli_env
+from tests.helpers import cli, cli_env
 
 
 def test_same_training_ignores_only_what_acts_after_training():

@@ -2,7 +2,7 @@
 
 The paper's batch kept by accumulation (2 ranks x 1 = 1 rank x 2 accumulated, to float
 tolerance), resume across device counts, averaging and Table 4 after DDP training, and bad device
-options. One run on two ranks, and how it stops and resumes: `tests/test_rank_faults.py`."""
+options. One run on two ranks, and how it stops and resumes: `tests/end_to_end/test_rank_faults.py`."""
 
 import json
 import subprocess
@@ -150,11 +150,11 @@ def test_the_gpu_check_says_there_is_no_gpu_and_checks_the_code_path_on_the_cpu(
 
 
 def test_table4_decodes_constrained_after_ddp_training(tmp_path):
-    from tests.test_table4 import TEST, write_wsj
+    from tests.tables.test_table4 import TEST, write_wsj
 
     wsj = write_wsj(tmp_path / "wsj")
     spec = tmp_path / "table4.yaml"  # the shipped spec, constrained at smoke as at `cpu`
-    text = (Path(__file__).resolve().parent.parent / "sweeps" / "table4.yaml").read_text()
+    text = (Path(__file__).resolve().parents[2] / "sweeps" / "table4.yaml").read_text()
     spec.write_text(text.replace("beam: 2, max_len_offset: 100}",
                                  "beam: 2, max_len_offset: 100, constrained: true}", 1))
     cli(_env(tmp_path), "table4", "--spec", str(spec), "--scale", "smoke", "--treebank", str(wsj),

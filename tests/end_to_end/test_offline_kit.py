@@ -14,7 +14,7 @@ import pytest
 from reproduce.data.bible import extract_bible_db
 
 pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("git", [False, True], ids=["no-git", "lagging-git"])

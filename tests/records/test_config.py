@@ -9,8 +9,7 @@ from reproduce.config import BASE, BIG, PARSING, Config, ModelConfig, apply_over
 from reproduce.errors import ConfigError, SpecError
 from reproduce.records.sweep import load_spec, shipped_specs
 from tests.helpers import cli
-
-from .test_model import independent_count
+from tests.paper.test_model import independent_count
 
 
 @pytest.mark.parametrize("overrides, message", [

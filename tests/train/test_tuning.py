@@ -67,7 +67,7 @@ def test_a_trial_killed_outright_or_stopped_by_a_signal_is_resumed_by_the_next_t
     ones finally recorded."""
     import optuna
 
-    from tests.test_faults import FAULTS
+    from tests.end_to_end.test_faults import FAULTS
 
     env = {**cli_env(tmp_path), "REPRODUCE_CACHE": str(tmp_path / "cache"),
            "REPRODUCE_TRIAL_STALE_SECONDS": "0"}

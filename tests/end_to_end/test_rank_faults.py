@@ -2,7 +2,7 @@
 stops and resumes: one record, one W&B run, one table; a killed rank; SIGTERM and kill -9 of the
 process that started the ranks; Ctrl-C. Every interrupted run's record must equal that of the
 same run never interrupted (``two_ranks``). Two SLURM nodes, USR2 and the requeue run on a real
-SLURM: ``tests/test_slurm_cluster.py``."""
+SLURM: ``tests/end_to_end/test_slurm_cluster.py``."""
 
 import json
 import os

@@ -96,7 +96,7 @@ def test_own_results_and_set_values_stay_apart_from_the_projects(tmp_path):
     assert "python -m reproduce verify" in again.stdout
 
 
-# attention_dropout.yaml runs in tests/test_first_steps.py, as docs/first-steps.md uses it
+# attention_dropout.yaml runs in tests/end_to_end/test_first_steps.py, as docs/first-steps.md uses it
 @pytest.mark.parametrize("spec, table, variants", [
     ("local_corpus", "local-tiny", ["N2", "N8", "base"]),
 ])

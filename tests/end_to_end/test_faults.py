@@ -301,7 +301,7 @@ def test_kept_outputs_give_the_recorded_bleu_through_sacrebleus_command_line(tmp
     assert set(record["hardware"]) >= {"cpu", "cpu_flags", "gpus"}
     assert isinstance(record["hardware"]["cpu_flags"], list)
     assert not Path(record["wandb"]["dir"]).is_absolute() or \
-        not Path(record["wandb"]["dir"]).is_relative_to(Path(__file__).parent.parent)
+        not Path(record["wandb"]["dir"]).is_relative_to(Path(__file__).parents[2])
 
 
 def test_verify_reruns_a_record_in_scratch_and_finds_the_same_numbers(tmp_path, clean):

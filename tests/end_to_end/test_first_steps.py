@@ -13,7 +13,7 @@ import pytest
 
 from tests.helpers import WANDB_OFFLINE, cli
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "first-steps.md"
 pytestmark = pytest.mark.slow
 

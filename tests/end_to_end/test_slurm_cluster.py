@@ -18,7 +18,7 @@ import pytest
 from reproduce.tables.common import layouts
 from tests.helpers import INJECTED, cli, inject
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONF = Path(os.environ.get("REPRODUCE_SLURM_DIR", "/tmp/reproduce-slurm")) / "slurm.conf"
 pytestmark = pytest.mark.slow  # the module-scoped cluster keeps them on one worker: one at a time
 
@@ -356,7 +356,7 @@ def _recipe() -> list[str]:
 
 
 def _check_download(argv: list[str], hf_home: Path) -> None:
-    """An ``hf download`` line of the recipe against the Hub's layout (tests/test_hub_snapshot.py's
+    """An ``hf download`` line of the recipe against the Hub's layout (tests/data/test_hub_snapshot.py's
     fixture): the repository and pair a corpus reads, into HF_HOME's hub cache, where a run then
     finds it by the corpus's name, offline."""
     import fnmatch
@@ -366,7 +366,7 @@ def _check_download(argv: list[str], hf_home: Path) -> None:
     from reproduce.data import hub
     from reproduce.data.corpora import corpus_spec
     from reproduce.data.source import CorpusSource
-    from tests.test_hub_snapshot import REVISION, write_snapshot
+    from tests.data.test_hub_snapshot import REVISION, write_snapshot
 
     assert argv[:2] == ["hf", "download"] and "--local-dir" not in argv, argv
     assert argv[argv.index("--repo-type") + 1] == "dataset", argv

@@ -350,7 +350,7 @@ def test_sample_pairs_have_the_documented_sizes():
 
 def test_constrained_decoding_re_evaluates_without_retraining_and_keeps_the_free_f1(cli, caplog):
     root, run = cli
-    text = (Path(__file__).parent.parent / "sweeps" / "table4.yaml").read_text()
+    text = (Path(__file__).parents[2] / "sweeps" / "table4.yaml").read_text()
     smoke = "          val_every_steps: 10, ckpt_every_steps: 10, beam: 2, max_len_offset: 100}"
     assert smoke in text
     spec = root / "constrained.yaml"
