@@ -3,6 +3,7 @@ now (README's results block: tests/tables/test_results.py), and every relative l
 docs/ leads somewhere."""
 
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -121,3 +122,36 @@ def test_the_pages_a_user_reads_stay_short():
     user_pages = [p for p in PAGES if p.name != "developing.md"]
     words = sum(len(p.read_text().split()) for p in user_pages)
     assert words <= 20_000, f"{words} words in README.md and docs/ less developing.md"
+
+
+def test_the_one_gpu_page_works_as_written(tmp_path, monkeypatch, capsys):
+    """docs/one-gpu.md as a user with one GPU follows it, on this CPU: its download line is the
+    one a run then finds by the corpus's name (the Hub-layout fixture, as the cluster recipe's
+    test checks), its commands parse (``test_every_command_in_the_docs_parses``), and its table
+    of costs is what ``table2 --scale paper --dry-run --on <GPU>`` prices now from the GPU
+    measured in results/: a new measurement changes the prices, and this test, until the page
+    follows."""
+    from reproduce.__main__ import main
+    from tests.end_to_end.test_slurm_cluster import _check_download
+
+    page = (ROOT / "docs" / "one-gpu.md").read_text()
+    downloads = [shlex.split(line.split("#")[0]) for line in page.splitlines()
+                 if line.startswith(".venv/bin/hf download")]
+    assert len(downloads) == 1
+    _check_download(["hf", *downloads[0][1:]], tmp_path / "hf")
+    monkeypatch.setenv("REPRODUCE_RESULTS", str(tmp_path / "results"))
+    monkeypatch.setenv("REPRODUCE_RUNS", str(tmp_path / "runs"))
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    rows = re.findall(r"^\| (\S+)[^|]* \| ([\d.]+) h \| ([\d.]+) h \| ([\d.]+) h \| ([\d.]+) h \|$",
+                      page, flags=re.MULTILINE)
+    assert [gpu for gpu, *_ in rows] == ["H200", "H100", "A100"], rows
+    for gpu, *cells in rows:
+        assert main(["table2", "--variant", "base-en-de", "--variant", "big-en-de", "--scale",
+                     "paper", "--dry-run", "--on", gpu]) == 0
+        said = capsys.readouterr().out
+        priced = []
+        for variant in ("base-en-de", "big-en-de"):
+            plan = said.split(f"table2-{variant}-paper-seed0: ", 2)[-1]
+            priced += [re.search(r"-> ([\d.]+) h", plan).group(1),
+                       re.search(r"the command ([\d.]+) h", plan).group(1)]
+        assert priced == cells, f"--on {gpu}: the dry run prices {priced}, the page says {cells}"
