@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from reproduce.records.checkpoints import STEP_NAME
+from reproduce.records.metrics import TEST_BLEU_TOKENIZED
 from reproduce.records.schema import Record
 from reproduce.records.sweep import Spec
 from reproduce.tables.common import (
@@ -51,7 +52,8 @@ def render_table2(spec: Spec, records: list[Record]) -> str:
                     cells[r["variant"].split("-", 1)[1].replace("-", "_")].append(r)
             if not cells:
                 continue
-            bleu = [mean_std([c["metrics"]["test_bleu_tokenized"] for c in cells[lang]], 2)
+            bleu = [mean_std([c["metrics"][TEST_BLEU_TOKENIZED.key] for c in cells[lang]],
+                             TEST_BLEU_TOKENIZED.digits)
                     for lang in LANGS]
             cost = [sci(f) if (f := mean_paper_flops(cells[lang])) is not None else ""
                     for lang in LANGS]

@@ -98,7 +98,7 @@ def _scale_table(spec: Spec, scale: str, records: list[Record]) -> list[str]:
     details = ["| | seeds | BLEU (test) ours | params ×10⁶ paper / ours | our d_model, d_ff, h, "
                "d_k, d_v | training hours (each; on a CPU unless named) |", "|---|---|---|---|---|---|"]
     groups = [("base", ["base"])] + list(spec.rows_at(scale).items())
-    tally: dict[str, Counter[str]] = {"PPL": Counter(), "BLEU": Counter()}
+    tally: dict[str, Counter[str]] = {m.short: Counter() for m in COMPARED}
     for row, names in groups:
         for i, name in enumerate(n for n in names if n in spec.variants):
             paper, ours = spec.variants[name].paper, runs.get(name, [])
@@ -110,8 +110,8 @@ def _scale_table(spec: Spec, scale: str, records: list[Record]) -> list[str]:
                 tally[v.metric][v.verdict] += name != "base" and not apart
             delta = ["" if name == "base" else f"{v.paper_cell or '–'} / {v.ours_cell or '–'}"
                      for v in verdicts]
-            cells = [label, configuration(spec, name), fmt(paper.get("ppl"), 2),
-                     mean_std(metric[0], DEV_PPL.digits), delta[0], fmt(paper.get("bleu")),
+            cells = [label, configuration(spec, name), fmt(paper.get(DEV_PPL.paper_key or ""), 2),
+                     mean_std(metric[0], DEV_PPL.digits), delta[0], fmt(paper.get(DEV_BLEU.paper_key or "")),
                      mean_std(metric[1], DEV_BLEU.digits), delta[1],
                      "" if name == "base" else apart or "; ".join(v.verdict for v in verdicts)]
             out.append("| " + " | ".join(cells) + " |")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from reproduce.data import missing_input
+from reproduce.records.metrics import TEST_F1
 from reproduce.records.schema import Record, config_of
 from reproduce.records.sweep import Spec
 from reproduce.tables.common import cost_line, fmt, hardware_line, mean_std, scale_note
@@ -48,7 +49,7 @@ def render_table4(spec: Spec, records: list[Record]) -> str:
                          + " |")
         for variant in variants:
             for (scale, kind, settings), recs in ours.get(variant, {}).items():
-                f1 = mean_std([r["metrics"]["test_f1"] for r in recs], 1)
+                f1 = mean_std([r["metrics"][TEST_F1.key] for r in recs], TEST_F1.digits)
                 where = "the sample's test files" if kind == "nltk-sample" else "section 23"
                 lines.append(f"| {row['parser']}, ours, scale `{scale}`, "
                              f"{TREEBANKS.get(kind, kind)}, {settings} | {row['training']} | "
