@@ -185,13 +185,19 @@ def requeue_trial(study, trial) -> None:
             study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
         elif state != TrialState.FAIL:  # FAIL: optuna's, for a KeyboardInterrupt; else ended
             return
-        study.enqueue_trial(trial.params, user_attrs={"resumes_trial": trial.number})
+        _queue_again(study, trial)
     except Exception as e:  # noqa: BLE001 - the storage's error must not hide the stop
         log.warning("%s: trial %d stopped, and could not be queued again (%s)", study.study_name,
                     trial.number, one_line(e))
         return
     log.warning("%s: trial %d stopped; its settings are queued again in the study, and its next "
                 "trial resumes them from their checkpoint", study.study_name, trial.number)
+
+
+def _queue_again(study, trial) -> None:
+    """``trial``'s settings queued in ``study`` for its next trial, which resumes their run folder
+    (the settings name it) from its checkpoint; ``resumes_trial`` says whose they were."""
+    study.enqueue_trial(trial.params, user_attrs={"resumes_trial": trial.number})
 
 
 # A RUNNING trial started this long ago whose run folder no live process claims has died with its
@@ -221,7 +227,7 @@ def requeue_dead_trials(study, table: str) -> None:
             continue  # its process is alive, training
         study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
         if trial.params:
-            study.enqueue_trial(trial.params, user_attrs={"resumes_trial": trial.number})
+            _queue_again(study, trial)
         log.warning("%s: trial %d was left running by a process that is gone (no claim on %s); "
                     "failed%s", study.study_name, trial.number, run_id or "its run folder",
                     ", and its settings queued again: the next trial resumes them from their "
