@@ -102,6 +102,10 @@ class TrainConfig:
     # gradient accumulation (0: one pass per step per device).
     device_batch_tokens: int = 0
     max_tokens_per_sentence: int = 256  # longer pairs are dropped and counted (OOM pitfall)
+    # Training batches in at most this many shapes an epoch, fitted to the corpus's lengths
+    # (reproduce.data.batching.Shapes: a compiled graph and a cuDNN attention graph each);
+    # 0: each batch as wide as its longest pair (more shapes, less padding).
+    batch_shapes: int = 0
     precision: str = "32-true"  # the paper trained in fp32; scales may choose "auto"
     # Checkpoints for averaging (Table 2): one every `ckpt_every_minutes` (the paper: 10) or, at
     # small scales, every `ckpt_every_steps`; the last `average_last` are averaged (1: none).
@@ -139,7 +143,7 @@ class TrainConfig:
             value = getattr(self, name)
             _check(value > 0, f"train.{name} = {value}: must be a positive integer")
         for name in ("device_batch_tokens", "ckpt_every_steps", "val_every_steps", "seed",
-                     "ckpt_every_minutes"):
+                     "ckpt_every_minutes", "batch_shapes"):
             value = getattr(self, name)
             _check(value >= 0, f"train.{name} = {value}: must be >= 0")
         _check(self.lr_scale > 0, f"train.lr_scale = {self.lr_scale}: must be > 0")

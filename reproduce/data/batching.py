@@ -51,8 +51,7 @@ def batch_by_tokens(
     """
     if batch_tokens < 1:
         raise ValueError(f"batch_tokens must be positive, got {batch_tokens}")
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+    _check_rank(rank, world_size)
     sizes = np.asarray(lengths, dtype=np.int64).reshape(-1, 2)
     if len(sizes) == 0:
         return []
@@ -65,8 +64,146 @@ def batch_by_tokens(
     batches = [order[start:end].tolist() for start, end in itertools.pairwise(bounds)]
     if shuffle:
         batches = [batches[i] for i in rng.permutation(len(batches))]
+    return _deal(batches, rank, world_size)
+
+
+class ShapedBatch(list[int]):
+    """A batch's example indices and the (source, target) widths its tensors are padded to: a
+    shape of a fixed set (``Shapes``), whatever the batch's own longest pairs."""
+
+    def __init__(self, indices: Sequence[int], widths: tuple[int, int]):
+        super().__init__(indices)
+        self.widths = widths
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """A fixed set of batch shapes an epoch's batches all take (``train.batch_shapes``): a batch
+    of shape ``b`` holds ``rows[b]`` pairs whose key (``key``) is at most ``keys[b]``, padded to
+    ``src[b]`` x ``tgt[b]``. Fitted once to a corpus's lengths, so every epoch and every rank
+    takes the same few shapes (a compiled graph or a CUDA graph each, and one graph of cuDNN's
+    attention each) instead of a new one almost every step as exact widths make."""
+
+    keys: np.ndarray  # (n,) ascending
+    src: np.ndarray  # (n,) the longest source among pairs of key <= keys[b]
+    tgt: np.ndarray  # (n,) likewise the longest target
+    rows: np.ndarray  # (n,) batch_tokens // the wider side, at least 1
+    ratio: float  # the corpus's target tokens over its source tokens
+
+    @classmethod
+    def fit(cls, lengths: Sequence[tuple[int, int]] | np.ndarray, count: int,
+            batch_tokens: int) -> Shapes:
+        """At most ``count`` shapes for pairs of (source, target) ``lengths``: the keys that pad
+        the pairs least, each pair's key rounded up to its shape's."""
+        if count < 1 or batch_tokens < 1:
+            raise ValueError(f"count and batch_tokens must be positive, got {count} and "
+                             f"{batch_tokens}")
+        sizes = np.asarray(lengths, dtype=np.int64).reshape(-1, 2)
+        if len(sizes) == 0:
+            raise ValueError("no lengths to fit shapes to")
+        ratio = float(sizes[:, 1].sum() / sizes[:, 0].sum())
+        key = cls.key(sizes, ratio)
+        keys = _least_padding_widths(key, count)
+        fits = key[:, None] <= keys[None, :]  # (pairs, shapes)
+        src = np.where(fits, sizes[:, :1], 0).max(axis=0)
+        tgt = np.where(fits, sizes[:, 1:], 0).max(axis=0)
+        return cls(keys, src, tgt, np.maximum(1, batch_tokens // np.maximum(src, tgt)), ratio)
+
+    @staticmethod
+    def key(sizes: np.ndarray, ratio: float) -> np.ndarray:
+        """A pair's key: its source length or its target length over the corpus's target-to-
+        source ratio, whichever is larger. Shapes then follow the corpus's two sides (a target
+        side shorter than its source, as German's at 37000 pieces, is padded as much as the
+        source side, not to the source's width)."""
+        return np.maximum(sizes[:, 0], np.ceil(sizes[:, 1] / ratio - 1e-9).astype(np.int64))
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+def _least_padding_widths(cost: np.ndarray, count: int) -> np.ndarray:
+    """At most ``count`` widths, the largest ``cost.max()``, that pad least when each cost is
+    rounded up to the next width: a dynamic programme over the distinct costs (O(count x
+    distinct costs^2), a few milliseconds at 256 tokens a pair)."""
+    values, counts = np.unique(cost, return_counts=True)
+    if len(values) <= count:
+        return values
+    m = len(values)
+    below = np.concatenate([[0], np.cumsum(counts)])  # below[j]: pairs of the first j values
+    mass = np.concatenate([[0], np.cumsum(counts * values)])
+    # gap[i, j]: the padding of the pairs of values (i, j] rounded up to values[j]
+    gap = (values[None, :] * (below[None, 1:] - below[1:, None])
+           - (mass[None, 1:] - mass[1:, None]))
+    earlier = np.arange(m)[:, None] < np.arange(m)[None, :]
+    best = values * below[1:] - mass[1:]  # one width, values[j], over values[:j + 1]
+    came = []  # per added width: the width before j where adding one paid, else -1
+    for _ in range(count - 1):
+        total = np.where(earlier, best[:, None] + gap, np.iinfo(np.int64).max)
+        step = total.min(axis=0)
+        came.append(np.where(step < best, total.argmin(axis=0), -1))
+        best = np.minimum(best, step)
+    widths, j = [m - 1], m - 1
+    for back in reversed(came):
+        if back[j] >= 0:
+            j = int(back[j])
+            widths.append(j)
+    return values[sorted(widths)]
+
+
+def batch_by_shapes(
+    lengths: Sequence[tuple[int, int]] | np.ndarray,
+    shapes: Shapes,
+    shuffle: bool,
+    seed: int,
+    rank: int = 0,
+    world_size: int = 1,
+) -> list[list[int]]:
+    """``batch_by_tokens``'s batches in ``shapes`` only. Pairs sorted by their key
+    (``Shapes.key``) fill batches of the first shape it fits, ``shapes.rows`` pairs each; the
+    pairs one shape leaves over join the next one's (they fit it), and the last batch, if short,
+    is filled up with the epoch's first pairs (fewer than its rows seen twice). Each batch is a
+    ``ShapedBatch``, its tensors as wide as its shape. Shuffling and dealing to ranks are
+    ``batch_by_tokens``'s."""
+    _check_rank(rank, world_size)
+    sizes = np.asarray(lengths, dtype=np.int64).reshape(-1, 2)
+    if len(sizes) == 0:
+        return []
+    key = Shapes.key(sizes, shapes.ratio)
+    if key.max() > shapes.keys[-1]:
+        worst = int(key.argmax())
+        raise ValueError(f"a pair of {sizes[worst].tolist()} tokens fits none of the shapes "
+                         f"(the widest: {int(shapes.src[-1])} x {int(shapes.tgt[-1])})")
+    rng = np.random.default_rng(seed)
+    tiebreak = rng.permutation(len(sizes)) if shuffle else np.arange(len(sizes))
+    order = np.lexsort((tiebreak, sizes[:, 0], key))
+    ends = np.searchsorted(key[order], shapes.keys, side="right")  # past each shape's pairs
+    batches: list[list[int]] = []
+    start, rows, widths = 0, 1, (0, 0)
+    for b, end in enumerate(ends):
+        rows, widths = int(shapes.rows[b]), (int(shapes.src[b]), int(shapes.tgt[b]))
+        while end - start >= rows:
+            batches.append(ShapedBatch(order[start:start + rows].tolist(), widths))
+            start += rows
+    if start < len(order):  # the widest shape's last batch, filled up
+        left = order[start:]
+        filled = np.concatenate([left, np.resize(order, rows - len(left))])
+        batches.append(ShapedBatch(filled.tolist(), widths))
+    if shuffle:
+        batches = [batches[i] for i in rng.permutation(len(batches))]
+    return _deal(batches, rank, world_size)
+
+
+def _check_rank(rank: int, world_size: int) -> None:
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+
+
+def _deal(batches: list[list[int]], rank: int, world_size: int) -> list[list[int]]:
+    """This rank's share of an epoch's batches, dealt round-robin, the last round filled up with
+    the epoch's first batches."""
     if world_size > 1:
-        batches += [batches[i % len(batches)] for i in range(-len(batches) % world_size)]
+        batches = batches + [batches[i % len(batches)]
+                             for i in range(-len(batches) % world_size)]
         batches = batches[rank::world_size]
     return batches
 
@@ -139,10 +276,10 @@ class Packed:
         return torch.from_numpy(out)
 
 
-def source_tensor(src: Packed, index: np.ndarray, eos: int) -> torch.Tensor:
-    """Padded source sequences: pieces + EOS."""
+def source_tensor(src: Packed, index: np.ndarray, eos: int, width: int = 0) -> torch.Tensor:
+    """Padded source sequences: pieces + EOS, ``width`` wide (0: as the longest)."""
     lengths = src.lengths[index]
-    out = src.rows(index, int(lengths.max()) + 1, offset=0)
+    out = src.rows(index, width or int(lengths.max()) + 1, offset=0)
     out[torch.arange(len(index)), torch.from_numpy(lengths)] = eos
     return out
 
@@ -173,17 +310,19 @@ class Encoded:
         return Encoded(self.src.subset(index), self.tgt.subset(index))
 
     def batch(self, indices: Sequence[int], bos: int, eos: int) -> dict[str, torch.Tensor]:
-        """Padded ``src`` (pieces + EOS), ``tgt_in`` (BOS + pieces), ``tgt_out`` (pieces + EOS)."""
+        """Padded ``src`` (pieces + EOS), ``tgt_in`` (BOS + pieces), ``tgt_out`` (pieces + EOS):
+        as wide as the longest, or a ``ShapedBatch``'s widths."""
         index = np.asarray(indices, dtype=np.int64)
         rows = torch.arange(len(index))
         tgt_lengths = self.tgt.lengths[index]
-        width = int(tgt_lengths.max()) + 1
+        src_width, width = getattr(indices, "widths", (0, int(tgt_lengths.max()) + 1))
         tgt_in = self.tgt.rows(index, width, offset=1)
         tgt_in[:, 0] = bos
         tgt_out = torch.zeros_like(tgt_in)  # the same pieces one column left: read once
         tgt_out[:, :-1] = tgt_in[:, 1:]
         tgt_out[rows, torch.from_numpy(tgt_lengths)] = eos
-        return {"src": source_tensor(self.src, index, eos), "tgt_in": tgt_in, "tgt_out": tgt_out}
+        return {"src": source_tensor(self.src, index, eos, src_width), "tgt_in": tgt_in,
+                "tgt_out": tgt_out}
 
 
 class BatchStream(IterableDataset):
@@ -289,12 +428,12 @@ def shape_census(batches: Sequence[Sequence[int]], lengths: np.ndarray) -> dict[
     (source, target) ``lengths`` (``Encoded.lengths``): how many batches, how many distinct batch
     shapes (rows, source width, target width) they take (each a compile or a CUDA graph of its
     own, and a graph cuDNN's attention builds), and the share of the tensors' positions, both
-    sides, that are padding."""
+    sides, that are padding. A ``ShapedBatch`` counts at its shape's widths."""
     sizes = np.asarray(lengths, dtype=np.int64).reshape(-1, 2)
     shapes, computed, real = set(), 0, 0
     for batch in batches:
         rows = sizes[np.asarray(batch, dtype=np.int64)]
-        width = rows.max(axis=0)
+        width = np.asarray(getattr(batch, "widths", rows.max(axis=0)))
         shapes.add((len(batch), int(width[0]), int(width[1])))
         computed += len(batch) * int(width.sum())
         real += int(rows.sum())

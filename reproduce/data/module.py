@@ -20,7 +20,10 @@ from reproduce.data.batching import (
     Encoded,
     Packed,
     ResumableLoader,
+    Shapes,
+    batch_by_shapes,
     batch_by_tokens,
+    shape_census,
     source_tensor,
 )
 from reproduce.data.corpora import corpus_spec
@@ -83,6 +86,7 @@ class TranslationData(pl.LightningDataModule):
         self._dev: Encoded | None = None
         self._corpus: EncodedCorpus | None = None
         self._batch_counts: dict[tuple[int, bool, int, int, int], int] = {}
+        self._fitted: dict[tuple[int, int], Shapes] = {}
 
     def setup(self, stage: str | None = None) -> None:
         """Map (or encode) the splits; later calls (one per Lightning stage) do nothing."""
@@ -213,12 +217,30 @@ class TranslationData(pl.LightningDataModule):
         one (``PAD_BATCH``, skipped by ``validation_step``) so all run the same number of steps."""
         rank, world_size = self._rank()
         seed = int(np.random.SeedSequence([self.seed, epoch]).generate_state(1)[0])
+        if shuffle and self.train_config.batch_shapes:
+            return batch_by_shapes(data.lengths, self._shapes(data), shuffle, seed, rank,
+                                   world_size)
         if shuffle or world_size == 1:
             return batch_by_tokens(data.lengths, self.micro_batch_tokens, shuffle, seed, rank,
                                    world_size)
         every = batch_by_tokens(data.lengths, self.micro_batch_tokens, False, seed)
         mine = every[rank::world_size]
         return mine + [[]] * (-(-len(every) // world_size) - len(mine))
+
+    def _shapes(self, data: Encoded) -> Shapes:
+        """The ``train.batch_shapes`` shapes training batches take, fitted once to ``data``."""
+        key = (id(data), self.micro_batch_tokens)
+        if key not in self._fitted:
+            self._fitted[key] = Shapes.fit(data.lengths, self.train_config.batch_shapes,
+                                           self.micro_batch_tokens)
+        return self._fitted[key]
+
+    def batch_shape_census(self) -> dict[str, float]:
+        """An epoch's training batches on this rank: how many, in how many distinct shapes, and
+        the share of their tensors' positions (both sides) that are padding
+        (``reproduce.data.batching.shape_census``)."""
+        train = self._ready(self._train)
+        return shape_census(self._plan(train, True, epoch=0), train.lengths)
 
     def _count(self, data: Encoded, shuffle: bool) -> int:
         # The count depends only on the sorted lengths, not on the epoch's shuffle: memoise it.

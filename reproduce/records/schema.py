@@ -82,6 +82,8 @@ class Batch(TypedDict, total=False):
     measured_tgt_tokens_per_step: int  # real target tokens (not padding) a step, over devices
     padded_tgt_tokens_per_step: int  # as the batches' tensors held them, padding included
     tgt_padding_share: float  # 1 - real / padded
+    shapes_per_epoch: int  # distinct batch shapes of an epoch's training batches, this rank's
+    padding_share: float  # their padding share, both sides (data.batching.shape_census)
 
 
 class Cost(TypedDict, total=False):

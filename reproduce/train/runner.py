@@ -224,7 +224,7 @@ def run_here(run: PlannedRun, split: str, command: str, work: Path,
         "metrics": metrics, **_task_entries(scores), "paper": run.paper,
         "data": _data_summary(c, data, tokenizer),
         "batch": _batch_summary(layout, trainer.world_size, accumulate, data.micro_batch_tokens,
-                                work_done, trainer.global_step),
+                                work_done, trainer.global_step, data.batch_shape_census()),
         "averaged_checkpoints": weights, "curve": clock.curve,
         "cost": _cost(c, work_done, clock.seconds, trainer.world_size),
         "resumed": resumed, "resumed_from": module.resumed_from, "commit": _commit(),
@@ -312,9 +312,10 @@ def _compile_entries(compiled: tuple[bool, dict[str, Any]], failed: str | None,
 
 
 def _batch_summary(layout: Layout, world_size: int, accumulate: int, micro: int,
-                   work: dict[str, int], steps: int) -> Batch:
-    """The record's ``batch``: the devices, how a step's tokens were split over them, and the
-    target tokens a step computed: real, and padded as the tensors held them."""
+                   work: dict[str, int], steps: int, census: dict[str, float]) -> Batch:
+    """The record's ``batch``: the devices, how a step's tokens were split over them, the
+    target tokens a step computed (real, and padded as the tensors held them), and an epoch's
+    distinct batch shapes and padding share, both sides (``shape_census``, this rank's)."""
     real, padded = work["real_tgt_tokens"], work["tgt_tokens"]
     return {"accelerator": layout.accelerator, "strategy": layout.strategy,
             "devices": layout.devices, "nodes": layout.nodes, "world_size": world_size,
@@ -322,7 +323,8 @@ def _batch_summary(layout: Layout, world_size: int, accumulate: int, micro: int,
             "effective_tokens_per_step": micro * world_size * accumulate,
             "measured_tgt_tokens_per_step": round(real / max(steps, 1)),
             "padded_tgt_tokens_per_step": round(padded / max(steps, 1)),
-            "tgt_padding_share": round(1 - real / padded, 4) if padded else 0.0}
+            "tgt_padding_share": round(1 - real / padded, 4) if padded else 0.0,
+            "shapes_per_epoch": int(census["shapes"]), "padding_share": census["padding_share"]}
 
 
 def _device_name(layout: Layout) -> str:

@@ -557,3 +557,88 @@ def test_a_plans_shapes_and_padding_are_counted_as_its_tensors_hold_them():
     real = (3 + 4 + 2 + 2) + (5 + 1) + (3 + 4 + 3 + 4)
     assert census["padding_share"] == round(1 - real / computed, 4)
     assert shape_census([], lengths) == {"batches": 0, "shapes": 0, "padding_share": 0.0}
+
+
+def _padding(widths, cost) -> int:
+    """Padding of ``cost``s each rounded up to the next of ``widths``."""
+    return int((np.asarray(widths)[np.searchsorted(widths, cost)] - cost).sum())
+
+
+def test_fitted_shapes_are_the_widths_that_pad_least():
+    import itertools as it
+
+    from reproduce.data.batching import Shapes
+
+    # equal sides, keys 1, 1, 2, 10, 10, 11 in two shapes: {2, 11} pads 1+1+0 + 1+1+0, the least
+    shapes = Shapes.fit([(1, 1), (1, 1), (2, 2), (10, 10), (10, 10), (11, 11)], 2, 100)
+    assert shapes.keys.tolist() == [2, 11] and shapes.ratio == 1.0
+    assert shapes.src.tolist() == shapes.tgt.tolist() == [2, 11]
+    assert shapes.rows.tolist() == [50, 9]
+    rng = np.random.default_rng(0)
+    for count in (1, 3, 5):
+        lengths = np.repeat(rng.integers(1, 30, (60, 1)), 2, axis=1)
+        cost = lengths[:, 0]
+        fitted = Shapes.fit(lengths, count, 1000).keys
+        values = np.unique(cost)
+        least = min(_padding(sorted({*chosen, values[-1]}), cost)
+                    for chosen in it.combinations(values[:-1], count - 1))
+        assert len(fitted) <= count and fitted[-1] == cost.max()
+        assert _padding(fitted, cost) == least  # what trying every choice finds
+    assert Shapes.fit([(3, 3), (2, 2)], 8, 100).keys.tolist() == [2, 3]  # fewer than 8 keys
+    # targets a third shorter than their sources: shapes a third narrower on the target side
+    sizes = rng.integers(10, 60, 500)
+    lopsided = Shapes.fit(np.stack([sizes, sizes * 2 // 3], axis=1), 4, 1000)
+    assert (lopsided.tgt <= lopsided.src * 0.7).all()
+    assert (lopsided.rows == 1000 // lopsided.src).all()
+
+
+def test_shaped_batches_take_few_shapes_every_epoch_and_cover_every_pair():
+    from reproduce.data.batching import ShapedBatch, Shapes, batch_by_shapes, shape_census
+
+    lengths = _random_lengths(3000)
+    shapes = Shapes.fit(lengths, 8, 1500)
+    censuses, seen = [], set()
+    for seed in (1, 2):
+        batches = batch_by_shapes(lengths, shapes, shuffle=True, seed=seed)
+        flat = [i for batch in batches for i in batch]
+        assert set(flat) == set(range(len(lengths)))
+        assert len(flat) - len(lengths) < int(shapes.rows[-1])  # the last batch's fill only
+        for batch in batches:
+            assert isinstance(batch, ShapedBatch)
+            b = shapes.src.tolist().index(batch.widths[0])
+            assert len(batch) == shapes.rows[b] and len(batch) * max(batch.widths) <= 1500
+            assert (lengths[batch] <= np.asarray(batch.widths)).all()  # every pair fits
+        censuses.append(shape_census(batches, lengths))
+        seen.add(tuple(map(tuple, batches[:3])))
+    assert len(seen) == 2  # shuffled by the seed
+    assert censuses[0] == censuses[1] and censuses[0]["shapes"] <= 8
+    exact = shape_census(batch_by_tokens(lengths, 1500, True, 1), lengths)
+    assert exact["shapes"] > 100 and censuses[0]["padding_share"] < 0.2
+    shares = [batch_by_shapes(lengths, shapes, True, 7, rank=r, world_size=3) for r in range(3)]
+    assert len({len(share) for share in shares}) == 1
+    everything = batch_by_shapes(lengths, shapes, True, 7)
+    assert [b for step in zip(*shares, strict=True) for b in step][:len(everything)] == everything
+    with pytest.raises(ValueError, match=r"a pair of \[200, 3\] tokens fits none of the shapes"):
+        batch_by_shapes([(200, 3)], shapes, True, 1)
+
+
+def test_a_runs_training_batches_take_the_shapes_of_its_config(small_tokenizer):
+    exact = data_module("bible-en-de", small_tokenizer, batch_tokens=1200, max_train_pairs=300)
+    shaped = data_module("bible-en-de", small_tokenizer, batch_tokens=1200, max_train_pairs=300,
+                         batch_shapes=4)
+    for dm in (exact, shaped):
+        dm.setup()
+    census = shaped.batch_shape_census()
+    assert census["shapes"] <= 4 < exact.batch_shape_census()["shapes"]
+    fitted = shaped._shapes(shaped._train)
+    allowed = set(zip(fitted.rows.tolist(), fitted.src.tolist(), fitted.tgt.tolist(),
+                      strict=True))
+    shapes = set()
+    for batch in shaped.train_dataloader():
+        src, tgt = batch["src"], batch["tgt_in"]
+        shapes.add((*src.shape, tgt.shape[1]))
+        assert src.shape[0] * max(src.shape[1], tgt.shape[1]) <= 1200
+    assert shapes <= allowed and len(shapes) == census["shapes"]
+    # evaluation keeps exact widths: nothing compiled, nothing to pad for
+    assert ([b["src"].shape for b in shaped.val_dataloader()]
+            == [b["src"].shape for b in exact.val_dataloader()])
