@@ -20,7 +20,9 @@ Into ``--out`` (at most 8 files, as the device tool brings back): ``summary.json
 each stage's seconds and outcome; rewritten after each), ``window.log`` (every stage's output),
 ``gpu.md`` and ``gpu.json`` (written by ``bench --gpu`` after each of its parts),
 ``paper-run.md``, ``paper-run.json`` (the run's record) and ``tokenizer.tar.gz`` (its BPE model,
-which a CPU ``verify`` of the run needs: unpack it into the cache). Exits 1 only when nothing was
+which a CPU ``verify`` of the run needs: unpack it into the cache) and, with ``--compile`` on or
+auto, ``inductor-cache.tar.gz`` (the kernels it compiled: unpacked into the next window's cache,
+its run loads them instead of compiling). Exits 1 only when nothing was
 measured. On a CPU the same command rehearses it (``--scale smoke``: a tiny model;
 ``tests/speed/test_gpu_window.py``). The checklist: docs/developing.md.
 """
@@ -211,7 +213,14 @@ def paper_run(w: Window, args: argparse.Namespace, env: dict) -> bool:
         with tarfile.open(args.out / "tokenizer.tar.gz", "w:gz") as tar:
             for model in models:
                 tar.add(model, arcname=f"spm/{model.name}")
-    w.stage("copied", record=bool(records), tokenizers=[m.name for m in models])
+    kernels = work / "cache" / "inductor"  # the run's compile cache (step_time.use_compile_cache)
+    kept = None
+    if args.compile != "off" and kernels.is_dir():
+        with tarfile.open(args.out / "inductor-cache.tar.gz", "w:gz") as tar:
+            tar.add(kernels, arcname="inductor")
+        kept = round((args.out / "inductor-cache.tar.gz").stat().st_size / 1e6, 1)
+    w.stage("copied", record=bool(records), tokenizers=[m.name for m in models],
+            compile_cache_mb=kept)
     return bool(records)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -45,6 +46,29 @@ def synthetic_batch(vocab: int, tokens: int, length: int, seed: int = 0
     return {"src": src, "tgt_in": tgt[:, :-1], "tgt_out": tgt[:, 1:]}
 
 
+INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+
+
+def use_compile_cache() -> Path:
+    """Where compiled kernels are kept between processes: ``$TORCHINDUCTOR_CACHE_DIR`` where a
+    user set it, else ``inductor/`` in the project's cache (``reproduce.paths.cache_dir``), so a
+    run resumed, a rank, a SLURM task requeued on another node and the next run of the same
+    shapes load the graphs the first compiled (torch's own default, /tmp, is one node's; importing
+    torch's compiler sets the variable to it, so that value counts as not set). On the 2-core Xeon
+    a smoke run's fit took 119 s compiling into an empty cache, 52 s from a warm one (2026-11-29,
+    ``table3 --variant base --scale smoke --set train.compile=on`` twice, beside a training run)."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    from reproduce.paths import cache_dir
+
+    current = os.environ.get(INDUCTOR_CACHE_ENV)
+    if current is None or os.path.abspath(current) == os.path.abspath(default_cache_dir()):
+        os.environ[INDUCTOR_CACHE_ENV] = str(cache_dir() / "inductor")
+    folder = Path(os.environ[INDUCTOR_CACHE_ENV])
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 def compiled_fast(loss_fn: Callable) -> Callable:
     """``loss_fn`` (the fast path's training loss, ``lit.TranslationModule._padded_losses``)
     under ``torch.compile`` whole (``fullgraph``: nothing in it may fall back to Python between
@@ -57,6 +81,7 @@ def compiled_fast(loss_fn: Callable) -> Callable:
     uninterrupted run's, and the losses are eager's (``tests/golden``)."""
     from torch.fx.experimental import _config as shapes
 
+    use_compile_cache()
     compiled = torch.compile(loss_fn, dynamic=True, fullgraph=True,
                              options={"fallback_random": True})
 
@@ -67,12 +92,17 @@ def compiled_fast(loss_fn: Callable) -> Callable:
 
 
 def compile_stats() -> dict[str, int]:
-    """Graphs dynamo captured and recompilations in this process, since its counters were last
-    cleared."""
+    """Graphs dynamo captured, recompilations, and the graphs the compile cache
+    (``use_compile_cache``) served and missed (inductor's kernels; AOT autograd's forward and
+    backward), in this process since its counters were last cleared."""
     from torch._dynamo.utils import counters
 
     return {"graphs": int(counters["stats"]["unique_graphs"]),
-            "recompiles": sum(counters["recompiles"].values())}
+            "recompiles": sum(counters["recompiles"].values()),
+            "cache_hits": int(counters["inductor"]["fxgraph_cache_hit"]
+                              + counters["aot_autograd"]["autograd_cache_hit"]),
+            "cache_misses": int(counters["inductor"]["fxgraph_cache_miss"]
+                                + counters["aot_autograd"]["autograd_cache_miss"])}
 
 
 def step_loss(model: Transformer, batch: dict[str, torch.Tensor], eps_ls: float,

@@ -2,6 +2,7 @@
 pays over the run); a compiler failure trains eager with one line; each choice in the record."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -216,3 +217,30 @@ def test_two_ranks_read_the_timing_of_their_tables_base_made_once_before_they_st
     r = json.loads(path.read_text())
     assert r["compile"] is False and r["compile_choice"]["cached"] is True
     assert r["compile_choice"]["seconds"]["timed_model"] == "table3's base at `smoke`"
+
+
+COMPILE_TWICE = '''
+import json, os, torch
+from reproduce.train.step_time import compile_stats, use_compile_cache
+folder = use_compile_cache()
+f = torch.compile(lambda x: torch.sin(x) * 2 + 1, fullgraph=True)
+f(torch.ones(8))
+print(json.dumps({"folder": str(folder), **compile_stats()}))
+'''
+
+
+def test_compiled_kernels_are_kept_in_the_projects_cache_for_the_next_process(tmp_path):
+    """Without ``TORCHINDUCTOR_CACHE_DIR``, a process compiles into ``inductor/`` in the project's
+    cache (a cluster's shared storage, where torch's /tmp is one node's), and the next process
+    loads the graph from there instead of compiling it (one miss, then one hit and no miss)."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    env["REPRODUCE_CACHE"] = str(tmp_path / "cache")
+    runs = [json.loads(subprocess.run([sys.executable, "-c", COMPILE_TWICE], env=env, text=True,
+                                      capture_output=True, check=True).stdout.splitlines()[-1])
+            for _ in range(2)]
+    assert {r["folder"] for r in runs} == {str(tmp_path / "cache" / "inductor")}
+    assert runs[0]["cache_misses"] >= 1 and runs[0]["cache_hits"] == 0, runs
+    assert runs[1]["cache_hits"] >= 1 and runs[1]["cache_misses"] == 0, runs
