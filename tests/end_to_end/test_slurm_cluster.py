@@ -9,6 +9,7 @@ import os
 import pwd
 import re
 import shlex
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from reproduce.tables.common import layouts
-from tests.helpers import INJECTED, cli, inject
+from tests.helpers import INJECTED, cli, inject, start
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF = Path(os.environ.get("REPRODUCE_SLURM_DIR", "/tmp/reproduce-slurm")) / "slurm.conf"
@@ -188,13 +189,19 @@ def _job_of(stdout: str) -> str:
 
 
 def test_one_run_over_both_nodes_stopped_requeued_and_a_node_lost_ends_as_two_local_processes(
-        slurm_env, tmp_path):
+        slurm_env, tmp_path, request):
     """One DDP run over both nodes (a task each). scancel (SIGTERM) saves at its step without a
     requeue, and submitted again it resumes. Its time limit, cut to a minute while it trains,
     makes SLURM send USR2: saved at the step, requeued, resumed. Then a node is lost (set DOWN):
     SLURM stops the tasks (SIGTERM: saved) and requeues the job, which runs again once the node
-    is back. Its record equals the same run's on 2 local processes, never interrupted."""
+    is back. Its record equals the same run's on 2 local processes, never interrupted (trained
+    meanwhile: the cluster's run sleeps through most of its steps, and SLURM's timers wait)."""
     steps = ("--variant", "base", "--set", "train.train_steps=300")
+    user = {k: v for k, v in slurm_env.items() if not k.startswith("REPRODUCE_")}
+    local = start({**user, "REPRODUCE_CACHE": str(tmp_path / "cache"), "WANDB_MODE": "disabled",
+                   "OMP_NUM_THREADS": "2"}, "table3", "--scale", "smoke", *steps, "--devices",
+                  "2", "--results", str(tmp_path / "here"), new_session=True)
+    request.addfinalizer(lambda: local.poll() is not None or os.killpg(local.pid, signal.SIGKILL))
     folder = tmp_path / "mine" / "runs" / "table3" / "slurm"
     # at least 0.25 s a step, so the run is still training when each fault comes, however fast
     # the machine (300 steps took 20 s on an idle one); the record is the same. Once the last
@@ -247,10 +254,8 @@ def test_one_run_over_both_nodes_stopped_requeued_and_a_node_lost_ends_as_two_lo
     assert resumed["batch"]["strategy"].startswith("ddp")
     assert layouts([resumed]).startswith("2 nodes x 1 CPU process (DDP) x 1 accumulated")
     # the same run on two processes here, never interrupted
-    user = {k: v for k, v in slurm_env.items() if not k.startswith("REPRODUCE_")}
-    cli({**user, "REPRODUCE_CACHE": str(tmp_path / "cache"), "WANDB_MODE": "disabled",
-         "OMP_NUM_THREADS": "2"}, "table3", "--scale", "smoke", *steps, "--devices", "2",
-        "--results", str(tmp_path / "here"))
+    out, err = local.communicate(timeout=600)
+    assert local.returncode == 0, out + err
     reference = json.loads((tmp_path / "here" / "table3" / "table3-base-smoke-seed0.json")
                            .read_text())
     assert _comparable(resumed) == _comparable(reference)
