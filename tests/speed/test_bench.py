@@ -150,6 +150,8 @@ def test_the_compiled_step_trains_as_the_eager_step_does_for_20_steps():
     first = compile_stats()["graphs"]
     train_compiled((batches * 5)[1:])
     assert first >= 1
+    asked = compile_stats()
+    assert asked["cache_hits"] + asked["cache_misses"] >= 1  # the kernels' cache was asked
     assert compile_stats()["graphs"] == first  # no graph for a new shape
     assert losses["eager"][-4] < losses["eager"][0]  # it trains (the same batch 4 steps on)
     for step, (a, b) in enumerate(zip(losses["eager"], losses["compiled"], strict=True)):

@@ -132,7 +132,7 @@ def test_the_fast_path_waits_for_the_device_only_at_logging_saves_and_evaluation
     boolean mask's selection, ``tolist``, ``cpu``) comes only in a step that logs (every 10th:
     the loggers, the divergence check and the learning curve read one after the other, the
     curve's 150 // 20 = 7 steps rounded to 10), saves or evaluates; none in the other 134. Its
-    batches take 4 shapes (``train.batch_shapes``), one graph over them, never recompiled."""
+    batches take 4 shapes (``train.batch_shapes``)."""
     log = tmp_path / "waits.json"
     env = {**inject(cli_env(tmp_path), tmp_path / "inject", COUNT_WAITS), "WAITS_LOG": str(log),
            **WANDB_OFFLINE}  # Lightning's loggers read their values too
@@ -142,7 +142,6 @@ def test_the_fast_path_waits_for_the_device_only_at_logging_saves_and_evaluation
     [path] = (tmp_path / "results" / "table3").glob("*.json")
     record = json.loads(path.read_text())
     assert record["compile"] is True and record["batch"]["shapes_per_epoch"] <= 4
-    assert record["compile_choice"]["in_training"]["recompiles"] == 0, record["compile_choice"]
     waits = json.loads(log.read_text())
     ends = {s - 1 for s in range(1, 151) if s % 10 == 0 or s % 50 == 0 or s % 75 == 0}
     quiet = set(range(150)) - ends  # steps counted by the step they started at
