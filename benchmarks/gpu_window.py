@@ -21,8 +21,9 @@ each stage's seconds and outcome; rewritten after each), ``window.log`` (every s
 ``gpu.md`` and ``gpu.json`` (written by ``bench --gpu`` after each of its parts),
 ``paper-run.md``, ``paper-run.json`` (the run's record) and ``tokenizer.tar.gz`` (its BPE model,
 which a CPU ``verify`` of the run needs: unpack it into the cache) and, with ``--compile`` on or
-auto, ``inductor-cache.tar.gz`` (the kernels it compiled: unpacked into the next window's cache,
-its run loads them instead of compiling). Exits 1 only when nothing was
+auto, ``inductor-cache.tar.gz`` (the kernels it compiled, under 60 MB and where fewer than 8
+files came back: unpacked into ``<work>/cache`` of the next window, carried with it, its run loads
+them instead of compiling). Exits 1 only when nothing was
 measured. On a CPU the same command rehearses it (``--scale smoke``: a tiny model;
 ``tests/speed/test_gpu_window.py``). The checklist: docs/developing.md.
 """
@@ -121,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the paper-scale run's train.compile (paper_run.py --compile)")
     parser.add_argument("--profile", action="store_true",
                         help="the paper-scale run under cProfile (paper_run.py --profile)")
+    parser.add_argument("--batch-shapes", type=int, default=0,
+                        help="the paper-scale run's train.batch_shapes (paper_run.py)")
     parser.add_argument("--no-bench", action="store_true",
                         help="the paper-scale run alone (bench --gpu came back from a call before)")
     parser.add_argument("--no-kit", action="store_true", help="leave .kit/ alone: this Python's "
@@ -206,6 +209,7 @@ def paper_run(w: Window, args: argparse.Namespace, env: dict) -> bool:
                               str(args.pairs), "--steps", str(args.steps), "--eval-pairs",
                               str(args.eval_pairs), "--scale", args.scale, "--work", str(work),
                               "--out", str(args.out / "paper-run.md"), "--compile", args.compile,
+                              "--batch-shapes", str(args.batch_shapes),
                               *(["--profile"] if args.profile else [])], w.left() - 10, env)
     records = [r for r in [args.out / "paper-run.json"] if r.exists()]  # paper_run.py wrote it
     models = sorted((work / "cache" / "spm").glob("*.model"))
@@ -214,9 +218,10 @@ def paper_run(w: Window, args: argparse.Namespace, env: dict) -> bool:
             for model in models:
                 tar.add(model, arcname=f"spm/{model.name}")
     kernels = work / "cache" / "inductor"  # the run's compile cache (step_time.use_compile_cache)
-    kept = None
-    if args.compile != "off" and kernels.is_dir():
-        with tarfile.open(args.out / "inductor-cache.tar.gz", "w:gz") as tar:
+    size = sum(f.stat().st_size for f in kernels.rglob("*") if f.is_file()) if kernels.is_dir() else 0
+    kept = None  # the device tool brings back 8 files; a carry takes 64 MiB
+    if args.compile != "off" and 0 < size < 60e6 and len(list(args.out.iterdir())) < 8:
+        with tarfile.open(args.out / "inductor-cache.tar.gz", "w:gz", compresslevel=1) as tar:
             tar.add(kernels, arcname="inductor")
         kept = round((args.out / "inductor-cache.tar.gz").stat().st_size / 1e6, 1)
     w.stage("copied", record=bool(records), tokenizers=[m.name for m in models],

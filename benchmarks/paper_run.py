@@ -40,6 +40,8 @@ def main() -> None:
     parser.add_argument("--compile", default="off", choices=("off", "on", "auto"),
                         help="train.compile (default off: the eager step bench --gpu measures "
                              "first, and no minutes of timing a compile in a short run)")
+    parser.add_argument("--batch-shapes", type=int, default=0,
+                        help="train.batch_shapes (default 0: exact widths)")
     parser.add_argument("--profile", action="store_true",
                         help="run the CLI under cProfile; its top functions (by own time and by "
                         "cumulative time) go to the report's folder as paper-run.prof.txt")
@@ -57,6 +59,7 @@ def main() -> None:
                f"data.data_dir={data}", f"train.train_steps={args.steps}",
                f"train.ckpt_every_steps={every}", "train.ckpt_every_minutes=0",
                f"train.val_every_steps={max(1, args.steps // 3)}", f"train.compile={args.compile}",
+               f"train.batch_shapes={args.batch_shapes}",
                f"data.max_eval_pairs={args.eval_pairs}"]
     env = {**os.environ, "REPRODUCE_RUNS": str(args.work / "runs"),
            "REPRODUCE_CACHE": str(args.work / "cache"), "PYTHONUNBUFFERED": "1"}
@@ -89,6 +92,14 @@ def write_profile(stats: Path, out: Path, top: int = 45) -> None:
     out.write_text(text.getvalue())
 
 
+def _shapes(b: dict) -> str:
+    """An epoch's batch shapes and their padding, where the record has them."""
+    if "shapes_per_epoch" not in b:
+        return ""
+    return (f"; an epoch's batches in {b['shapes_per_epoch']} shapes, {b['padding_share']:.1%} of "
+            "their positions (both sides) padding")
+
+
 def _compiled(r: dict) -> str:
     """How the run trained: eager, or compiled (the fast path) with its graphs and recompiles."""
     if not r.get("compile"):
@@ -107,6 +118,7 @@ def report(r: dict, wall: float, generated: float, args, command: str) -> str:
              f"`python benchmarks/paper_run.py --pairs {args.pairs} --steps {args.steps} "
              f"--eval-pairs {args.eval_pairs} --scale {args.scale}"
              f"{f' --compile {args.compile}' if args.compile != 'off' else ''}"
+             f"{f' --batch-shapes {args.batch_shapes}' if args.batch_shapes else ''}"
              f"{' --profile' if args.profile else ''}` ({r['finished_at']}, commit "
              f"{(r['commit'].get('sha') or '?')[:7]}): the generated corpus "
              f"({r['data']['train_pairs']:,} training pairs, {generated:.0f} s to write), then",
@@ -114,7 +126,8 @@ def report(r: dict, wall: float, generated: float, args, command: str) -> str:
              f"{steps} steps of {b['effective_tokens_per_step']} tokens ({b['devices']} device(s) x "
              f"{b['accumulate']} accumulated x {b['device_batch_tokens']}), {r['precision']}, "
              f"{len(r['averaged_checkpoints'])} checkpoints averaged, {_compiled(r)}; "
-             f"{b.get('tgt_padding_share', 0):.1%} of the target positions padding.", "",
+             f"{b.get('tgt_padding_share', 0):.1%} of the target positions padding"
+             f"{_shapes(b)}.", "",
              "| phase | seconds |", "|---|---:|"]
     names = {"data": "data: files read, BPE trained, corpus encoded (an empty cache)",
              "fit": "fit: training steps and checkpoint saves", "average": "averaging",

@@ -103,8 +103,8 @@ class TrainConfig:
     device_batch_tokens: int = 0
     max_tokens_per_sentence: int = 256  # longer pairs are dropped and counted (OOM pitfall)
     # Training batches in at most this many shapes an epoch, fitted to the corpus's lengths
-    # (reproduce.data.batching.Shapes: a compiled graph and a cuDNN attention graph each);
-    # 0: each batch as wide as its longest pair (more shapes, less padding).
+    # (reproduce.data.batching.Shapes), for what needs few shapes: static compiled graphs, CUDA
+    # graphs, cuDNN's attention; 0: each batch as wide as its longest pair (less padding).
     batch_shapes: int = 0
     precision: str = "32-true"  # the paper trained in fp32; scales may choose "auto"
     # Checkpoints for averaging (Table 2): one every `ckpt_every_minutes` (the paper: 10) or, at

@@ -81,8 +81,9 @@ class Shapes:
     """A fixed set of batch shapes an epoch's batches all take (``train.batch_shapes``): a batch
     of shape ``b`` holds ``rows[b]`` pairs whose key (``key``) is at most ``keys[b]``, padded to
     ``src[b]`` x ``tgt[b]``. Fitted once to a corpus's lengths, so every epoch and every rank
-    takes the same few shapes (a compiled graph or a CUDA graph each, and one graph of cuDNN's
-    attention each) instead of a new one almost every step as exact widths make."""
+    takes the same few shapes, where exact widths make a new one almost every step: what a static
+    compiled graph, a CUDA graph or cuDNN's attention (a graph per shape) needs. The shapes hold
+    the lengths they were fitted to (``batch_by_shapes`` refuses others)."""
 
     keys: np.ndarray  # (n,) ascending
     src: np.ndarray  # (n,) the longest source among pairs of key <= keys[b]
@@ -104,9 +105,10 @@ class Shapes:
         ratio = float(sizes[:, 1].sum() / sizes[:, 0].sum())
         key = cls.key(sizes, ratio)
         keys = _least_padding_widths(key, count)
-        fits = key[:, None] <= keys[None, :]  # (pairs, shapes)
-        src = np.where(fits, sizes[:, :1], 0).max(axis=0)
-        tgt = np.where(fits, sizes[:, 1:], 0).max(axis=0)
+        shape = np.searchsorted(keys, key)  # the first shape each pair fits
+        widest = np.zeros((len(keys), 2), dtype=np.int64)
+        np.maximum.at(widest, shape, sizes)
+        src, tgt = np.maximum.accumulate(widest, axis=0).T  # a shape takes the pairs before it
         return cls(keys, src, tgt, np.maximum(1, batch_tokens // np.maximum(src, tgt)), ratio)
 
     @staticmethod
@@ -161,7 +163,8 @@ def batch_by_shapes(
     """``batch_by_tokens``'s batches in ``shapes`` only. Pairs sorted by their key
     (``Shapes.key``) fill batches of the first shape it fits, ``shapes.rows`` pairs each; the
     pairs one shape leaves over join the next one's (they fit it), and the last batch, if short,
-    is filled up with the epoch's first pairs (fewer than its rows seen twice). Each batch is a
+    is filled up with other pairs drawn from the epoch's seed (fewer than its rows seen twice,
+    each at most twice, unless the corpus is smaller than a batch). Each batch is a
     ``ShapedBatch``, its tensors as wide as its shape. Shuffling and dealing to ranks are
     ``batch_by_tokens``'s."""
     _check_rank(rank, world_size)
@@ -169,10 +172,13 @@ def batch_by_shapes(
     if len(sizes) == 0:
         return []
     key = Shapes.key(sizes, shapes.ratio)
-    if key.max() > shapes.keys[-1]:
-        worst = int(key.argmax())
-        raise ValueError(f"a pair of {sizes[worst].tolist()} tokens fits none of the shapes "
-                         f"(the widest: {int(shapes.src[-1])} x {int(shapes.tgt[-1])})")
+    first = np.minimum(np.searchsorted(shapes.keys, key), len(shapes) - 1)
+    misfits = np.flatnonzero((key > shapes.keys[first]) | (sizes[:, 0] > shapes.src[first])
+                             | (sizes[:, 1] > shapes.tgt[first]))
+    if len(misfits):
+        raise ValueError(f"a pair of {sizes[misfits[0]].tolist()} tokens fits none of the shapes"
+                         f" (fitted to other lengths; the widest: {int(shapes.src[-1])} x "
+                         f"{int(shapes.tgt[-1])})")
     rng = np.random.default_rng(seed)
     tiebreak = rng.permutation(len(sizes)) if shuffle else np.arange(len(sizes))
     order = np.lexsort((tiebreak, sizes[:, 0], key))
@@ -184,10 +190,12 @@ def batch_by_shapes(
         while end - start >= rows:
             batches.append(ShapedBatch(order[start:start + rows].tolist(), widths))
             start += rows
-    if start < len(order):  # the widest shape's last batch, filled up
-        left = order[start:]
-        filled = np.concatenate([left, np.resize(order, rows - len(left))])
-        batches.append(ShapedBatch(filled.tolist(), widths))
+    if start < len(order):  # the widest shape's last batch, filled up with pairs drawn
+        left, others = order[start:], order[:start]
+        need = rows - len(left)
+        fill = (rng.choice(others, need, replace=False) if need <= len(others)
+                else np.resize(order, need))  # a corpus smaller than a batch: all, repeated
+        batches.append(ShapedBatch(np.concatenate([left, fill]).tolist(), widths))
     if shuffle:
         batches = [batches[i] for i in rng.permutation(len(batches))]
     return _deal(batches, rank, world_size)

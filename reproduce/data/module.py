@@ -85,8 +85,8 @@ class TranslationData(pl.LightningDataModule):
         self._train: Encoded | None = None
         self._dev: Encoded | None = None
         self._corpus: EncodedCorpus | None = None
-        self._batch_counts: dict[tuple[int, bool, int, int, int], int] = {}
-        self._fitted: dict[tuple[int, int], Shapes] = {}
+        self._batch_counts: dict[tuple[int, bool, int, int, int, int], int] = {}
+        self._fitted: dict[tuple[int, int, int], Shapes] = {}
 
     def setup(self, stage: str | None = None) -> None:
         """Map (or encode) the splits; later calls (one per Lightning stage) do nothing."""
@@ -229,7 +229,7 @@ class TranslationData(pl.LightningDataModule):
 
     def _shapes(self, data: Encoded) -> Shapes:
         """The ``train.batch_shapes`` shapes training batches take, fitted once to ``data``."""
-        key = (id(data), self.micro_batch_tokens)
+        key = (id(data), self.micro_batch_tokens, self.train_config.batch_shapes)
         if key not in self._fitted:
             self._fitted[key] = Shapes.fit(data.lengths, self.train_config.batch_shapes,
                                            self.micro_batch_tokens)
@@ -244,7 +244,8 @@ class TranslationData(pl.LightningDataModule):
 
     def _count(self, data: Encoded, shuffle: bool) -> int:
         # The count depends only on the sorted lengths, not on the epoch's shuffle: memoise it.
-        key = (id(data), shuffle, self.micro_batch_tokens, *self._rank())
+        key = (id(data), shuffle, self.micro_batch_tokens, self.train_config.batch_shapes,
+               *self._rank())
         if key not in self._batch_counts:
             self._batch_counts[key] = len(self._plan(data, shuffle, epoch=0))
         return self._batch_counts[key]

@@ -93,16 +93,15 @@ def compiled_fast(loss_fn: Callable) -> Callable:
 
 def compile_stats() -> dict[str, int]:
     """Graphs dynamo captured, recompilations, and the graphs the compile cache
-    (``use_compile_cache``) served and missed (inductor's kernels; AOT autograd's forward and
-    backward), in this process since its counters were last cleared."""
+    (``use_compile_cache``) served and missed (inductor's graphs: a training graph's forward and
+    its backward count one each, whichever cache layer found them), in this process since its
+    counters were last cleared."""
     from torch._dynamo.utils import counters
 
     return {"graphs": int(counters["stats"]["unique_graphs"]),
             "recompiles": sum(counters["recompiles"].values()),
-            "cache_hits": int(counters["inductor"]["fxgraph_cache_hit"]
-                              + counters["aot_autograd"]["autograd_cache_hit"]),
-            "cache_misses": int(counters["inductor"]["fxgraph_cache_miss"]
-                                + counters["aot_autograd"]["autograd_cache_miss"])}
+            "cache_hits": int(counters["inductor"]["fxgraph_cache_hit"]),
+            "cache_misses": int(counters["inductor"]["fxgraph_cache_miss"])}
 
 
 def step_loss(model: Transformer, batch: dict[str, torch.Tensor], eps_ls: float,
