@@ -66,7 +66,7 @@ def _wait_for_queue(env: dict[str, str], stdout: str, timeout: float = 600) -> N
                                 capture_output=True, text=True).stdout.split()
         if not queued:
             return
-        time.sleep(3)
+        time.sleep(1)
     pytest.fail(f"jobs {jobs} still queued after {timeout:.0f} s")
 
 
