@@ -30,8 +30,10 @@ def offline_environment(tmp_path_factory):
     # Compiled kernels shared by every test and CLI (a run's own default, the project's cache, is
     # a new folder in most tests: each would compile afresh). Torch's default is what importing
     # its compiler sets, not a user's choice.
-    if os.environ.get("TORCHINDUCTOR_CACHE_DIR", default_cache_dir()) == default_cache_dir():
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = default_cache_dir() + "-tests"
+    from reproduce.train.step_time import INDUCTOR_CACHE_ENV, user_compile_cache
+
+    if user_compile_cache() is None:
+        os.environ[INDUCTOR_CACHE_ENV] = default_cache_dir() + "-tests"
     for key in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR"):
         os.makedirs(env[key], exist_ok=True)
     torch.set_num_threads(1)

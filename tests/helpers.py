@@ -308,3 +308,14 @@ def data_module(corpus: str, tokenizer, cache_dir=None, **fields):
         fields["data_dir"] = str(fields["data_dir"])
     return TranslationData(Config().overrides(corpus=corpus, **fields), tokenizer,
                            cache_dir=cache_dir)
+
+
+def treebank_sample_present() -> bool:
+    """Whether NLTK finds its WSJ treebank sample (``NLTK_DATA``; not ours to ship)."""
+    import nltk
+
+    try:
+        nltk.data.find("corpora/treebank/combined/")
+    except LookupError:
+        return False
+    return True

@@ -57,14 +57,10 @@ def batch_by_tokens(
         return []
     cost = sizes.max(axis=1)
     rng = np.random.default_rng(seed)
-    tiebreak = rng.permutation(len(sizes)) if shuffle else np.arange(len(sizes))
-    # Sorting on the source length after the cost keeps both sides similar within a batch.
-    order = np.lexsort((tiebreak, sizes[:, 0], cost))
+    order = _by_length(sizes, cost, shuffle, rng)
     bounds = _batch_bounds(cost[order], batch_tokens)
     batches = [order[start:end].tolist() for start, end in itertools.pairwise(bounds)]
-    if shuffle:
-        batches = [batches[i] for i in rng.permutation(len(batches))]
-    return _deal(batches, rank, world_size)
+    return _deal(batches, rank, world_size, rng if shuffle else None)
 
 
 class ShapedBatch(list[int]):
@@ -180,8 +176,7 @@ def batch_by_shapes(
                          f" (fitted to other lengths; the widest: {int(shapes.src[-1])} x "
                          f"{int(shapes.tgt[-1])})")
     rng = np.random.default_rng(seed)
-    tiebreak = rng.permutation(len(sizes)) if shuffle else np.arange(len(sizes))
-    order = np.lexsort((tiebreak, sizes[:, 0], key))
+    order = _by_length(sizes, key, shuffle, rng)
     ends = np.searchsorted(key[order], shapes.keys, side="right")  # past each shape's pairs
     batches: list[list[int]] = []
     start, rows, widths = 0, 1, (0, 0)
@@ -196,9 +191,7 @@ def batch_by_shapes(
         fill = (rng.choice(others, need, replace=False) if need <= len(others)
                 else np.resize(order, need))  # a corpus smaller than a batch: all, repeated
         batches.append(ShapedBatch(np.concatenate([left, fill]).tolist(), widths))
-    if shuffle:
-        batches = [batches[i] for i in rng.permutation(len(batches))]
-    return _deal(batches, rank, world_size)
+    return _deal(batches, rank, world_size, rng if shuffle else None)
 
 
 def _check_rank(rank: int, world_size: int) -> None:
@@ -206,9 +199,20 @@ def _check_rank(rank: int, world_size: int) -> None:
         raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
 
 
-def _deal(batches: list[list[int]], rank: int, world_size: int) -> list[list[int]]:
-    """This rank's share of an epoch's batches, dealt round-robin, the last round filled up with
-    the epoch's first batches."""
+def _by_length(sizes: np.ndarray, key: np.ndarray, shuffle: bool,
+               rng: np.random.Generator) -> np.ndarray:
+    """Pair indices sorted by ``key``, then by source length (which keeps both sides similar
+    within a batch), then by a draw from ``rng`` with ``shuffle`` (else by index)."""
+    tiebreak = rng.permutation(len(sizes)) if shuffle else np.arange(len(sizes))
+    return np.lexsort((tiebreak, sizes[:, 0], key))
+
+
+def _deal(batches: list[list[int]], rank: int, world_size: int,
+          rng: np.random.Generator | None) -> list[list[int]]:
+    """This rank's share of an epoch's batches, in an order drawn from ``rng`` (None: as they
+    are), dealt round-robin, the last round filled up with the epoch's first batches."""
+    if rng is not None:
+        batches = [batches[i] for i in rng.permutation(len(batches))]
     if world_size > 1:
         batches = batches + [batches[i % len(batches)]
                              for i in range(-len(batches) % world_size)]

@@ -49,6 +49,17 @@ def synthetic_batch(vocab: int, tokens: int, length: int, seed: int = 0
 INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 
 
+def user_compile_cache() -> str | None:
+    """The kernel cache folder a user chose (``$TORCHINDUCTOR_CACHE_DIR``), or None where it is
+    unset or torch's own default, which importing torch's compiler sets."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    current = os.environ.get(INDUCTOR_CACHE_ENV)
+    if current is None or os.path.abspath(current) == os.path.abspath(default_cache_dir()):
+        return None
+    return current
+
+
 def use_compile_cache() -> Path:
     """Where compiled kernels are kept between processes: ``$TORCHINDUCTOR_CACHE_DIR`` where a
     user set it, else ``inductor/`` in the project's cache (``reproduce.paths.cache_dir``), so a
@@ -57,12 +68,9 @@ def use_compile_cache() -> Path:
     torch's compiler sets the variable to it, so that value counts as not set). On the 2-core Xeon
     a smoke run's fit took 119 s compiling into an empty cache, 52 s from a warm one (2026-11-29,
     ``table3 --variant base --scale smoke --set train.compile=on`` twice, beside a training run)."""
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-
     from reproduce.paths import cache_dir
 
-    current = os.environ.get(INDUCTOR_CACHE_ENV)
-    if current is None or os.path.abspath(current) == os.path.abspath(default_cache_dir()):
+    if user_compile_cache() is None:
         os.environ[INDUCTOR_CACHE_ENV] = str(cache_dir() / "inductor")
     folder = Path(os.environ[INDUCTOR_CACHE_ENV])
     folder.mkdir(parents=True, exist_ok=True)

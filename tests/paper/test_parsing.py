@@ -29,6 +29,7 @@ from reproduce.paper.parsing import (
     well_formed,
     words,
 )
+from tests.helpers import treebank_sample_present
 
 T = Tree.fromstring
 
@@ -92,15 +93,7 @@ def test_load_treebank_errors_name_the_fix(tmp_path, monkeypatch):
     assert "\n" not in str(e.value)
 
 
-def _sample_present() -> bool:
-    try:
-        nltk.data.find("corpora/treebank/combined/")
-    except LookupError:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _sample_present(), reason="NLTK's treebank sample not found (set NLTK_DATA)")
+@pytest.mark.skipif(not treebank_sample_present(), reason="NLTK's treebank sample not found (set NLTK_DATA)")
 def test_sample_split_is_by_file_disjoint_and_counted():
     files = {split: set(sample_fileids(*SAMPLE_FILES[split])) for split in SPLITS}
     assert not files["train"] & files["dev"] and not files["train"] & files["test"]

@@ -19,6 +19,7 @@ from reproduce.paper.parsing import delinearize, linearize, tag_pos, words
 from reproduce.paper.tokenizer import train_tokenizer
 from reproduce.records.sweep import load_spec
 from reproduce.tables.table4 import render_table4
+from tests.helpers import treebank_sample_present
 
 # PTB .mrg style: an unlabelled root, function tags, co-indices, traces, punctuation.
 TRAIN = [
@@ -334,15 +335,7 @@ def test_render_without_records_shows_the_papers_table():
     assert "No runs recorded yet." in table and "not comparable" in table
 
 
-def _sample_present() -> bool:
-    try:
-        nltk.data.find("corpora/treebank/combined/")
-    except LookupError:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _sample_present(), reason="NLTK's treebank sample not found (set NLTK_DATA)")
+@pytest.mark.skipif(not treebank_sample_present(), reason="NLTK's treebank sample not found (set NLTK_DATA)")
 def test_sample_pairs_have_the_documented_sizes():
     sizes = {split: len(load_pairs("wsj-parse", split)) for split in ("train", "dev", "test")}
     assert sizes == {"train": 3098, "dev": 420, "test": 396}
