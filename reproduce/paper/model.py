@@ -18,6 +18,17 @@ from reproduce.config import ModelConfig
 # --- 3.2 Attention -----------------------------------------------------------------------------
 
 
+def fused_linear(x: Tensor, linears: list[nn.Linear]) -> list[Tensor]:
+    """``[l(x) for l in linears]`` as one matmul: their weights and biases concatenated, the
+    output split. The same sums as separate calls up to their order (low bits); one GEMM instead
+    of ``len(linears)`` forward and two instead of ``2 * len(linears)`` backward, for the fast
+    path (``train.compile``), where a GPU's step is bound by the host issuing kernels."""
+    weight = torch.cat([linear.weight for linear in linears])
+    bias = torch.cat([cast(Tensor, linear.bias) for linear in linears])
+    return list(F.linear(x, weight, bias).split([linear.out_features for linear in linears], -1))
+
+
+
 class MultiHeadAttention(nn.Module):
     """Section 3.2.2. Projections d_model -> h*d_k (Q, K), d_model -> h*d_v (V), h*d_v -> d_model.
 
@@ -42,6 +53,18 @@ class MultiHeadAttention(nn.Module):
 
     def project_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
         return self._heads(self.w_k(x), self.d_k), self._heads(self.w_v(x), self.d_v)
+
+    def heads_kv(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values projected elsewhere (``fused_linear``), split into heads."""
+        return self._heads(k, self.d_k), self._heads(v, self.d_v)
+
+    def self_attend(self, x: Tensor, mask: Tensor | None = None, is_causal: bool = False,
+                    fused: bool = False) -> Tensor:
+        """Self-attention of ``x``; ``fused``: its Q, K and V projections as one matmul."""
+        if not fused:
+            return self(x, x, mask, is_causal)
+        q, k, v = fused_linear(x, [self.w_q, self.w_k, self.w_v])
+        return self.attend(self._heads(q, self.d_k), *self.heads_kv(k, v), mask, is_causal)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                is_causal: bool = False) -> Tensor:
@@ -135,8 +158,8 @@ class EncoderLayer(nn.Module):
         self.norm_2 = nn.LayerNorm(c.d_model)
         self.drop = nn.Dropout(c.p_drop)
 
-    def forward(self, x: Tensor, src_mask: Tensor) -> Tensor:
-        x = self.norm_1(x + self.drop(self.self_attn(x, x, src_mask)))
+    def forward(self, x: Tensor, src_mask: Tensor, fused: bool = False) -> Tensor:
+        x = self.norm_1(x + self.drop(self.self_attn.self_attend(x, src_mask, fused=fused)))
         return self.norm_2(x + self.drop(self.ffn(x)))
 
 
@@ -184,11 +207,19 @@ class DecoderLayer(nn.Module):
         self.drop = nn.Dropout(c.p_drop)
 
     def forward(self, y: Tensor, memory: Tensor, src_mask: Tensor,
-                cache: LayerCache | None = None) -> Tensor:
+                cache: LayerCache | None = None,
+                cross_kv: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        """``cross_kv``: the source's keys and values for the encoder-decoder attention, projected
+        with every layer's at once (``Transformer.decode``, fused); then self-attention's Q, K and
+        V are one matmul too."""
         if cache is None:  # whole target at once; the causal mask hides the future
-            a = self.self_attn(y, y, is_causal=True)
+            a = self.self_attn.self_attend(y, is_causal=True, fused=cross_kv is not None)
             y = self.norm_1(y + self.drop(a))
-            c = self.cross_attn(y, memory, src_mask)
+            if cross_kv is None:
+                c = self.cross_attn(y, memory, src_mask)
+            else:
+                q = self.cross_attn.project_q(y)
+                c = self.cross_attn.attend(q, *self.cross_attn.heads_kv(*cross_kv), src_mask)
         else:  # one new position per call; earlier positions come from the cache
             cache.append(*self.self_attn.project_kv(y))
             q = self.self_attn.project_q(y)
@@ -247,28 +278,39 @@ class Transformer(nn.Module):
     def src_mask(self, src: Tensor) -> Tensor:
         return (src != self.config.pad_id)[:, None, None, :]  # (B, S) -> (B, 1, 1, S)
 
-    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
-        """src (B, S) token ids -> memory (B, S, d_model) and its padding mask (B, 1, 1, S)."""
+    def encode(self, src: Tensor, fused: bool = False) -> tuple[Tensor, Tensor]:
+        """src (B, S) token ids -> memory (B, S, d_model) and its padding mask (B, 1, 1, S);
+        ``fused``: each self-attention's Q, K and V projections as one matmul."""
         mask = self.src_mask(src)
         x = self._embed(src, self.src_pos)
         for layer in self.encoder:
-            x = layer(x, mask)
+            x = layer(x, mask, fused)
         return x, mask
 
-    def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
-        """tgt_in (B, T) shifted right -> hidden states (B, T, d_model), no cache."""
+    def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor,
+               fused: bool = False) -> Tensor:
+        """tgt_in (B, T) shifted right -> hidden states (B, T, d_model), no cache; ``fused``:
+        the source's keys and values of every layer as one matmul, and each self-attention's
+        Q, K and V as one."""
         y = self._embed(tgt_in, self.tgt_pos)
-        for layer in self.decoder:
-            y = layer(y, memory, src_mask)
+        layers = cast(list[DecoderLayer], list(self.decoder))
+        cross: list[tuple[Tensor, Tensor] | None] = [None] * len(layers)
+        if fused:
+            kv = fused_linear(memory, [w for layer in layers
+                                       for w in (layer.cross_attn.w_k, layer.cross_attn.w_v)])
+            cross = list(zip(kv[0::2], kv[1::2], strict=True))
+        for layer, cross_kv in zip(layers, cross, strict=True):
+            y = layer(y, memory, src_mask, cross_kv=cross_kv)
         return y
 
     def logits(self, hidden: Tensor) -> Tensor:
         return hidden @ self.embed.weight.t()  # tied pre-softmax projection, (.., d) -> (.., V)
 
-    def features(self, src: Tensor, tgt_in: Tensor) -> Tensor:
-        """Teacher-forced decoder output (B, T, d_model), before the pre-softmax projection."""
-        memory, mask = self.encode(src)
-        return self.decode(tgt_in, memory, mask)
+    def features(self, src: Tensor, tgt_in: Tensor, fused: bool = False) -> Tensor:
+        """Teacher-forced decoder output (B, T, d_model), before the pre-softmax projection;
+        ``fused``: projections that read the same input as one matmul (``fused_linear``)."""
+        memory, mask = self.encode(src, fused)
+        return self.decode(tgt_in, memory, mask, fused)
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """Teacher-forced logits (B, T, V)."""

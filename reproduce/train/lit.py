@@ -68,8 +68,9 @@ class TranslationModule(pl.LightningModule):
 
     def _padded_losses(self, batch: dict[str, torch.Tensor]):
         """``_losses`` with nothing read back to the host and every shape the batch's
-        (``optim.padded_output_loss``): the training loss of the fast path."""
-        hidden = self.model.features(batch["src"], batch["tgt_in"])
+        (``optim.padded_output_loss``), and the projections that read one input fused
+        (``model.fused_linear``): the training loss of the fast path."""
+        hidden = self.model.features(batch["src"], batch["tgt_in"], fused=True)
         return padded_output_loss(hidden, self.model.embed.weight, batch["tgt_out"],
                                   self.config.train.eps_ls, self.config.model.pad_id,
                                   most_positions=self._micro_tokens)
