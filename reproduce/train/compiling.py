@@ -46,10 +46,10 @@ def _device(accelerator: str) -> str:
     return f"{cpu_name()}|{','.join(cpu_flags())}|{torch.get_num_threads()}t"
 
 
-# How the timings were taken; a cache entry of another method is timed again. 3: the fast path
-# (the padded loss, compiled whole with dynamic shapes), the timed steps on new batch shapes (2:
-# the output loss left eager; 1: one shape, traced whole).
-METHOD = 3
+# How the timings were taken; a cache entry of another method is timed again. 4: the fast path
+# with its projections fused (3: without; the padded loss, compiled whole with dynamic shapes, the
+# timed steps on new batch shapes; 2: the output loss left eager; 1: one shape, traced whole).
+METHOD = 4
 
 
 def _key(config, tokens: int, precision: str, device: str) -> str:

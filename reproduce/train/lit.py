@@ -18,9 +18,9 @@ from reproduce.config import Config
 from reproduce.data import PAD_BATCH
 from reproduce.errors import one_line
 from reproduce.paper.model import Transformer
-from reproduce.paper.optim import adam_with_schedule, output_loss, padded_output_loss
+from reproduce.paper.optim import adam_with_schedule, output_loss
 from reproduce.train.callbacks import LOG_EVERY
-from reproduce.train.step_time import compiled_fast
+from reproduce.train.step_time import compiled_fast, fast_losses
 
 log = logging.getLogger("reproduce")
 
@@ -68,12 +68,9 @@ class TranslationModule(pl.LightningModule):
 
     def _padded_losses(self, batch: dict[str, torch.Tensor]):
         """``_losses`` with nothing read back to the host and every shape the batch's
-        (``optim.padded_output_loss``), and the projections that read one input fused
-        (``model.fused_linear``): the training loss of the fast path."""
-        hidden = self.model.features(batch["src"], batch["tgt_in"], fused=True)
-        return padded_output_loss(hidden, self.model.embed.weight, batch["tgt_out"],
-                                  self.config.train.eps_ls, self.config.model.pad_id,
-                                  most_positions=self._micro_tokens)
+        (``step_time.fast_losses``): the training loss of the fast path."""
+        return fast_losses(self.model, batch, self.config.train.eps_ls, self.config.model.pad_id,
+                           most_positions=self._micro_tokens)
 
     @property
     def _micro_tokens(self) -> int:

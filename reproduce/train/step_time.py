@@ -120,13 +120,22 @@ def step_loss(model: Transformer, batch: dict[str, torch.Tensor], eps_ls: float,
     return output_loss(hidden, model.embed.weight, batch["tgt_out"], eps_ls, pad_id)[0]
 
 
+def fast_losses(model: Transformer, batch: dict[str, torch.Tensor], eps_ls: float, pad_id: int,
+                most_positions: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The fast path's training loss (``train.compile``): the smoothed loss and NLL sums and the
+    real target tokens, as tensors, with the projections that read one input fused
+    (``model.fused_linear``) and the loss over every position (``optim.padded_output_loss``, its
+    chunks for batches of at most ``most_positions`` target positions): what ``compiled_fast``
+    wraps, for training (``lit.TranslationModule``) and for timing (``padded_step_loss``)."""
+    hidden = model.features(batch["src"], batch["tgt_in"], fused=True)
+    return padded_output_loss(hidden, model.embed.weight, batch["tgt_out"], eps_ls, pad_id,
+                              most_positions=most_positions)
+
+
 def padded_step_loss(model: Transformer, batch: dict[str, torch.Tensor], eps_ls: float,
                      pad_id: int, most_positions: int = 0) -> torch.Tensor:
-    """``step_loss`` as the fast path computes it (``optim.padded_output_loss``, its chunks for
-    batches of at most ``most_positions`` target positions): what ``compiled_fast`` wraps."""
-    hidden = model.features(batch["src"], batch["tgt_in"])
-    return padded_output_loss(hidden, model.embed.weight, batch["tgt_out"], eps_ls, pad_id,
-                              most_positions=most_positions)[0]
+    """``step_loss`` as the fast path computes it (``fast_losses``'s smoothed sum)."""
+    return fast_losses(model, batch, eps_ls, pad_id, most_positions)[0]
 
 
 def fast_step_loss(micro: Config | int) -> Callable:

@@ -65,6 +65,32 @@ def test_two_ranks_equal_one_rank_accumulating_two_micro_batches(tmp_path):
     assert ra["metrics"]["dev_ppl"] == pytest.approx(rb["metrics"]["dev_ppl"], rel=1e-4)
 
 
+def test_two_ranks_on_the_fast_path_train_as_one_eager_rank_accumulating(tmp_path):
+    """DDP with the fast path (``train.compile=on``: fused projections, padded loss, compiled
+    whole): each rank compiles one graph and never again, and after 3 steps the weights and dev
+    PPL are eager's (one rank accumulating the same two micro-batches, which the test above
+    holds equal to two eager ranks). One layer (N=1): the same code path, a third of the
+    compiling."""
+    spec = _spec(tmp_path / "mine.yaml", N=1, p_drop=0.0, device_batch_tokens=512,
+                 train_steps=10000)
+    fast, eager = tmp_path / "fast", tmp_path / "eager"
+    cli(_env(fast), "table3", "--spec", str(spec), "--scale", "smoke", "--devices", "2",
+        "--set", "train.compile=on")
+    cli(_env(eager), "table3", "--spec", str(spec), "--scale", "smoke", "--devices", "1")
+    rf, re_ = _record(fast), _record(eager)
+    assert (rf["batch"]["world_size"], re_["batch"]["accumulate"]) == (2, 2)
+    assert rf["compile"] is True and re_["compile"] is False
+    assert rf["compile_choice"]["in_training"]["graphs"] == 1, rf["compile_choice"]
+    assert rf["compile_choice"]["in_training"]["recompiles"] == 0, rf["compile_choice"]
+    cf, ce = _weights(fast), _weights(eager)
+    assert cf["global_step"] == ce["global_step"] == 3
+    for name, wf in cf["state_dict"].items():
+        if name.endswith("w_k.bias"):  # noise only: see the test above
+            continue
+        torch.testing.assert_close(wf, ce["state_dict"][name], rtol=1e-4, atol=1e-5, msg=name)
+    assert rf["metrics"]["dev_ppl"] == pytest.approx(re_["metrics"]["dev_ppl"], rel=1e-4)
+
+
 def test_a_run_resumes_on_another_number_of_devices_both_ways(tmp_path):
     """6 steps on 2 devices, continued to 12 on 1, then to 18 on 2 again."""
     env = _env(tmp_path)
