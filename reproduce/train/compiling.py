@@ -38,6 +38,17 @@ MARGIN = 1.1
 CACHE = "compile.json"
 
 
+# The oldest torch the fast path has trained on (a lent GPU's image: 2.11; this project's CPUs:
+# 2.13). Older, ``on`` and ``auto`` train eager, and say so: dynamic shapes without duck sizing,
+# ``fallback_random`` and a whole-graph loss are younger than torch.compile itself.
+OLDEST_TORCH = (2, 11)
+
+
+def _torch_version(version: str) -> tuple[int, int]:
+    major, minor = version.split("+")[0].split(".")[:2]
+    return int(major), int(minor)
+
+
 def _device(accelerator: str) -> str:
     """The name of what a run trains on, for the cache: the GPU's, or the CPU's with its flags
     and threads (a step's time on a CPU depends on them)."""
@@ -83,6 +94,10 @@ def choose(config, micro_tokens: int, micro_steps: int, precision: str, accelera
     """(whether to compile, how it was chosen) for ``config``'s ``train.compile``; ``auto`` times
     ``config``'s model (named ``model`` in the answer) unless ``cache`` has its timings."""
     asked = config.train.compile
+    if asked != "off" and _torch_version(torch.__version__) < OLDEST_TORCH:
+        oldest = ".".join(map(str, OLDEST_TORCH))
+        return False, {"asked": asked, "how": f"torch {torch.__version__} is older than "
+                       f"{oldest}, the oldest the fast path has trained on: eager"}
     if asked != "auto":
         return asked == "on", {"asked": asked, "how": "set in the config"}
     device = _device(accelerator)
@@ -120,7 +135,11 @@ def choose_compile(run: PlannedRun, precision: str, layout: Layout = ONE_DEVICE,
     with threads_of_one_rank(layout):
         chosen, how = choose(reference, micro, c.train.train_steps * accumulate, precision,
                              layout.accelerator, runs_dir() / CACHE, model=model)
-    if say and c.train.compile == "auto":
+    if say and c.train.compile == "on" and not chosen:  # this torch is too old
+        log.warning("%s: compile on -> off (%s)", run.run_id, how["how"])
+    elif say and c.train.compile == "auto" and "cached" in how:
         log.info("%s: compile auto -> %s, for %s (%s%s)", run.run_id, "on" if chosen else "off",
                  model, "cached: " if how["cached"] else "", how["how"])
+    elif say and c.train.compile == "auto":
+        log.warning("%s: compile auto -> off (%s)", run.run_id, how["how"])
     return chosen, how

@@ -78,6 +78,18 @@ def test_a_set_value_is_taken_as_it_is_and_booleans_mean_on_and_off(config):
         config.overrides(compile="sometimes")
 
 
+def test_a_torch_older_than_the_fast_paths_oldest_trains_eager_and_says_why(config, monkeypatch):
+    monkeypatch.setattr(torch, "__version__", "2.10.1+cu128")
+    for asked in ("on", "auto"):
+        got, how = compiling.choose(config.overrides(compile=asked), 1024, 10**6, "32-true",
+                                    "cpu", None, timer=timings(1.0, 0.1, 1.0))
+        assert got is False and how == {"asked": asked, "how": (
+            "torch 2.10.1+cu128 is older than 2.11, the oldest the fast path has trained on: "
+            "eager")}
+    monkeypatch.setattr(torch, "__version__", "2.11.0")
+    assert compiling.choose(config.overrides(compile="on"), 1024, 10, "32-true", "cpu", None)[0]
+
+
 def test_a_real_timing_of_eager_and_compiled():
     from reproduce.train.step_time import seconds_compiled
 
