@@ -42,6 +42,9 @@ def main() -> None:
                              "first, and no minutes of timing a compile in a short run)")
     parser.add_argument("--batch-shapes", type=int, default=0,
                         help="train.batch_shapes (default 0: exact widths)")
+    parser.add_argument("--micro-batch", default="",
+                        help="train.device_batch_tokens (default: the scale's; auto: the fewest "
+                        "passes a step that fit the GPU's measured memory)")
     parser.add_argument("--profile", action="store_true",
                         help="run the CLI under cProfile; its top functions (by own time and by "
                         "cumulative time) go to the report's folder as paper-run.prof.txt")
@@ -60,7 +63,8 @@ def main() -> None:
                f"train.ckpt_every_steps={every}", "train.ckpt_every_minutes=0",
                f"train.val_every_steps={max(1, args.steps // 3)}", f"train.compile={args.compile}",
                f"train.batch_shapes={args.batch_shapes}",
-               f"data.max_eval_pairs={args.eval_pairs}"]
+               f"data.max_eval_pairs={args.eval_pairs}",
+               *([f"train.device_batch_tokens={args.micro_batch}"] if args.micro_batch else [])]
     env = {**os.environ, "REPRODUCE_RUNS": str(args.work / "runs"),
            "REPRODUCE_CACHE": str(args.work / "cache"), "PYTHONUNBUFFERED": "1"}
     print(" ".join(command[1:]), flush=True)
@@ -119,6 +123,7 @@ def report(r: dict, wall: float, generated: float, args, command: str) -> str:
              f"--eval-pairs {args.eval_pairs} --scale {args.scale}"
              f"{f' --compile {args.compile}' if args.compile != 'off' else ''}"
              f"{f' --batch-shapes {args.batch_shapes}' if args.batch_shapes else ''}"
+             f"{f' --micro-batch {args.micro_batch}' if args.micro_batch else ''}"
              f"{' --profile' if args.profile else ''}` ({r['finished_at']}, commit "
              f"{(r['commit'].get('sha') or '?')[:7]}): the generated corpus "
              f"({r['data']['train_pairs']:,} training pairs, {generated:.0f} s to write), then",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass, field, fields, replace
+from types import UnionType
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from reproduce.errors import ConfigError
@@ -99,8 +100,9 @@ class TrainConfig:
     eps_ls: float = 0.1  # label smoothing (section 5.4)
     batch_tokens: int = 25_000  # source (and target) tokens per optimizer step, over all devices
     # Most tokens one device takes per forward pass; fewer devices reach `batch_tokens` by
-    # gradient accumulation (0: one pass per step per device).
-    device_batch_tokens: int = 0
+    # gradient accumulation (0: one pass per step per device; "auto": the fewest passes that fit
+    # the device's measured memory, reproduce.train.micro_batch).
+    device_batch_tokens: int | str = 0
     max_tokens_per_sentence: int = 256  # longer pairs are dropped and counted (OOM pitfall)
     # Training batches in at most this many shapes an epoch, fitted to the corpus's lengths
     # (reproduce.data.batching.Shapes), for what needs few shapes: static compiled graphs, CUDA
@@ -133,7 +135,9 @@ class TrainConfig:
 
         Pitfall this avoids: fewer GPUs than the paper's 8 silently train with smaller batches."""
         per_device = -(-self.batch_tokens // devices)  # ceil
-        limit = self.device_batch_tokens or per_device
+        # "auto" before micro_batch.resolve has measured: one pass, which it takes where it fits
+        limit = per_device if self.device_batch_tokens == "auto" else (
+            int(self.device_batch_tokens) or per_device)
         accumulate = -(-per_device // limit)
         return accumulate, -(-per_device // accumulate)
 
@@ -142,7 +146,12 @@ class TrainConfig:
                      "average_last"):
             value = getattr(self, name)
             _check(value > 0, f"train.{name} = {value}: must be a positive integer")
-        for name in ("device_batch_tokens", "ckpt_every_steps", "val_every_steps", "seed",
+        _check(self.device_batch_tokens == "auto" or (
+            isinstance(self.device_batch_tokens, int) and not isinstance(self.device_batch_tokens, bool)
+            and self.device_batch_tokens >= 0),
+            f"train.device_batch_tokens = {self.device_batch_tokens!r}: allowed values are an "
+            "integer >= 0 (0: one pass a step) or auto")
+        for name in ("ckpt_every_steps", "val_every_steps", "seed",
                      "ckpt_every_minutes", "batch_shapes"):
             value = getattr(self, name)
             _check(value >= 0, f"train.{name} = {value}: must be >= 0")
@@ -260,6 +269,8 @@ def _coerce(key: str, value: Any, kind: type) -> Any:
         return "on" if value else "off"
     if get_origin(kind) is Literal:
         kind = type(get_args(kind)[0])
+    if isinstance(kind, UnionType):  # int | str: the value is checked by the section
+        return int(value) if isinstance(value, float) and value.is_integer() else value
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if kind is int and isinstance(value, float) and value.is_integer():

@@ -84,6 +84,7 @@ class Batch(TypedDict, total=False):
     tgt_padding_share: float  # 1 - real / padded
     shapes_per_epoch: int  # distinct batch shapes of an epoch's training batches, this rank's
     padding_share: float  # their padding share, both sides (data.batching.shape_census)
+    micro_batch_choice: dict[str, Any]  # how `device_batch_tokens: auto` chose (micro_batch)
 
 
 class Cost(TypedDict, total=False):

@@ -204,11 +204,14 @@ def same_config(stored: dict[str, Any] | None, config: Config, training_only: bo
     schedule does not depend on it either, so a run given more steps continues exactly where it
     stopped; the caller checks that the checkpoint is not past the new step count) and
     ``device_batch_tokens`` (the micro-batch: the tokens per step are the same, accumulated, as
-    when a run resumes on another number of devices).
+    when a run resumes on another number of devices). A ``config`` that asks ``auto`` of it
+    matches the number a run chose (``train.micro_batch``).
     """
     rebuilt = stored_config(stored)
     if rebuilt is None:
         return False
+    if config.train.device_batch_tokens == "auto":  # the record holds what auto chose
+        rebuilt = replace(rebuilt, train=replace(rebuilt.train, device_batch_tokens="auto"))
     if training_only:  # the micro-batch too: where it trains (lowered after running out of memory)
         rebuilt = replace(rebuilt, decode=config.decode,
                           train=replace(rebuilt.train, train_steps=config.train.train_steps,

@@ -86,6 +86,8 @@ class PlannedRun:
     # so every variant of a table trains in one precision (None: the run's own config).
     precision_from: Config | None = None
     sets: dict[str, Any] = field(default_factory=dict)  # --set on the command line (with_sets)
+    # How `device_batch_tokens: auto` was resolved for this run (train.micro_batch.resolve)
+    micro_batch_choice: dict[str, Any] = field(default_factory=dict)
 
     @property
     def run_id(self) -> str:

@@ -18,6 +18,7 @@ import pytorch_lightning as pl
 import torch
 
 from reproduce.config import Config
+from reproduce.data.module import TranslationData
 from reproduce.errors import DataError, DiskError, Diverged, OutOfMemory
 from reproduce.paper.flops import analytic_flops, gpu_tflops, paper_cost
 from reproduce.paper.model import count_parameters
@@ -40,7 +41,7 @@ from reproduce.records.schema import (
 from reproduce.records.sharing import Donor, reuse, take_training
 from reproduce.records.store import finished, load_record, record_path, retire_stale, write_record
 from reproduce.records.sweep import PlannedRun
-from reproduce.train import devices
+from reproduce.train import devices, micro_batch
 from reproduce.train.compiling import choose_compile
 from reproduce.train.devices import ONE_DEVICE, Layout
 from reproduce.train.evaluate import task_scores
@@ -82,6 +83,7 @@ def execute(run: PlannedRun, split: str, command: str, extra: dict[str, Any] | N
         precision = devices.Decision(work).wait()
         if precision is None:
             return Outcome(why="rank 0 trains nothing now")
+        run = micro_batch.resolve(run, layout, precision[0])  # rank 0's answer, cached
         run_here(run, split, command, work, extra, layout, precision)
         return Outcome(why="this rank's part is done; rank 0 records it")
     decision = devices.Decision(work) if devices.external_ranks() else None
@@ -126,6 +128,7 @@ def _execute(run: PlannedRun, split: str, command: str, work: Path, extra: dict[
         disk.check(run.run_id, run.config, work / "checkpoints")  # before hours of training
         footprint.room(run.run_id, run.config)  # and before its data is read
         precision = choose_precision(run, layout)
+        run = micro_batch.resolve(run, layout, precision[0])  # before the ranks: they read it
         if layout.devices > 1 or decision is not None:  # timed here, once, before the ranks
             choose_compile(run, precision[0], layout, say=False)  # start (they read the cache)
         if layout.devices > 1 and decision is None:
@@ -223,8 +226,8 @@ def run_here(run: PlannedRun, split: str, command: str, work: Path,
         "compile": choice[0], "compile_choice": choice[1],
         "metrics": metrics, **_task_entries(scores), "paper": run.paper,
         "data": _data_summary(c, data, tokenizer),
-        "batch": _batch_summary(layout, trainer.world_size, accumulate, data.micro_batch_tokens,
-                                work_done, trainer.global_step, data.batch_shape_census()),
+        "batch": _batch_summary(layout, trainer.world_size, accumulate, data, work_done,
+                                trainer.global_step, run.micro_batch_choice),
         "averaged_checkpoints": weights, "curve": clock.curve,
         "cost": _cost(c, work_done, clock.seconds, trainer.world_size),
         "resumed": resumed, "resumed_from": module.resumed_from, "commit": _commit(),
@@ -311,12 +314,14 @@ def _compile_entries(compiled: tuple[bool, dict[str, Any]], failed: str | None,
     return chosen, {**how, "in_training": graphs} if chosen and graphs is not None else how
 
 
-def _batch_summary(layout: Layout, world_size: int, accumulate: int, micro: int,
-                   work: dict[str, int], steps: int, census: dict[str, float]) -> Batch:
-    """The record's ``batch``: the devices, how a step's tokens were split over them, the
-    target tokens a step computed (real, and padded as the tensors held them), and an epoch's
-    distinct batch shapes and padding share, both sides (``shape_census``, this rank's)."""
+def _batch_summary(layout: Layout, world_size: int, accumulate: int, data: TranslationData,
+                   work: dict[str, int], steps: int, choice: dict[str, Any]) -> Batch:
+    """The record's ``batch``: the devices, how a step's tokens were split over them (and how
+    ``auto`` chose the micro-batch), the target tokens a step computed (real, and padded as the
+    tensors held them), and an epoch's distinct batch shapes and padding share, both sides
+    (``shape_census``, this rank's)."""
     real, padded = work["real_tgt_tokens"], work["tgt_tokens"]
+    micro, census = data.micro_batch_tokens, data.batch_shape_census()
     return {"accelerator": layout.accelerator, "strategy": layout.strategy,
             "devices": layout.devices, "nodes": layout.nodes, "world_size": world_size,
             "accumulate": accumulate, "device_batch_tokens": micro,
@@ -324,7 +329,8 @@ def _batch_summary(layout: Layout, world_size: int, accumulate: int, micro: int,
             "measured_tgt_tokens_per_step": round(real / max(steps, 1)),
             "padded_tgt_tokens_per_step": round(padded / max(steps, 1)),
             "tgt_padding_share": round(1 - real / padded, 4) if padded else 0.0,
-            "shapes_per_epoch": int(census["shapes"]), "padding_share": census["padding_share"]}
+            "shapes_per_epoch": int(census["shapes"]), "padding_share": census["padding_share"],
+            **({"micro_batch_choice": choice} if choice else {})}
 
 
 def _device_name(layout: Layout) -> str:
