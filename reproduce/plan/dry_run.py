@@ -125,7 +125,8 @@ def _print_run(run: PlannedRun, e: estimates.Estimate, paper: float | None,
     it would share (``sharing``)."""
     accumulate, micro = run.config.train.split_batch(e.devices)
     print(f"  {run.run_id}: {e.steps} steps x {micro * e.devices * accumulate} tokens/step "
-          f"({e.devices} device(s) x {accumulate} accumulated x {micro}), "
+          f"({e.devices} device(s) x {accumulate} accumulated x {micro}"
+          f"{'; auto: measured at the start' if run.config.train.device_batch_tokens == 'auto' else ''}), "
           f"{e.seconds_per_step:.3g} s/step -> {hours(e.hours)}, {e.device_hours:.3g} "
           f"device-hours; {e.flops:.2g} FLOPs counted"
           + (f", {paper:.2g} by the paper's method" if paper else "") + f" [{e.source}]; "

@@ -376,11 +376,10 @@ def _memory(g: Gpu, c: Config, devices: int) -> str:
     if need <= g.memory_gb:
         return ""
     fits = int((g.memory_gb * 1e9 - fixed) / per_token) // 100 * 100
-    if c.train.device_batch_tokens == "auto":  # train.micro_batch measures and splits the step
-        passes = -(-micro // max(fits, 1))
+    if c.train.device_batch_tokens == "auto" and fits > 0:  # train.micro_batch splits the step
         return (f"; device_batch_tokens auto: one pass of {micro} tokens needs ~{need:.0f} GB of "
-                f"its {g.memory_gb:g} GB (scaled from {g.measured.gpu}'s peak), so about "
-                f"{passes} passes a step, priced as one")
+                f"its {g.memory_gb:g} GB (scaled from {g.measured.gpu}'s peak): about "
+                f"{-(-micro // fits)} passes a step, each slower than this price's one")
     return (f"; DOES NOT FIT: a micro-batch of {micro} tokens needs ~{need:.0f} GB of its "
             f"{g.memory_gb:g} GB (scaled from {g.measured.gpu}'s peak): set "
             f"train.device_batch_tokens={max(fits, 0)} or less")

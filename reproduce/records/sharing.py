@@ -24,7 +24,7 @@ from reproduce.paths import results_dir, runs_dir
 from reproduce.records.checkpoints import LAST, NoCheckpoints, last_checkpoints, unreadable
 from reproduce.records.claims import holder
 from reproduce.records.schema import MetricName, Record, TrainedBy
-from reproduce.records.store import every_table_records, finished, stored_config
+from reproduce.records.store import as_asked, every_table_records, finished, stored_config
 from reproduce.records.sweep import PlannedRun, load_spec, shipped_specs
 
 # What a reused run's record takes from its donor's: everything about the training.
@@ -57,6 +57,7 @@ def same_training(stored: dict[str, Any] | None, config: Config) -> bool:
     rebuilt = stored_config(stored)
     if rebuilt is None:
         return False
+    rebuilt = as_asked(rebuilt, config)
     rebuilt = replace(rebuilt, decode=config.decode,
                       train=replace(rebuilt.train, average_last=config.train.average_last))
     return rebuilt == config

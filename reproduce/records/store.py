@@ -192,6 +192,14 @@ def stored_config(stored: dict[str, Any] | None) -> Config | None:
         return None
 
 
+def as_asked(stored: Config, config: Config) -> Config:
+    """``stored`` (a record's config) with ``device_batch_tokens: auto`` where ``config`` asks it:
+    a record holds the number auto chose (``train.micro_batch``), which is what auto asked."""
+    if config.train.device_batch_tokens != "auto":
+        return stored
+    return replace(stored, train=replace(stored.train, device_batch_tokens="auto"))
+
+
 def same_config(stored: dict[str, Any] | None, config: Config, training_only: bool = False) -> bool:
     """Whether a config stored in a record or checkpoint is ``config``: the stored dict (through
     JSON, as a record holds it) is rebuilt with ``Config.from_dict`` and compared as a Config.
@@ -210,8 +218,7 @@ def same_config(stored: dict[str, Any] | None, config: Config, training_only: bo
     rebuilt = stored_config(stored)
     if rebuilt is None:
         return False
-    if config.train.device_batch_tokens == "auto":  # the record holds what auto chose
-        rebuilt = replace(rebuilt, train=replace(rebuilt.train, device_batch_tokens="auto"))
+    rebuilt = as_asked(rebuilt, config)
     if training_only:  # the micro-batch too: where it trains (lowered after running out of memory)
         rebuilt = replace(rebuilt, decode=config.decode,
                           train=replace(rebuilt.train, train_steps=config.train.train_steps,

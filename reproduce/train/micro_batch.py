@@ -4,18 +4,22 @@ A step's tokens (``batch_tokens`` over the devices) go through in one pass where
 in the fewest equal micro-batches that do, accumulated. Fewer passes issue fewer kernels: a GPU
 step bound by the host issuing them (``results/gpu.md``) is shorter for each pass saved.
 
-On a GPU it is measured: one training step (forward, loss, backward, Adam) of the run's model in
-its precision, at the widest batch a run can have (every pair ``max_tokens_per_sentence`` long on
-both sides: the most padding and the longest attention), on the micro-batch tried, one pass
-first, then two, three, ... equal ones; the first whose peak memory stays within ``HEADROOM`` of
-the device's is taken (a pass that runs out of memory counts as not fitting). The answer is
-cached per GPU, torch version, precision and model shape (``runs/micro-batch.json``), so every
-rank of a run, and every later run on such a GPU, reads the same. A CPU takes one pass (its memory
-is not what limits a step at the scales a CPU trains). The record keeps how
-(``batch.micro_batch_choice``)."""
+On a GPU it is measured: one eager training step (forward, loss, backward, Adam) of the run's
+model in its precision, at the widest batch a run can have (every pair
+``max_tokens_per_sentence`` long on both sides: the most padding and the longest attention), on
+the micro-batch tried, one pass first, then two, three, ... equal ones; the first whose peak
+(memory torch reserved) stays within ``HEADROOM`` of what the GPU had free is taken (a pass that
+runs out of memory counts as not fitting). Answers are cached per GPU, torch version, precision
+and model (shape and dropout, which keeps its masks) in ``runs/micro-batch.json``, and a run keeps
+its own in its folder (``RUN_FILE``): a resumed run, and a cluster's other ranks (which read it
+once rank 0 has decided), take the micro-batch it started with. A GPU shared with other
+processes when measured gives a smaller answer; one shared later than measured can run out of
+memory (one line says what to lower). A CPU takes one pass (its memory is not what limits a step
+at the scales a CPU trains). The record keeps how (``batch.micro_batch_choice``)."""
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 from collections.abc import Callable
@@ -36,6 +40,9 @@ log = logging.getLogger("reproduce")
 
 AUTO = "auto"
 CACHE = "micro-batch.json"
+RUN_FILE = "micro-batch.json"  # in the run's folder: the micro-batch it started with
+# How the peaks were measured; a cache entry of another method is measured again
+METHOD = 1
 HEADROOM = 0.85  # of the device's memory a probed step's peak may take: room for fragmentation
 MOST_PASSES = 64  # a step split further than this is refused: lower batch_tokens or add devices
 
@@ -59,9 +66,9 @@ def fewest_passes(per_device: int, peak: Callable[[int], int | None], total: int
 
 
 def cuda_peak(config: Config, precision: str) -> Callable[[int], int | None]:
-    """``peak(tokens)``: the peak bytes allocated on the current GPU by one training step of
-    ``config``'s model in ``precision`` on ``tokens`` tokens of the widest batch; None where it
-    ran out of memory."""
+    """``peak(tokens)``: the peak bytes torch reserved on the current GPU for one eager training
+    step of ``config``'s model in ``precision`` on ``tokens`` tokens of the widest batch; None
+    where it ran out of memory. Everything it allocated is freed before it returns."""
     from reproduce.paper.model import Transformer
     from reproduce.paper.optim import adam_with_schedule
     from reproduce.train.step_time import step_loss
@@ -69,36 +76,49 @@ def cuda_peak(config: Config, precision: str) -> Callable[[int], int | None]:
     c, width = config, config.train.max_tokens_per_sentence
     dtype = torch.bfloat16 if precision.startswith("bf16") else torch.float16
     autocast = precision.endswith("-mixed")
+    half = precision.endswith("-true") and not precision.startswith("32")
+
+    def step(tokens: int) -> int:
+        model = Transformer(c.model).cuda()
+        if half:
+            model = model.to(dtype)
+        optimizer, _ = adam_with_schedule(model.parameters(), c.train, c.model.d_model)
+        ids = torch.randint(4, c.model.vocab_size, (3, max(1, tokens // width), width),
+                            device="cuda")
+        with torch.autocast("cuda", dtype=dtype, enabled=autocast):
+            loss = step_loss(model, {"src": ids[0], "tgt_in": ids[1], "tgt_out": ids[2]},
+                             c.train.eps_ls, c.model.pad_id)
+        loss.backward()
+        optimizer.step()
+        torch.cuda.synchronize()
+        return int(torch.cuda.max_memory_reserved())
 
     def peak(tokens: int) -> int | None:
-        rows = max(1, tokens // width)
-        model = optimizer = batch = None
+        torch.cuda.reset_peak_memory_stats()
         try:
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
-            model = Transformer(c.model).cuda()
-            optimizer, _ = adam_with_schedule(model.parameters(), c.train, c.model.d_model)
-            ids = torch.randint(4, c.model.vocab_size, (3, rows, width), device="cuda")
-            batch = {"src": ids[0], "tgt_in": ids[1], "tgt_out": ids[2]}
-            with torch.autocast("cuda", dtype=dtype, enabled=autocast):
-                loss = step_loss(model, batch, c.train.eps_ls, c.model.pad_id)
-            loss.backward()
-            optimizer.step()
-            torch.cuda.synchronize()
-            return int(torch.cuda.max_memory_allocated())
+            return step(tokens)  # its tensors are gone once it returns
         except torch.OutOfMemoryError:
             return None
         finally:
-            del model, optimizer, batch
+            gc.collect()
             torch.cuda.empty_cache()
     return peak
+
+
+def free_bytes() -> int:
+    """What the current GPU has free for this process: its free memory (others' use counted)
+    plus what this process's torch holds and could hand back."""
+    gc.collect()
+    torch.cuda.empty_cache()
+    return int(torch.cuda.mem_get_info()[0]) + int(torch.cuda.memory_reserved())
 
 
 def choose(config: Config, devices: int, precision: str, accelerator: str, cache: Path | None,
            peak: Callable[[int], int | None] | None = None, total: int | None = None
            ) -> tuple[int, dict[str, Any]]:
     """The tokens of a device's micro-batch for ``config`` (``device_batch_tokens`` as set, or
-    chosen for ``auto``) and how it was chosen."""
+    chosen for ``auto``) and how it was chosen; ``peak`` and ``total`` (bytes free) stand for a
+    GPU's (``cuda_peak``, ``free_bytes``)."""
     asked = config.train.device_batch_tokens
     per_device = -(-config.train.batch_tokens // devices)
     if asked != AUTO:
@@ -110,15 +130,15 @@ def choose(config: Config, devices: int, precision: str, accelerator: str, cache
     device = torch.cuda.get_device_name() if peak is None else "given"
     m = config.model
     key = (f"{device}|torch {torch.__version__}|{precision}|"
-           f"{step_time.shape_key(config, per_device)}|width {config.train.max_tokens_per_sentence}")
+           f"{step_time.shape_key(config, per_device)}|p_drop {m.p_drop}|p_attn {m.p_attn}|"
+           f"width {config.train.max_tokens_per_sentence}|method {METHOD}")
     known = step_time.read_timings(cache).get(key) if cache else None
     cached = known is not None
     if known is None:
-        if total is None:
-            total = torch.cuda.get_device_properties(0).total_memory
+        total = free_bytes() if total is None else total
         passes, tokens, tried = fewest_passes(per_device, peak or cuda_peak(config, precision),
                                               total)
-        known = {"passes": passes, "tokens": tokens, "total_bytes": total,
+        known = {"passes": -(-per_device // tokens), "tokens": tokens, "free_bytes": total,
                  "peak_bytes": {str(k): v for k, v in tried.items()}, "device": device,
                  "model": f"N{m.N} d_model {m.d_model}"}
         if cache:
@@ -126,21 +146,32 @@ def choose(config: Config, devices: int, precision: str, accelerator: str, cache
                                             indent=1) + "\n").encode())
     peaks = known["peak_bytes"]
     how = (f"{known['passes']} pass(es) of {known['tokens']} tokens a step: peak "
-           f"{peaks[str(known['tokens'])] / 2**30:.1f} GiB of {known['total_bytes'] / 2**30:.1f} "
-           f"(at most {HEADROOM:.0%}), measured on the widest batch")
+           f"{peaks[str(known['tokens'])] / 2**30:.1f} GiB of {known['free_bytes'] / 2**30:.1f} "
+           f"free (at most {HEADROOM:.0%}), measured on the widest batch")
     return known["tokens"], {"asked": AUTO, "how": how, "measured": known, "cached": cached}
 
 
-def resolve(run: PlannedRun, layout: Layout, precision: str) -> PlannedRun:
-    """``run`` with its micro-batch chosen (``choose``) where it asks ``auto``, as a number, and
-    how in ``micro_batch_choice``; as it is otherwise."""
+def resolve(run: PlannedRun, layout: Layout, precision: str, work: Path) -> PlannedRun:
+    """``run`` with its micro-batch as a number where it asks ``auto``, and how in
+    ``micro_batch_choice``: the one its folder ``work`` keeps (``RUN_FILE``: it started with it,
+    or rank 0 chose it), else ``choose``'s, kept there; ``run`` as it is otherwise."""
     if run.config.train.device_batch_tokens != AUTO:
         return run
-    tokens, how = choose(run.config, layout.world, precision, layout.accelerator,
-                         runs_dir() / CACHE)
-    log.info("%s: device_batch_tokens auto -> %d (%s%s)", run.run_id, tokens,
-             "cached: " if how.get("cached") else "", how["how"])
-    reference = run.precision_from
+    kept = work / RUN_FILE
+    per_device = -(-run.config.train.batch_tokens // layout.world)
+    try:
+        earlier = json.loads(kept.read_text())
+    except (OSError, ValueError):
+        earlier = {}
+    if earlier.get("per_device") == per_device:
+        tokens, how = earlier["tokens"], earlier["how"]
+    else:
+        tokens, how = choose(run.config, layout.world, precision, layout.accelerator,
+                             runs_dir() / CACHE)
+        work.mkdir(parents=True, exist_ok=True)
+        write_atomic(kept, json.dumps({"per_device": per_device, "tokens": tokens,
+                                       "how": how}, indent=1).encode())
+        log.info("%s: device_batch_tokens auto -> %d (%s%s)", run.run_id, tokens,
+                 "cached: " if how.get("cached") else "", how["how"])
     return replace(run, config=run.config.overrides(device_batch_tokens=tokens),
-                   precision_from=reference and reference.overrides(device_batch_tokens=tokens),
                    micro_batch_choice=how)

@@ -83,7 +83,7 @@ def execute(run: PlannedRun, split: str, command: str, extra: dict[str, Any] | N
         precision = devices.Decision(work).wait()
         if precision is None:
             return Outcome(why="rank 0 trains nothing now")
-        run = micro_batch.resolve(run, layout, precision[0])  # rank 0's answer, cached
+        run = micro_batch.resolve(run, layout, precision[0], work)  # rank 0's answer
         run_here(run, split, command, work, extra, layout, precision)
         return Outcome(why="this rank's part is done; rank 0 records it")
     decision = devices.Decision(work) if devices.external_ranks() else None
@@ -128,7 +128,7 @@ def _execute(run: PlannedRun, split: str, command: str, work: Path, extra: dict[
         disk.check(run.run_id, run.config, work / "checkpoints")  # before hours of training
         footprint.room(run.run_id, run.config)  # and before its data is read
         precision = choose_precision(run, layout)
-        run = micro_batch.resolve(run, layout, precision[0])  # before the ranks: they read it
+        run = micro_batch.resolve(run, layout, precision[0], work)  # before the ranks
         if layout.devices > 1 or decision is not None:  # timed here, once, before the ranks
             choose_compile(run, precision[0], layout, say=False)  # start (they read the cache)
         if layout.devices > 1 and decision is None:

@@ -52,7 +52,7 @@ def test_the_choice_is_measured_once_cached_and_a_cpu_takes_one_pass(tmp_path):
     tokens, how = micro_batch.choose(config, 1, "bf16-mixed", "gpu", cache, peak=peak,
                                      total=80 * GIB)
     assert (tokens, how["measured"]["passes"], how["cached"]) == (12500, 2, False)
-    assert how["how"].startswith("2 pass(es) of 12500 tokens a step: peak 48.6 GiB of 80.0")
+    assert how["how"].startswith("2 pass(es) of 12500 tokens a step: peak 48.6 GiB of 80.0 free")
 
     def never(tokens):
         raise AssertionError("measured again")
@@ -68,6 +68,34 @@ def test_the_choice_is_measured_once_cached_and_a_cpu_takes_one_pass(tmp_path):
         25000, {"asked": "auto", "how": "one pass a step: a CPU's memory is not measured"})
     assert micro_batch.choose(config.overrides(device_batch_tokens=5000), 1, "32-true", "gpu",
                               cache) == (5000, {"asked": 5000, "how": "set in the config"})
+    # dropout keeps its masks: another model to measure
+    micro_batch.choose(config.overrides(p_drop=0.0), 1, "bf16-mixed", "gpu", cache, peak=peak,
+                       total=80 * GIB)
+    assert len(json.loads(cache.read_text())) == 3
+
+
+def test_a_run_keeps_the_micro_batch_it_started_with(tmp_path, monkeypatch):
+    """Resumed, or read by a cluster's other ranks: the run folder's answer, not a new one (a
+    GPU measured again, or another one, could answer otherwise and change the batches
+    mid-epoch); another count of devices is another step split, chosen again."""
+    from reproduce.paths import RUNS_ENV
+    from reproduce.records.sweep import PlannedRun
+    from reproduce.train.devices import Layout
+
+    monkeypatch.setenv(RUNS_ENV, str(tmp_path / "runs"))
+    config = load_spec("table3").resolve("base", "paper").overrides(device_batch_tokens="auto")
+    run = PlannedRun("table3", "base", "base", "paper", 0, config)
+    answers = iter([(12500, {"asked": "auto", "how": "first"}), (6250, {"how": "second"})])
+    monkeypatch.setattr(micro_batch, "choose", lambda *args: next(answers))
+    one, two = Layout("gpu", 1), Layout("gpu", 2)
+    first = micro_batch.resolve(run, one, "bf16-mixed", tmp_path / "work")
+    assert first.config.train.device_batch_tokens == 12500
+    assert first.config.train.split_batch(1) == (2, 12500)
+    again = micro_batch.resolve(run, one, "bf16-mixed", tmp_path / "work")
+    assert again.config == first.config and again.micro_batch_choice["how"] == "first"
+    assert micro_batch.resolve(run, two, "bf16-mixed", tmp_path / "work").micro_batch_choice[
+        "how"] == "second"
+    assert micro_batch.resolve(first, one, "bf16-mixed", tmp_path / "w2") is first  # a number
 
 
 def test_auto_is_a_value_of_the_setting_and_others_are_named_in_the_error():
@@ -94,3 +122,16 @@ def test_a_run_on_auto_records_its_choice_and_is_found_finished_again(tmp_path):
         "asked": "auto", "how": "one pass a step: a CPU's memory is not measured"}
     again = cli(env, *args)
     assert "finished earlier" in again.stderr + again.stdout
+
+
+def test_a_config_asking_auto_is_the_record_of_the_number_it_chose():
+    """Found finished (``same_config``), and its training evaluated by a twin asking auto
+    (``same_training``); a number asked is still held to the number recorded."""
+    from reproduce.records.sharing import same_training
+    from reproduce.records.store import same_config
+
+    asked = load_spec("table3").resolve("base", "smoke").overrides(device_batch_tokens="auto")
+    stored = asked.overrides(device_batch_tokens=1024).to_dict()
+    assert same_config(stored, asked) and same_training(stored, asked)
+    other = asked.overrides(device_batch_tokens=512)
+    assert not same_config(stored, other) and not same_training(stored, other)
