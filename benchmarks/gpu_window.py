@@ -126,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the paper-scale run's train.batch_shapes (paper_run.py)")
     parser.add_argument("--micro-batch", default="",
                         help="the paper-scale run's train.device_batch_tokens (paper_run.py)")
+    parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="more config values for the paper-scale run (paper_run.py --set)")
     parser.add_argument("--no-bench", action="store_true",
                         help="the paper-scale run alone (bench --gpu came back from a call before)")
     parser.add_argument("--no-kit", action="store_true", help="leave .kit/ alone: this Python's "
@@ -213,6 +215,7 @@ def paper_run(w: Window, args: argparse.Namespace, env: dict) -> bool:
                               "--out", str(args.out / "paper-run.md"), "--compile", args.compile,
                               "--batch-shapes", str(args.batch_shapes),
                               *(["--micro-batch", args.micro_batch] if args.micro_batch else []),
+                              *(["--set", *args.set] if args.set else []),
                               *(["--profile"] if args.profile else [])], w.left() - 10, env)
     records = [r for r in [args.out / "paper-run.json"] if r.exists()]  # paper_run.py wrote it
     models = sorted((work / "cache" / "spm").glob("*.model"))

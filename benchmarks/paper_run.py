@@ -45,6 +45,9 @@ def main() -> None:
     parser.add_argument("--micro-batch", default="",
                         help="train.device_batch_tokens (default: the scale's; auto: the fewest "
                         "passes a step that fit the GPU's measured memory)")
+    parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="more config values for the run, as the CLI's --set (e.g. "
+                        "train.cuda_graphs=true)")
     parser.add_argument("--profile", action="store_true",
                         help="run the CLI under cProfile; its top functions (by own time and by "
                         "cumulative time) go to the report's folder as paper-run.prof.txt")
@@ -64,7 +67,8 @@ def main() -> None:
                f"train.val_every_steps={max(1, args.steps // 3)}", f"train.compile={args.compile}",
                f"train.batch_shapes={args.batch_shapes}",
                f"data.max_eval_pairs={args.eval_pairs}",
-               *([f"train.device_batch_tokens={args.micro_batch}"] if args.micro_batch else [])]
+               *([f"train.device_batch_tokens={args.micro_batch}"] if args.micro_batch else []),
+               *args.set]
     env = {**os.environ, "REPRODUCE_RUNS": str(args.work / "runs"),
            "REPRODUCE_CACHE": str(args.work / "cache"), "PYTHONUNBUFFERED": "1"}
     print(" ".join(command[1:]), flush=True)
@@ -124,6 +128,7 @@ def report(r: dict, wall: float, generated: float, args, command: str) -> str:
              f"{f' --compile {args.compile}' if args.compile != 'off' else ''}"
              f"{f' --batch-shapes {args.batch_shapes}' if args.batch_shapes else ''}"
              f"{f' --micro-batch {args.micro_batch}' if args.micro_batch else ''}"
+             f"{f' --set {chr(32).join(args.set)}' if args.set else ''}"
              f"{' --profile' if args.profile else ''}` ({r['finished_at']}, commit "
              f"{(r['commit'].get('sha') or '?')[:7]}): the generated corpus "
              f"({r['data']['train_pairs']:,} training pairs, {generated:.0f} s to write), then",

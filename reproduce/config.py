@@ -120,6 +120,10 @@ class TrainConfig:
     # same function, other kernels; measured by `bench --compile` (0.8x eager on a 2-core CPU).
     # "auto": taken where a timed step says it pays over the run (reproduce.train.compiling)
     compile: str = "off"
+    # On the fast path on a GPU: each batch shape's compiled step replayed as a CUDA graph
+    # (inductor's cudagraph trees: one kernel launch from the host per graph); for few shapes
+    # (batch_shapes). No effect eager or on a CPU. Not yet measured on a GPU.
+    cuda_graphs: bool = False
 
     def save_interval(self) -> tuple[str, float]:
         """How often a checkpoint is saved: ``("minutes", N)`` where ``ckpt_every_minutes`` is

@@ -57,7 +57,8 @@ class TranslationModule(pl.LightningModule):
         """Train on the fast path (``on``): the training loss over every position of the batch
         (``_padded_losses``), compiled whole; or eager, the path every committed record took."""
         self.fast = on
-        self._train_losses = compiled_fast(self._padded_losses) if on else self._losses
+        self._train_losses = (compiled_fast(self._padded_losses, self.config.train.cuda_graphs)
+                              if on else self._losses)
 
     def _losses(self, batch: dict[str, torch.Tensor]):
         hidden = self.model.features(batch["src"], batch["tgt_in"])
@@ -106,7 +107,7 @@ class TranslationModule(pl.LightningModule):
         for key, value in zip(WORK_KEYS[:-1], (B * S, B * T, B * S * S, B * T * T, B * T * S),
                               strict=True):  # the shapes' counts; real tokens are kept apart
             self.work[key] += value
-        real = n.detach()
+        real = n.detach().clone()  # kept past the next step (a CUDA graph's output is not)
         self._real_tokens = real if self._real_tokens is None else self._real_tokens + real
         # The progress bar reads its values back every step (Lightning's on_batch_end): the fast
         # path's loss goes to the loggers only, read at their interval (fixed for the run:

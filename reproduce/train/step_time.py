@@ -77,7 +77,7 @@ def use_compile_cache() -> Path:
     return folder
 
 
-def compiled_fast(loss_fn: Callable) -> Callable:
+def compiled_fast(loss_fn: Callable, cuda_graphs: bool = False) -> Callable:
     """``loss_fn`` (the fast path's training loss, ``lit.TranslationModule._padded_losses``)
     under ``torch.compile`` whole (``fullgraph``: nothing in it may fall back to Python between
     kernels), with dynamic shapes from the first call (token-count batches change shape every
@@ -86,14 +86,20 @@ def compiled_fast(loss_fn: Callable) -> Callable:
     target positions would compile again at the next). Dropout draws its masks from torch's own
     generator, as eager does (inductor's ``fallback_random``), so the masks follow the seed each
     step is given (``lit.TranslationModule.on_train_batch_start``): a resumed run draws the
-    uninterrupted run's, and the losses are eager's (``tests/golden``)."""
+    uninterrupted run's, and the losses are eager's (``tests/golden``).
+    ``cuda_graphs`` (``train.cuda_graphs``): on a GPU, each shape's graph is recorded once as a
+    CUDA graph and replayed (inductor's cudagraph trees), the start of each call marked as a new
+    step (a step's micro-batches call it more than once before the optimizer runs); a CPU's graphs
+    are not affected. Outputs are only valid until the next call: callers keep copies."""
     from torch.fx.experimental import _config as shapes
 
     use_compile_cache()
     compiled = torch.compile(loss_fn, dynamic=True, fullgraph=True,
-                             options={"fallback_random": True})
+                             options={"fallback_random": True, "triton.cudagraphs": cuda_graphs})
 
     def run(*args, **kwargs):
+        if cuda_graphs:
+            torch.compiler.cudagraph_mark_step_begin()
         with shapes.patch(use_duck_shape=False):
             return compiled(*args, **kwargs)
     return run

@@ -25,7 +25,8 @@ def window(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess:
 
 def test_the_window_keeps_what_each_part_measured_and_cuts_a_slow_part_at_its_cap(tmp_path):
     done = window(tmp_path, "--seconds", "120", "--reserve", "90", "--steps", "20",
-                  "--eval-pairs", "20", "--cap", "beam=0.05", "--micro-batch", "auto")
+                  "--eval-pairs", "20", "--cap", "beam=0.05", "--micro-batch", "auto",
+                  "--set", "train.cuda_graphs=true")
     assert done.returncode == 0, done.stdout + done.stderr
     out = tmp_path / "out"
     assert len(list(out.iterdir())) <= 8  # what the device tool brings back
@@ -38,7 +39,8 @@ def test_the_window_keeps_what_each_part_measured_and_cuts_a_slow_part_at_its_ca
     assert record["metrics"]["train_steps"] == 20
     assert record["config"]["data"]["max_eval_pairs"] == 20
     assert record["batch"]["micro_batch_choice"]["asked"] == "auto"  # a CPU: one pass
-    assert "--micro-batch auto" in (out / "paper-run.md").read_text()
+    assert "--micro-batch auto --set train.cuda_graphs=true" in (out / "paper-run.md").read_text()
+    assert record["config"]["train"]["cuda_graphs"] is True  # eager here: no effect
     assert set(record["phases"]) >= {"data", "fit", "decode"}
     assert record["command_seconds"] > record["wall_seconds"] > 0  # start-up, for GPU plans
     assert "| the command, start to end |" in (out / "paper-run.md").read_text()

@@ -251,3 +251,23 @@ def test_compiled_kernels_are_kept_in_the_projects_cache_unless_a_user_chose_a_f
         assert os.environ[INDUCTOR_CACHE_ENV] == str(tmp_path / "cache" / "inductor")
     monkeypatch.setenv(INDUCTOR_CACHE_ENV, str(tmp_path / "mine"))
     assert use_compile_cache() == tmp_path / "mine" and (tmp_path / "mine").is_dir()
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_cuda_graphs_ask_inductor_for_them_and_mark_each_call_a_new_step(monkeypatch, graphs):
+    """``train.cuda_graphs`` reaches torch.compile as inductor's ``triton.cudagraphs`` (beside
+    ``fallback_random``, as ``mode="reduce-overhead"`` cannot be), and each call of the compiled
+    loss starts a new step of the cudagraph trees (a step's micro-batches call it more than once
+    before the backward of the last); off, nothing is marked. What a GPU does with them is not
+    measured here."""
+    from reproduce.train import step_time
+
+    asked, marks = {}, []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: asked.update(kw) or fn)
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    run = step_time.compiled_fast(lambda x: x + 1, cuda_graphs=graphs)
+    assert run(1) == 2 and run(2) == 3
+    assert asked["options"] == {"fallback_random": True, "triton.cudagraphs": graphs}
+    assert asked["dynamic"] is True and asked["fullgraph"] is True
+    assert len(marks) == (2 if graphs else 0)
+    assert parse_sets(["train.cuda_graphs=true"]) == {"cuda_graphs": True}
