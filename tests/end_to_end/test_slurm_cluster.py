@@ -188,6 +188,14 @@ def _job_of(stdout: str) -> str:
     return stdout.split("table3-base-smoke-seed0: job ")[1].split()[0]
 
 
+def _no_render(env: dict[str, str], stdout: str) -> None:
+    """Cancel a submission's render job, still held on its tasks, where a test reads only the
+    records (the recipe's test checks that job): the queue then empties when the tasks end, not
+    a job start (~10 s) later."""
+    (job,) = re.findall(r"table3: job (\d+) renders ", stdout)
+    subprocess.run(["scancel", job], env=env, check=True)
+
+
 def test_one_run_over_both_nodes_stopped_requeued_and_a_node_lost_ends_as_two_local_processes(
         slurm_env, tmp_path, request):
     """One DDP run over both nodes (a task each). scancel (SIGTERM) saves at its step without a
@@ -214,6 +222,7 @@ def test_one_run_over_both_nodes_stopped_requeued_and_a_node_lost_ends_as_two_lo
     first = _submit(slurm_env, tmp_path, *steps, "--nodes", "2", "--gpus-per-node", "0",
                     WANDB_MODE="offline", **paced)
     assert "table3-base-smoke-seed0: 2 nodes x 1 task(s)" in first
+    _no_render(slurm_env, first)
     job = _job_of(first)
     _wait_for_step(folder / job / f"{job}_0_log.out", 15)
     subprocess.run(["scancel", job], env=slurm_env, check=True)
@@ -223,6 +232,7 @@ def test_one_run_over_both_nodes_stopped_requeued_and_a_node_lost_ends_as_two_lo
     assert "saved at that step" in err and "Traceback" not in err, err[-3000:]
     second = _submit(slurm_env, tmp_path, *steps, "--nodes", "2", "--gpus-per-node", "0",
                      WANDB_MODE="offline", **paced)
+    _no_render(slurm_env, second)
     job = _job_of(second)
     log = folder / job / f"{job}_0_log.out"
     _wait_for_step(log, 20, after="resuming from")
@@ -309,6 +319,7 @@ def test_tuning_on_the_cluster_runs_a_task_per_trial_then_records_the_tuned_run(
     assert "--tune: 2 trial task(s) per run" in out
     trials = out.split("trials of table3-A1-smoke-seed0: job ")[1].split()[0]
     assert "table3-A1-smoke-seed0: job " in out and f"(after job {trials})" in out
+    _no_render(slurm_env, out)
     status = _status(slurm_env, tmp_path)  # the run's task waits on its trials' job
     assert "queued   table3-A1-smoke-seed0 (SLURM job " in status, status
     folder = tmp_path / "mine" / "runs" / "table3" / "slurm"
