@@ -85,6 +85,7 @@ class Batch(TypedDict, total=False):
     shapes_per_epoch: int  # distinct batch shapes of an epoch's training batches, this rank's
     padding_share: float  # their padding share, both sides (data.batching.shape_census)
     micro_batch_choice: dict[str, Any]  # how `device_batch_tokens: auto` chose (micro_batch)
+    step_census: dict[str, Any]  # one steady step's ops, kernels, host waits (step_census)
 
 
 class Cost(TypedDict, total=False):

@@ -37,6 +37,7 @@ from reproduce.train.callbacks import (
 )
 from reproduce.train.devices import ONE_DEVICE, Layout
 from reproduce.train.lit import TranslationModule
+from reproduce.train.step_census import StepCensus
 from reproduce.util import machine
 
 log = logging.getLogger("reproduce")
@@ -88,6 +89,7 @@ def fit(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=(),
     clock = TrainClock(every=0 if sys.stderr.isatty() else 50, curve_every=curve_every,
                        align=LOG_EVERY if module.fast else 1)
     diverged = StopOnDivergence(run.run_id)
+    census = StepCensus(c.train.train_steps)  # what a steady step asks of the host
     stop = SaveOnStop(work / "checkpoints", diverged, c.train.val_every_steps,
                       every=LOG_EVERY if module.fast else 1)
     if os.environ.get(machine.SHARE_ENV):  # a --workers worker on a CPU
@@ -102,7 +104,8 @@ def fit(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=(),
     trainer = pl.Trainer(
         max_steps=c.train.train_steps, max_epochs=-1, precision=precision,  # type: ignore[arg-type]
         accelerator=layout.accelerator, devices=layout.devices, num_nodes=layout.nodes,
-        strategy=_strategy(layout), logger=logger, callbacks=[diverged, ckpt, clock, stop, *callbacks],
+        strategy=_strategy(layout), logger=logger,
+        callbacks=[diverged, ckpt, clock, stop, census, *callbacks],
         plugins=[AtomicCheckpointIO(), *devices.cluster_plugins()],
         num_sanity_val_steps=0, log_every_n_steps=LOG_EVERY, enable_model_summary=False,
         enable_progress_bar=sys.stderr.isatty(),
@@ -140,6 +143,7 @@ def fit(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=(),
         raise RuntimeError(f"{run.run_id}: training stopped at step {trainer.global_step} of "
                            f"{c.train.train_steps}; run the command again to resume")
     diverged.check(trainer)  # the last steps since the last read
+    module.step_census = census.result
     if resume_from is None:  # the final weights, so a crash below resumes at evaluation
         trainer.save_checkpoint(work / "checkpoints" / checkpoints.LAST)
     if stop.signal is not None:  # it came after the last step's decision: stop before evaluating

@@ -44,6 +44,7 @@ class TranslationModule(pl.LightningModule):
         # a step never waits to read it back (a GPU would stall the host each step)
         self._real_tokens: torch.Tensor | None = None
         self.resumed_from: dict | None = None  # the checkpoint's step and layout, once resumed
+        self.step_census: dict = {}  # what one steady step asked of the host (fit: StepCensus)
         # train.compile: the training loss under torch.compile (evaluation stays eager: its
         # shapes vary more and it runs once); compiled on the first step, as a function, so the
         # weights' names in checkpoints are the same either way. "auto" is decided by the runner

@@ -195,7 +195,7 @@ def run_here(run: PlannedRun, split: str, command: str, work: Path,
             raise OutOfMemory(run.run_id, _device_name(layout), data.micro_batch_tokens,
                               str(e)) from None
         work_done = module.total_work()  # a collective: every rank
-        graphs = {k: v - graphs[k] for k, v in compile_stats().items()}  # this process's fit
+        graphs = {k: round(v - graphs[k], 1) for k, v in compile_stats().items()}  # this fit
         phases.lap("fit")
         share_cores()  # decoding too uses the cores of workers that have ended
         weights = _final_weights(module, donor.checkpoints if donor is not None
@@ -226,8 +226,8 @@ def run_here(run: PlannedRun, split: str, command: str, work: Path,
         "compile": choice[0], "compile_choice": choice[1],
         "metrics": metrics, **_task_entries(scores), "paper": run.paper,
         "data": _data_summary(c, data, tokenizer),
-        "batch": _batch_summary(layout, trainer.world_size, accumulate, data, work_done,
-                                trainer.global_step, run.micro_batch_choice),
+        "batch": _batch_summary(layout, trainer, accumulate, data, work_done,
+                                run.micro_batch_choice, module.step_census),
         "averaged_checkpoints": weights, "curve": clock.curve,
         "cost": _cost(c, work_done, clock.seconds, trainer.world_size),
         "resumed": resumed, "resumed_from": module.resumed_from, "commit": _commit(),
@@ -304,7 +304,7 @@ def _data_summary(c: Config, data, tokenizer) -> DataSummary:
 
 
 def _compile_entries(compiled: tuple[bool, dict[str, Any]], failed: str | None,
-                     graphs: dict[str, int] | None) -> tuple[bool, dict[str, Any]]:
+                     graphs: dict[str, float] | None) -> tuple[bool, dict[str, Any]]:
     """The record's ``compile`` (whether the run trained compiled) and ``compile_choice`` (how
     that was chosen; a failure in training, or the graphs and recompiles of a run compiled
     here: ``graphs`` None where the training is a donor's, whose choice is kept as it is)."""
@@ -314,12 +314,14 @@ def _compile_entries(compiled: tuple[bool, dict[str, Any]], failed: str | None,
     return chosen, {**how, "in_training": graphs} if chosen and graphs is not None else how
 
 
-def _batch_summary(layout: Layout, world_size: int, accumulate: int, data: TranslationData,
-                   work: dict[str, int], steps: int, choice: dict[str, Any]) -> Batch:
+def _batch_summary(layout: Layout, trainer: pl.Trainer, accumulate: int, data: TranslationData,
+                   work: dict[str, int], choice: dict[str, Any], step: dict[str, Any]) -> Batch:
     """The record's ``batch``: the devices, how a step's tokens were split over them (and how
     ``auto`` chose the micro-batch), the target tokens a step computed (real, and padded as the
-    tensors held them), and an epoch's distinct batch shapes and padding share, both sides
-    (``shape_census``, this rank's)."""
+    tensors held them), an epoch's distinct batch shapes and padding share, both sides
+    (``shape_census``, this rank's), and what one steady step asked of the host
+    (``step_census``: ops, kernels, host waits)."""
+    world_size, steps = trainer.world_size, trainer.global_step
     real, padded = work["real_tgt_tokens"], work["tgt_tokens"]
     micro, census = data.micro_batch_tokens, data.batch_shape_census()
     return {"accelerator": layout.accelerator, "strategy": layout.strategy,
@@ -330,7 +332,8 @@ def _batch_summary(layout: Layout, world_size: int, accumulate: int, data: Trans
             "padded_tgt_tokens_per_step": round(padded / max(steps, 1)),
             "tgt_padding_share": round(1 - real / padded, 4) if padded else 0.0,
             "shapes_per_epoch": int(census["shapes"]), "padding_share": census["padding_share"],
-            **({"micro_batch_choice": choice} if choice else {})}
+            **({"micro_batch_choice": choice} if choice else {}),
+            **({"step_census": step} if step else {})}
 
 
 def _device_name(layout: Layout) -> str:

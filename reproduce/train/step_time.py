@@ -105,14 +105,16 @@ def compiled_fast(loss_fn: Callable, cuda_graphs: bool = False) -> Callable:
     return run
 
 
-def compile_stats() -> dict[str, int]:
-    """Graphs dynamo captured, recompilations, and the graphs the compile cache
+def compile_stats() -> dict[str, float]:
+    """Graphs dynamo captured, the seconds compiling took (dynamo's count: capture and compile
+    of every frame, backward graphs included), recompilations, and the graphs the compile cache
     (``use_compile_cache``) served and missed (inductor's graphs: a training graph's forward and
     its backward count one each, whichever cache layer found them), in this process since its
     counters were last cleared."""
-    from torch._dynamo.utils import counters
+    from torch._dynamo.utils import calculate_time_spent, counters
 
     return {"graphs": int(counters["stats"]["unique_graphs"]),
+            "seconds": round(calculate_time_spent().get("total_wall_time", 0.0), 1),
             "recompiles": sum(counters["recompiles"].values()),
             "cache_hits": int(counters["inductor"]["fxgraph_cache_hit"]),
             "cache_misses": int(counters["inductor"]["fxgraph_cache_miss"])}

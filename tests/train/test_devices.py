@@ -82,6 +82,7 @@ def test_two_ranks_on_the_fast_path_train_as_one_eager_rank_accumulating(tmp_pat
     assert rf["compile"] is True and re_["compile"] is False
     assert rf["compile_choice"]["in_training"]["graphs"] == 1, rf["compile_choice"]
     assert rf["compile_choice"]["in_training"]["recompiles"] == 0, rf["compile_choice"]
+    assert rf["compile_choice"]["in_training"]["seconds"] > 0, rf["compile_choice"]
     cf, ce = _weights(fast), _weights(eager)
     assert cf["global_step"] == ce["global_step"] == 3
     for name, wf in cf["state_dict"].items():

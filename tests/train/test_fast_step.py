@@ -131,8 +131,9 @@ def test_the_fast_path_waits_for_the_device_only_at_logging_saves_and_evaluation
     evaluation every 75, logged to W&B: an op that makes a GPU's host wait (a value read back, a
     boolean mask's selection, ``tolist``, ``cpu``) comes only in a step that logs (every 10th:
     the loggers, the divergence check and the learning curve read one after the other, the
-    curve's 150 // 20 = 7 steps rounded to 10), saves or evaluates; none in the other 134. Its
-    batches take 4 shapes (``train.batch_shapes``)."""
+    curve's 150 // 20 = 7 steps rounded to 10), saves or evaluates; none in the other 134, and
+    none in the record's census of one of them. Its batches take 4 shapes
+    (``train.batch_shapes``)."""
     log = tmp_path / "waits.json"
     env = {**inject(cli_env(tmp_path), tmp_path / "inject", COUNT_WAITS), "WAITS_LOG": str(log),
            **WANDB_OFFLINE}  # Lightning's loggers read their values too
@@ -148,5 +149,9 @@ def test_the_fast_path_waits_for_the_device_only_at_logging_saves_and_evaluation
     assert len(quiet) == 134
     assert not [w for w in waits if w[0] in quiet], [w for w in waits if w[0] in quiet][:10]
     assert {step for step, _, _ in waits} >= {9, 74, 149}  # the counter saw the reads there
+    # the record's own census of a steady step (step_census, by torch's profiler) agrees
+    census = record["batch"]["step_census"]
+    assert census["step"] in quiet and census["host_waits"] == 0, census
+    assert census["ops"] > 0 and census["kernels"] > 0, census
 
 

@@ -120,6 +120,10 @@ def test_a_run_on_auto_records_its_choice_and_is_found_finished_again(tmp_path):
     assert (record["batch"]["accumulate"], record["batch"]["device_batch_tokens"]) == (1, 1024)
     assert record["batch"]["micro_batch_choice"] == {
         "asked": "auto", "how": "one pass a step: a CPU's memory is not measured"}
+    # the eager path's steady step reads back from its device: the loss's boolean mask
+    # (3 ops) and more (step_census; the fast path's: tests/train/test_fast_step.py)
+    census = record["batch"]["step_census"]
+    assert census["step"] == 12 and census["host_waits"] >= 3 and census["ops"] > 0, census
     again = cli(env, *args)
     assert "finished earlier" in again.stderr + again.stdout
 

@@ -1,0 +1,130 @@
+"""What one steady training step asks of the host, counted for the record (``step_census``).
+
+One optimizer step (all its micro-batches, the optimizer's update included) is profiled with
+``torch.profiler``: the ``STEP``-th of the fit (or its last, if shorter), which from a start at
+step 0 (or a resume at a save's round number) is neither a logging step (``LOG_EVERY``) nor, at
+the scales' step-based saves, a save. Counted:
+
+* ``ops``: the aten ops the host dispatched at the top level (those inside another aten op are
+  its implementation); compiled graphs dispatch only what they call outside their own kernels.
+* ``kernels``: on a GPU the kernels launched (CUDA's own events); on a CPU the aten ops that
+  call no other, views and allocations left out (each of the rest runs as a kernel).
+* ``host_waits``: ops whose answer the host must have: on a CPU the aten ops of
+  ``host_waits._READS`` (a value read, a size that depends on values) that the host asked for;
+  on a GPU CUDA's synchronizing calls (stream, device and event synchronize, copies).
+
+A profiled step runs a little slower; it is one of the run's steps. Where the profiler cannot
+start (another profiler running), the record says so instead."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from reproduce.errors import one_line
+from reproduce.train.callbacks import LOG_EVERY
+from reproduce.train.host_waits import _READS
+
+log = logging.getLogger("reproduce")
+
+STEP = 12  # not a logging step (every LOG_EVERY-th), nor a multiple of the saves' 5, 100, ...
+assert (STEP + 1) % LOG_EVERY and STEP % 5 and (STEP + 1) % 5
+READS = {f"aten::{op.__name__.split('.')[-1]}" for op in _READS}
+# where a read inside another op is still the host's: indexing with a mask, and item()
+ASKING = {"aten::item", "aten::index", "aten::index_put", "aten::index_put_",
+          "aten::_index_put_impl_", "aten::repeat_interleave"}
+# ops that launch no kernel (views, metadata, allocation): not counted as kernels on a CPU
+NO_KERNEL = {"aten::as_strided", "aten::view", "aten::_reshape_alias", "aten::detach",
+             "aten::resolve_conj", "aten::resolve_neg", "aten::empty", "aten::empty_strided",
+             "aten::t", "aten::transpose", "aten::expand", "aten::unsqueeze", "aten::squeeze",
+             "aten::slice", "aten::select", "aten::permute", "aten::alias", "aten::reshape",
+             "aten::split", "aten::narrow", "aten::unbind", "aten::_unsafe_view",
+             "aten::split_with_sizes", "aten::lift_fresh", "aten::contiguous"}
+# CUDA runtime calls after which the host has waited for the device
+CUDA_WAITS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+              "cudaMemcpy", "cudaMemcpyAsync")
+
+
+def _aten_ancestors(e) -> list[str]:
+    names, parent = [], e.cpu_parent
+    while parent is not None:
+        if parent.name.startswith("aten::"):
+            names.append(parent.name)
+        parent = parent.cpu_parent
+    return names
+
+
+def census(events, cuda: bool) -> dict[str, int]:
+    """``ops``, ``kernels`` and ``host_waits`` of a profile's ``events``
+    (``profile.events()``). On a CPU a read counts where the host asked for it (at the top
+    level, or inside ``item()`` or a boolean mask's indexing), not inside another op's own
+    implementation (a CPU's fused Adam reads its step counts; on a GPU they stay there)."""
+    aten = [e for e in events if e.name.startswith("aten::")]
+    ancestors = {id(e): _aten_ancestors(e) for e in aten}
+    ops = sum(not ancestors[id(e)] for e in aten)
+    if cuda:
+        kernels = sum(e.device_type == torch.autograd.DeviceType.CUDA for e in events)
+        waits = sum(e.name.startswith(CUDA_WAITS) for e in events)
+    else:
+        kernels = sum(e.name not in NO_KERNEL
+                      and not any(c.name.startswith("aten::") for c in e.cpu_children)
+                      for e in aten)
+        waits = sum(e.name in READS and set(ancestors[id(e)]) <= ASKING
+                    and not READS & set(ancestors[id(e)]) for e in aten)
+    return {"ops": ops, "kernels": kernels, "host_waits": waits}
+
+
+class StepCensus(pl.Callback):
+    """Profiles the ``after``-th optimizer step of this fit (a resumed run's counted from where
+    it resumed), or the run's last where fewer are left: ``result`` holds its census, or why
+    there is none."""
+
+    def __init__(self, steps: int, after: int = STEP) -> None:
+        self.steps, self.after, self.step = steps, after, -1
+        self.result: dict[str, Any] = {}
+        self._profile: profile | None = None
+        self._cuda = False
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        start = trainer.global_step
+        self.step = min(start + self.after, self.steps - 1) if start < self.steps else -1
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step != self.step or self._profile is not None or self.result:
+            return
+        self._cuda = pl_module.device.type == "cuda"
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self._cuda else [])
+        try:
+            self._profile = profile(activities=activities)
+            self._profile.__enter__()
+        except Exception as e:  # noqa: BLE001 - a census is never worth a run
+            self._profile = None
+            self.result = {"step": self.step, "failed": one_line(e)}
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self._profile is None or trainer.global_step == self.step:
+            return  # not profiling, or the step's next micro-batch comes
+        self._stop()
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._stop()
+
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        self._stop()
+
+    def _stop(self) -> None:
+        if self._profile is None:
+            return
+        running, self._profile = self._profile, None
+        try:
+            if self._cuda:
+                torch.cuda.synchronize()
+            running.__exit__(None, None, None)
+            self.result = {"step": self.step, "device": "cuda" if self._cuda else "cpu",
+                           **census(running.events(), self._cuda)}
+        except Exception as e:  # noqa: BLE001
+            self.result = {"step": self.step, "failed": one_line(e)}
