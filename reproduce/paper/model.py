@@ -28,7 +28,6 @@ def fused_linear(x: Tensor, linears: list[nn.Linear]) -> list[Tensor]:
     return list(F.linear(x, weight, bias).split([linear.out_features for linear in linears], -1))
 
 
-
 class MultiHeadAttention(nn.Module):
     """Section 3.2.2. Projections d_model -> h*d_k (Q, K), d_model -> h*d_v (V), h*d_v -> d_model.
 
@@ -52,7 +51,7 @@ class MultiHeadAttention(nn.Module):
         return self._heads(self.w_q(x), self.d_k)
 
     def project_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        return self._heads(self.w_k(x), self.d_k), self._heads(self.w_v(x), self.d_v)
+        return self.heads_kv(self.w_k(x), self.w_v(x))
 
     def heads_kv(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Keys and values projected elsewhere (``fused_linear``), split into heads."""

@@ -135,11 +135,9 @@ def choose_compile(run: PlannedRun, precision: str, layout: Layout = ONE_DEVICE,
     with threads_of_one_rank(layout):
         chosen, how = choose(reference, micro, c.train.train_steps * accumulate, precision,
                              layout.accelerator, runs_dir() / CACHE, model=model)
-    if say and c.train.compile == "on" and not chosen:  # this torch is too old
-        log.warning("%s: compile on -> off (%s)", run.run_id, how["how"])
-    elif say and c.train.compile == "auto" and "cached" in how:
+    if say and c.train.compile != "off" and "cached" not in how and not chosen:  # torch too old
+        log.warning("%s: compile %s -> off (%s)", run.run_id, c.train.compile, how["how"])
+    elif say and c.train.compile == "auto":
         log.info("%s: compile auto -> %s, for %s (%s%s)", run.run_id, "on" if chosen else "off",
                  model, "cached: " if how["cached"] else "", how["how"])
-    elif say and c.train.compile == "auto":
-        log.warning("%s: compile auto -> off (%s)", run.run_id, how["how"])
     return chosen, how

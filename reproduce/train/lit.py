@@ -108,8 +108,8 @@ class TranslationModule(pl.LightningModule):
         for key, value in zip(WORK_KEYS[:-1], (B * S, B * T, B * S * S, B * T * T, B * T * S),
                               strict=True):  # the shapes' counts; real tokens are kept apart
             self.work[key] += value
-        real = n.detach().clone()  # kept past the next step (a CUDA graph's output is not)
-        self._real_tokens = real if self._real_tokens is None else self._real_tokens + real
+        real = n.detach()  # a sum's first term copied: a CUDA graph's output is the next step's
+        self._real_tokens = real.clone() if self._real_tokens is None else self._real_tokens + real
         # The progress bar reads its values back every step (Lightning's on_batch_end): the fast
         # path's loss goes to the loggers only, read at their interval (fixed for the run:
         # Lightning refuses a key logged with other options)

@@ -59,7 +59,7 @@ def fewest_passes(per_device: int, peak: Callable[[int], int | None], total: int
             continue
         tried[tokens] = measured = peak(tokens)
         if measured is not None and measured <= HEADROOM * total:
-            return passes, tokens, tried
+            return -(-per_device // tokens), tokens, tried  # the passes accumulation makes
     raise ConfigError(f"train.device_batch_tokens = auto: {per_device} tokens a step do not fit "
                       f"this device's memory ({total / 2**30:.1f} GiB) in {MOST_PASSES} passes; "
                       "lower train.batch_tokens or train on more devices")
@@ -120,9 +120,9 @@ def choose(config: Config, devices: int, precision: str, accelerator: str, cache
     chosen for ``auto``) and how it was chosen; ``peak`` and ``total`` (bytes free) stand for a
     GPU's (``cuda_peak``, ``free_bytes``)."""
     asked = config.train.device_batch_tokens
-    per_device = -(-config.train.batch_tokens // devices)
+    per_device = config.train.split_batch(devices)[1]  # auto, before measuring: one pass
     if asked != AUTO:
-        return config.train.split_batch(devices)[1], {"asked": asked, "how": "set in the config"}
+        return per_device, {"asked": asked, "how": "set in the config"}
     if accelerator != "gpu" and peak is None:
         return per_device, {"asked": AUTO, "how": "one pass a step: a CPU's memory is not measured"}
     from reproduce.train import step_time
@@ -138,7 +138,7 @@ def choose(config: Config, devices: int, precision: str, accelerator: str, cache
         total = free_bytes() if total is None else total
         passes, tokens, tried = fewest_passes(per_device, peak or cuda_peak(config, precision),
                                               total)
-        known = {"passes": -(-per_device // tokens), "tokens": tokens, "free_bytes": total,
+        known = {"passes": passes, "tokens": tokens, "free_bytes": total,
                  "peak_bytes": {str(k): v for k, v in tried.items()}, "device": device,
                  "model": f"N{m.N} d_model {m.d_model}"}
         if cache:
@@ -158,7 +158,7 @@ def resolve(run: PlannedRun, layout: Layout, precision: str, work: Path) -> Plan
     if run.config.train.device_batch_tokens != AUTO:
         return run
     kept = work / RUN_FILE
-    per_device = -(-run.config.train.batch_tokens // layout.world)
+    per_device = run.config.train.split_batch(layout.world)[1]  # one pass, before measuring
     try:
         earlier = json.loads(kept.read_text())
     except (OSError, ValueError):

@@ -18,7 +18,6 @@ start (another profiler running), the record says so instead."""
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import pytorch_lightning as pl
@@ -27,16 +26,14 @@ from torch.profiler import ProfilerActivity, profile
 
 from reproduce.errors import one_line
 from reproduce.train.callbacks import LOG_EVERY
-from reproduce.train.host_waits import _READS
-
-log = logging.getLogger("reproduce")
+from reproduce.train.host_waits import _INDEXING, _READS
 
 STEP = 12  # not a logging step (every LOG_EVERY-th), nor a multiple of the saves' 5, 100, ...
 assert (STEP + 1) % LOG_EVERY and STEP % 5 and (STEP + 1) % 5
 READS = {f"aten::{op.__name__.split('.')[-1]}" for op in _READS}
 # where a read inside another op is still the host's: indexing with a mask, and item()
-ASKING = {"aten::item", "aten::index", "aten::index_put", "aten::index_put_",
-          "aten::_index_put_impl_", "aten::repeat_interleave"}
+ASKING = {f"aten::{op.__name__.split('.')[-1]}" for op in _INDEXING} | {
+    "aten::item", "aten::repeat_interleave"}
 # ops that launch no kernel (views, metadata, allocation): not counted as kernels on a CPU
 NO_KERNEL = {"aten::as_strided", "aten::view", "aten::_reshape_alias", "aten::detach",
              "aten::resolve_conj", "aten::resolve_neg", "aten::empty", "aten::empty_strided",
