@@ -34,9 +34,12 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 from importlib.metadata import version
+from typing import TYPE_CHECKING
 
 from sacrebleu.metrics import BLEU, BLEUScore
-from sacremoses import MosesTokenizer
+
+if TYPE_CHECKING:  # imported when first used: a third of a second a process that never scores
+    from sacremoses import MosesTokenizer
 
 KIND = "tokenized-compound-split"
 AT_SPLIT = " ##AT##-##AT## "
@@ -49,6 +52,8 @@ _SCRIPT_HYPHEN = re.compile(r"(\S)-(\S)")
 @lru_cache(maxsize=8)
 def _moses(lang: str) -> MosesTokenizer:
     """One tokenizer per language: building one loads its non-breaking prefixes."""
+    from sacremoses import MosesTokenizer
+
     return MosesTokenizer(lang)
 
 
