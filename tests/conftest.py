@@ -24,6 +24,11 @@ def offline_environment(tmp_path_factory):
         "WANDB_CACHE_DIR": str(root / "wandb-cache"), "WANDB_CONFIG_DIR": str(root / "wandb-config"),
         "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
         "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+        # A process a test gives two threads (workers sharing the cores) shares them with the
+        # other file's tests: an OpenMP thread that waits then sleeps instead of spinning on a
+        # core another process needs (the same numbers; the workers test took 0.82x the CPU
+        # seconds beside a busy core)
+        "OMP_WAIT_POLICY": "PASSIVE",
     }
     for key, value in env.items():
         os.environ[key] = value
