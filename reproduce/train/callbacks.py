@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import sys
 import time
 from pathlib import Path
 from typing import Any
+from weakref import proxy
 
 import pytorch_lightning as pl
 import torch
@@ -75,7 +77,10 @@ class StepCheckpoint(pl.callbacks.ModelCheckpoint):
     resumed after it, losing that point of the learning curve.
 
     ``steps_weights_only``: the ``step<N>.ckpt`` files hold the weights alone (kept only for
-    averaging: ``records.disk``); ``last.ckpt``, saved with each, stays full for resuming."""
+    averaging: ``records.disk``); ``last.ckpt``, saved with each, stays full for resuming. Where
+    the step's file is full too, ``last.ckpt`` is a copy of its bytes (the same weights, optimizer
+    and loops; only this callback's ``last_model_path`` inside is the step file's, which resuming
+    uses to find a file to replace): the state is not gathered and serialized twice."""
 
     def __init__(self, val_every_steps: int = 0, steps_weights_only: bool = False,
                  **kwargs) -> None:
@@ -83,6 +88,7 @@ class StepCheckpoint(pl.callbacks.ModelCheckpoint):
         self.steps_weights_only = steps_weights_only
         self.step_end = StepEnd(val_every_steps)
         self._after_validation: tuple | None = None
+        self._full: tuple[int, str] | None = None  # the optimizer step and path of the last full save
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self.step_end.begin(trainer)
@@ -103,7 +109,26 @@ class StepCheckpoint(pl.callbacks.ModelCheckpoint):
         # Lightning's one switch for both kinds of file, set per file (it is not in the callback's
         # state); Lightning sets last_model_path before it saves last.ckpt
         self.save_weights_only = self.steps_weights_only and filepath != self.last_model_path
+        full = self._full
+        if filepath == self.last_model_path and full and full[0] == trainer.global_step:
+            self._copy(trainer, full[1], filepath)
+            return
         super()._save_checkpoint(trainer, filepath)
+        if not self.save_weights_only:
+            self._full = (trainer.global_step, filepath)
+
+    def _copy(self, trainer, source: str, filepath: str) -> None:
+        """``filepath`` written as a copy of ``source``, saved at this step, as
+        ``_save_checkpoint`` writes a file (by global rank 0, atomically, the ranks waiting)."""
+        if trainer.is_global_zero:
+            with open(source, "rb") as f, atomic_file(Path(filepath)) as out:
+                shutil.copyfileobj(f, out, 16 << 20)
+        trainer.strategy.barrier("Trainer.save_checkpoint")
+        self._last_global_step_saved = trainer.global_step
+        self._last_checkpoint_saved = filepath
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.after_save_checkpoint(proxy(self))
 
     def on_validation_end(self, trainer, pl_module) -> None:
         super().on_validation_end(trainer, pl_module)

@@ -81,3 +81,49 @@ def test_a_save_that_fails_midway_leaves_the_previous_checkpoint_whole(tmp_path)
         io.save_checkpoint({"global_step": 6, "w": torch.zeros(10**6), "z": Unpicklable()}, path)
     assert path.read_bytes() == before and torch.load(path)["global_step"] == 3
     assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
+
+
+def test_last_ckpt_is_a_copy_of_a_full_step_file_saved_with_it(tmp_path):
+    """Where the step's file is full, last.ckpt is a copy of its bytes, not a second
+    serialization; where the step files hold the weights alone, last.ckpt is saved in full."""
+    import pytorch_lightning as pl
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from reproduce.train.callbacks import AtomicCheckpointIO, StepCheckpoint
+
+    class Tiny(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch, batch_idx):
+            return self.layer(batch[0]).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.parameters())
+
+    class Counted(AtomicCheckpointIO):
+        def __init__(self):
+            self.saved: list[str] = []
+
+        def save_checkpoint(self, checkpoint, path, storage_options=None):
+            self.saved.append(os.path.basename(path))
+            super().save_checkpoint(checkpoint, path, storage_options)
+
+    for weights_only in (False, True):
+        folder = tmp_path / str(weights_only)
+        io = Counted()
+        ckpt = StepCheckpoint(steps_weights_only=weights_only, dirpath=folder, filename="step{step}",
+                              auto_insert_metric_name=False, save_last=True, save_top_k=1,
+                              monitor="step", mode="max", every_n_train_steps=2)
+        trainer = pl.Trainer(max_steps=4, logger=False, callbacks=[ckpt], plugins=[io],
+                             enable_progress_bar=False, enable_model_summary=False)
+        trainer.fit(Tiny(), DataLoader(TensorDataset(torch.ones(8, 2)), batch_size=2))
+        last, step4 = (folder / "last.ckpt").read_bytes(), (folder / "step4.ckpt").read_bytes()
+        if weights_only:
+            assert io.saved == ["step2.ckpt", "last.ckpt", "step4.ckpt", "last.ckpt"]
+            assert last != step4 and checkpoints.weights_only(folder / "step4.ckpt")
+        else:
+            assert io.saved == ["step2.ckpt", "step4.ckpt"] and last == step4
+        assert not checkpoints.weights_only(folder / "last.ckpt")
+        assert torch.load(folder / "last.ckpt", weights_only=False)["global_step"] == 4
