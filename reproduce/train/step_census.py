@@ -55,7 +55,7 @@ def census(roots, events=None) -> dict[str, int]:
     counts; on a GPU they stay there). On a GPU, ``events`` (``profile.events()``) gives the
     kernels and CUDA's waits."""
     ops = kernels = waits = 0
-    stack = [(root, frozenset()) for root in roots]
+    stack: list[tuple[Any, frozenset[str]]] = [(root, frozenset()) for root in roots]
     while stack:
         node, ancestors = stack.pop()  # ancestors: the names of the aten ops above it
         name = node.name
@@ -118,8 +118,9 @@ class StepCensus(pl.Callback):
             if self._cuda:
                 torch.cuda.synchronize()
             running.__exit__(None, None, None)
+            assert running.profiler is not None and running.profiler.kineto_results is not None
+            tree = running.profiler.kineto_results.experimental_event_tree()
             self.result = {"step": self.step, "device": "cuda" if self._cuda else "cpu",
-                           **census(running.profiler.kineto_results.experimental_event_tree(),
-                                    running.events() if self._cuda else None)}
+                           **census(tree, running.events() if self._cuda else None)}
         except Exception as e:  # noqa: BLE001
             self.result = {"step": self.step, "failed": one_line(e)}
