@@ -30,7 +30,7 @@ def cli(env: dict[str, str], *args: str, check: bool = True,
     non-zero exit fails with its output. A process forked from a zygote (``tests/zygote.py``)
     where ``env`` allows it, else a fresh one."""
     command = [sys.executable, "-m", "reproduce", *args]
-    if forkable(env) and not (zygote := _zygote(env)).busy:
+    if forkable(env) and (zygote := _free_zygote(env)) is not None:
         out = zygote.run(command, env, cwd or Path.cwd())
     else:
         out = subprocess.run(command, capture_output=True, text=True, env=env, check=False,
@@ -49,7 +49,7 @@ def start(env: dict[str, str], *args: str, new_session: bool = False,
     started); ``sigint``: Ctrl-C raises KeyboardInterrupt, as from a terminal (a suite started in
     the background hands its commands SIGINT ignored)."""
     command = [sys.executable, "-m", "reproduce", *args]
-    if forkable(env) and not (zygote := _zygote(env)).busy:
+    if forkable(env) and (zygote := _free_zygote(env)) is not None:
         return zygote.start(command, env, Path.cwd(), new_session, sigint)
     return subprocess.Popen(command, env=env, text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, start_new_session=new_session,
@@ -108,6 +108,14 @@ class _Zygote:
     @property
     def busy(self) -> bool:
         return self.started is not None and not self.started.closed.is_set()
+
+    def free(self) -> bool:
+        """Not busy, waiting a moment for a child that has exited (killed, or waited for
+        without its output) until its output is closed too: it is, a moment later, unless
+        something it started still holds it."""
+        if self.busy and self.started is not None and self.started.exited.is_set():
+            self.started.closed.wait(SETTLE)
+        return not self.busy
 
     def run(self, command: list[str], env: dict[str, str],
             cwd: Path) -> subprocess.CompletedProcess:
@@ -255,21 +263,32 @@ def _kill(pid: int, killed: threading.Event) -> None:
         pass
 
 
-_zygotes: dict[tuple, _Zygote] = {}
+_zygotes: dict[tuple, list[_Zygote]] = {}
+# Zygotes for one thread count at most: another is started where each is busy (a started CLI
+# still running, or something it left holding its output), as a fresh CLI would import as much
+MOST = 2
+SETTLE = 5.0  # seconds to wait for an exited child's output to close
 
 
-def _zygote(env: dict[str, str]) -> _Zygote:
+def _free_zygote(env: dict[str, str]) -> _Zygote | None:
+    """A free zygote for ``env``'s thread count: a started one, else a new one, up to ``MOST``;
+    None where they are all busy."""
     key = tuple(env.get(k) for k in PER_ZYGOTE)
-    if key not in _zygotes:
-        own = {k: v for k, v in zip(PER_ZYGOTE, key, strict=True) if v is not None}
-        session = {k: v for k, v in SESSION_ENV.items() if k not in PER_ZYGOTE}
-        _zygotes[key] = _Zygote({**session, **own})
-    return _zygotes[key]
+    pool = _zygotes.setdefault(key, [])
+    if free := next((z for z in pool if z.free()), None):
+        return free
+    if len(pool) == MOST:
+        return None
+    own = {k: v for k, v in zip(PER_ZYGOTE, key, strict=True) if v is not None}
+    session = {k: v for k, v in SESSION_ENV.items() if k not in PER_ZYGOTE}
+    pool.append(_Zygote({**session, **own}))
+    return pool[-1]
 
 
 def close_zygotes() -> None:
-    for zygote in _zygotes.values():
-        zygote.close()
+    for pool in _zygotes.values():
+        for zygote in pool:
+            zygote.close()
 
 
 def smoothed_loss(logits: torch.Tensor, target: torch.Tensor, eps_ls: float,
