@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import torch
@@ -66,9 +67,11 @@ TIMEOUT = 600
 # environment of a test that trained in its own process, pytest's own variables, SLURM's, read
 # when a job is submitted or a run's cluster environment is built, and the pointer torch's
 # inductor sets before each compiled library it loads reads it, which an in-process compile
-# leaves behind: without it, no later CLI call of that worker was forked)
+# leaves behind: without it, no later CLI call of that worker was forked; and the flag joblib sets
+# for Intel's OpenMP runtime, which torch here does not use, as a test first scores BLEU in its own
+# process: sacremoses imports joblib)
 READ_LATER = ("REPRODUCE_", "WANDB_", "PL_GLOBAL_SEED", "PL_SEED_WORKERS", "PYTEST_", "SLURM_",
-              "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR")
+              "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR", "KMP_INIT_AT_FORK")
 # read by torch once: a zygote for each value a test asks for (cli_env's threads)
 PER_ZYGOTE = ("OMP_NUM_THREADS",)
 # the environment the session's tests start from (conftest.py)
@@ -110,11 +113,12 @@ class _Zygote:
         return self.started is not None and not self.started.closed.is_set()
 
     def free(self) -> bool:
-        """Not busy, waiting a moment for a child that has exited (killed, or waited for
-        without its output) until its output is closed too: it is, a moment later, unless
-        something it started still holds it."""
-        if self.busy and self.started is not None and self.started.exited.is_set():
-            self.started.closed.wait(SETTLE)
+        """Not busy, waiting for a child that exited (killed, or waited for without its output)
+        less than ``SETTLE`` seconds ago until its output is closed too: it is, a moment after,
+        unless something it started still holds it."""
+        started = self.started
+        if self.busy and started is not None and started.exited_at is not None:
+            started.closed.wait(max(0.0, started.exited_at + SETTLE - time.monotonic()))
         return not self.busy
 
     def run(self, command: list[str], env: dict[str, str],
@@ -212,14 +216,17 @@ class Started:
         self.args, self.pid, self.returncode = command, pid, None
         self._group, self._folder = group, folder
         self.exited, self.closed = threading.Event(), threading.Event()
+        self.exited_at: float | None = None  # time.monotonic() when it exited
         threading.Thread(target=self._wait_for, args=(exit_code, closed), daemon=True).start()
 
     def _wait_for(self, exit_code, closed) -> None:
         try:
             self.returncode = exit_code()
+            self.exited_at = time.monotonic()
             self.exited.set()
             closed()
         finally:
+            self.exited_at = self.exited_at or time.monotonic()
             self.exited.set()
             self.closed.set()
 
@@ -267,7 +274,7 @@ _zygotes: dict[tuple, list[_Zygote]] = {}
 # Zygotes for one thread count at most: another is started where each is busy (a started CLI
 # still running, or something it left holding its output), as a fresh CLI would import as much
 MOST = 2
-SETTLE = 5.0  # seconds to wait for an exited child's output to close
+SETTLE = 5.0  # seconds after a child exited that its output may take to close
 
 
 def _free_zygote(env: dict[str, str]) -> _Zygote | None:

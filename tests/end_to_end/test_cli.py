@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import helpers
 from tests.helpers import cli, cli_env
 
 pytestmark = pytest.mark.slow
@@ -90,3 +91,16 @@ def test_a_flag_of_several_values_given_twice_keeps_both():
                                "--cap", "big=9", "--set", "N=1", "--set", "h=2"])
     assert (bench.scales, bench.cap, bench.set) == (["cpu", "smoke"], ["base=5", "big=9"],
                                                     ["N=1", "h=2"])
+
+
+def test_a_cli_call_after_a_test_scored_bleu_in_its_own_process_is_still_forked(tmp_path):
+    """What a test's own imports leave in the environment must not turn every later CLI call
+    of its pytest worker into a fresh interpreter (~5 s of imports each): scoring tokenized
+    BLEU imports sacremoses, whose joblib sets KMP_INIT_AT_FORK. 57 CLI calls of one suite
+    were fresh for it."""
+    from reproduce.paper.bleu import tokenized_bleu
+
+    tokenized_bleu(["ein kleiner Test ."], ["ein kleiner Test ."], "de")
+    env = cli_env(tmp_path)
+    assert helpers.forkable(env), sorted(
+        k for k in env.keys() | helpers.SESSION_ENV.keys() if env.get(k) != helpers.SESSION_ENV.get(k))
