@@ -295,7 +295,10 @@ def _free_zygote(env: dict[str, str]) -> _Zygote | None:
 def close_zygotes() -> None:
     for pool in _zygotes.values():
         for zygote in pool:
-            zygote.close()
+            try:
+                zygote.close()
+            except subprocess.TimeoutExpired:  # something left holding a child's output
+                zygote._lost()
 
 
 def smoothed_loss(logits: torch.Tensor, target: torch.Tensor, eps_ls: float,

@@ -78,9 +78,10 @@ class StepCheckpoint(pl.callbacks.ModelCheckpoint):
 
     ``steps_weights_only``: the ``step<N>.ckpt`` files hold the weights alone (kept only for
     averaging: ``records.disk``); ``last.ckpt``, saved with each, stays full for resuming. Where
-    the step's file is full too, ``last.ckpt`` is a copy of its bytes (the same weights, optimizer
-    and loops; only this callback's ``last_model_path`` inside is the step file's, which resuming
-    uses to find a file to replace): the state is not gathered and serialized twice."""
+    the step's file is full too, and was saved with this callback's ``last_model_path`` already
+    ``last.ckpt`` (every save but a run's first), ``last.ckpt`` is a copy of its bytes: the same
+    state, not gathered and serialized twice. (A copy of the first save would hold an empty
+    ``last_model_path``: resumed from it, Lightning would write ``last-v1.ckpt`` beside it.)"""
 
     def __init__(self, val_every_steps: int = 0, steps_weights_only: bool = False,
                  **kwargs) -> None:
@@ -88,7 +89,8 @@ class StepCheckpoint(pl.callbacks.ModelCheckpoint):
         self.steps_weights_only = steps_weights_only
         self.step_end = StepEnd(val_every_steps)
         self._after_validation: tuple | None = None
-        self._full: tuple[int, str] | None = None  # the optimizer step and path of the last full save
+        # the last full save: its optimizer step, its path and the last_model_path it holds
+        self._full: tuple[int, str, str] | None = None
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self.step_end.begin(trainer)
@@ -110,12 +112,13 @@ class StepCheckpoint(pl.callbacks.ModelCheckpoint):
         # state); Lightning sets last_model_path before it saves last.ckpt
         self.save_weights_only = self.steps_weights_only and filepath != self.last_model_path
         full = self._full
-        if filepath == self.last_model_path and full and full[0] == trainer.global_step:
+        if filepath == self.last_model_path and full and full[0] == trainer.global_step \
+                and full[2] == filepath:
             self._copy(trainer, full[1], filepath)
             return
         super()._save_checkpoint(trainer, filepath)
         if not self.save_weights_only:
-            self._full = (trainer.global_step, filepath)
+            self._full = (trainer.global_step, filepath, self.last_model_path)
 
     def _copy(self, trainer, source: str, filepath: str) -> None:
         """``filepath`` written as a copy of ``source``, saved at this step, as

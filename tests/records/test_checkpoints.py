@@ -85,7 +85,9 @@ def test_a_save_that_fails_midway_leaves_the_previous_checkpoint_whole(tmp_path)
 
 def test_last_ckpt_is_a_copy_of_a_full_step_file_saved_with_it(tmp_path):
     """Where the step's file is full, last.ckpt is a copy of its bytes, not a second
-    serialization; where the step files hold the weights alone, last.ckpt is saved in full."""
+    serialization, but for a run's first save (its step file holds no last_model_path yet);
+    where the step files hold the weights alone, last.ckpt is saved in full. Either way
+    last.ckpt names itself, so a run resumed from it goes on writing last.ckpt."""
     import pytorch_lightning as pl
     from torch.utils.data import DataLoader, TensorDataset
 
@@ -124,6 +126,9 @@ def test_last_ckpt_is_a_copy_of_a_full_step_file_saved_with_it(tmp_path):
             assert io.saved == ["step2.ckpt", "last.ckpt", "step4.ckpt", "last.ckpt"]
             assert last != step4 and checkpoints.weights_only(folder / "step4.ckpt")
         else:
-            assert io.saved == ["step2.ckpt", "step4.ckpt"] and last == step4
+            assert io.saved == ["step2.ckpt", "last.ckpt", "step4.ckpt"] and last == step4
         assert not checkpoints.weights_only(folder / "last.ckpt")
-        assert torch.load(folder / "last.ckpt", weights_only=False)["global_step"] == 4
+        saved = torch.load(folder / "last.ckpt", weights_only=False)
+        assert saved["global_step"] == 4
+        [state] = [s for s in saved["callbacks"].values() if "last_model_path" in s]
+        assert state["last_model_path"] == str(folder / "last.ckpt")
