@@ -85,7 +85,13 @@ def forkable(env: dict[str, str]) -> bool:
     return bool(SESSION_ENV) and all(
         key.startswith(READ_LATER) or key in PER_ZYGOTE
         or (key == "PYTHONPATH" and env.get(key) == _injected_path(env))
-        for key in env.keys() | SESSION_ENV.keys() if env.get(key) != SESSION_ENV.get(key))
+        for key in differing(env))
+
+
+def differing(env: dict[str, str]) -> list[str]:
+    """The variables whose values in ``env`` differ from the session's (set in one only, too)."""
+    return sorted(key for key in env.keys() | SESSION_ENV.keys()
+                  if env.get(key) != SESSION_ENV.get(key))
 
 
 def _injected_path(env: dict[str, str]) -> str | None:

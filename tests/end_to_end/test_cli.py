@@ -102,5 +102,4 @@ def test_a_cli_call_after_a_test_scored_bleu_in_its_own_process_is_still_forked(
 
     tokenized_bleu(["ein kleiner Test ."], ["ein kleiner Test ."], "de")
     env = cli_env(tmp_path)
-    assert helpers.forkable(env), sorted(
-        k for k in env.keys() | helpers.SESSION_ENV.keys() if env.get(k) != helpers.SESSION_ENV.get(k))
+    assert helpers.forkable(env), helpers.differing(env)
