@@ -3,7 +3,7 @@
 
 With three seeds a side, 2 standard errors (a normal interval) would be a ~88% interval: Student's
 t with ~4 degrees of freedom puts the 97.5% point at 2.78, not 1.96. Plain Python: the t quantile
-by bisection on its CDF, integrated with Simpson's rule (no scipy among the dependencies).
+by Newton's method on its CDF, integrated with Simpson's rule (no scipy among the dependencies).
 """
 
 from __future__ import annotations
@@ -31,14 +31,19 @@ def t_cdf(x: float, df: float, intervals: int = 400) -> float:
 
 
 def t_quantile(p: float, df: float) -> float:
-    """The ``p`` quantile (0.5 <= p < 1) of Student's t with ``df`` degrees of freedom."""
-    low, high = 0.0, 1.0
-    while t_cdf(high, df) < p:
-        high *= 2
-    for _ in range(40):
-        mid = (low + high) / 2
-        low, high = (mid, high) if t_cdf(mid, df) < p else (low, mid)
-    return (low + high) / 2
+    """The ``p`` quantile (0.5 <= p < 1) of Student's t with ``df`` degrees of freedom: Newton's
+    steps on the CDF from 0. The CDF is concave there, so each step lands between the last point
+    and the quantile, never past it: a few CDF evaluations where bisection took forty (a rendered
+    Table 3 asks for hundreds of quantiles)."""
+    log_norm = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+    x, below = 0.0, p - 0.5
+    for _ in range(200):
+        step = below / math.exp(log_norm - (df + 1) / 2 * math.log1p(x * x / df))
+        x += step
+        if step <= 1e-13 * x:
+            break
+        below = p - t_cdf(x, df)
+    return x
 
 
 def difference_noise(a: Sequence[float], b: Sequence[float], level: float = LEVEL) -> float:
