@@ -27,11 +27,12 @@ class _Losses(pl.Callback):
 
 
 def config(steps: int = STEPS):
-    """Table 3's base at ``smoke``, trained ``steps`` steps, nothing saved or evaluated."""
+    """Table 3's base at ``smoke``, trained ``steps`` steps, nothing saved or evaluated, in
+    batches of 1024 tokens: the scale's batch when the values were written (now 512)."""
     from reproduce.records.sweep import load_spec
 
     return load_spec("table3").resolve("base", "smoke").overrides(
-        train_steps=steps, val_every_steps=0, ckpt_every_steps=0)
+        train_steps=steps, val_every_steps=0, ckpt_every_steps=0, batch_tokens=1024)
 
 
 def losses(steps: int = STEPS, compiled: bool = False, prepare=None) -> list[float]:

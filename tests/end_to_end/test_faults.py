@@ -90,7 +90,7 @@ def _comparable(record: dict) -> dict:
 @pytest.mark.parametrize("base", [
     None,  # the default spec: the `clean` run's
     # 2 micro-batches a step, a checkpoint every 0.12 s: saves come due between micro-batches
-    {"device_batch_tokens": 512, "ckpt_every_minutes": 0.002},
+    {"device_batch_tokens": 256, "ckpt_every_minutes": 0.002},
 ], ids=["every-5-steps", "accumulated-time-based"])
 def test_a_run_killed_at_several_moments_and_resumed_equals_one_never_interrupted(tmp_path, base,
                                                                                  clean):
@@ -383,9 +383,9 @@ def test_sigterm_saves_the_step_it_stopped_at_and_the_run_resumes_from_it_exactl
     evaluation (resumed, Lightning counted a step more on the loggers' axis), then at the first
     epoch's last step (where Lightning has counted the epoch done before it stops: resumed as
     saved, it counted it again and trained the third epoch's batches in place of the second's)."""
-    # 600 training pairs: epochs of 20 steps, so the 30 steps run into a second
+    # 300 training pairs: epochs of about 20 steps, so the 30 steps run into a second
     args = ["table3", "--spec", str(_spec(tmp_path / "mine.yaml")), "--scale", "smoke", "--set",
-            "data.max_train_pairs=600"]
+            "data.max_train_pairs=300"]
     clean = tmp_path / "clean"
     cli(_env(clean), *args)
     work = tmp_path / "runs" / "mine" / RUN

@@ -57,7 +57,7 @@ def test_two_processes_train_one_run_with_one_record_one_wandb_run_one_table(two
     assert record["batch"]["effective_tokens_per_step"] == 2 * record["batch"]["device_batch_tokens"]
     assert out.stdout.count("recorded ") == 1 and out.stdout.count("rendered ") == 1
     table = (tmp_path / "results" / "table3.md").read_text()
-    assert "Devices: 2 CPU processes (DDP) x 1 accumulated x 512 tokens = 1024 tokens per step" \
+    assert "Devices: 2 CPU processes (DDP) x 1 accumulated x 256 tokens = 512 tokens per step" \
         in table
     work = tmp_path / "runs" / "table3" / "table3-base-smoke-seed0"
     assert len(list((work / "wandb").glob("offline-run-*"))) == 1

@@ -222,7 +222,7 @@ def test_two_ranks_read_the_timing_of_their_tables_base_made_once_before_they_st
     out = cli(env, "table3", "--variant", "A1", "--scale", "smoke", "--devices", "2", "--set",
               "train.compile=auto")
     [timed] = log.read_text().splitlines()  # once, by the sweep's process, of base (8 heads)
-    assert "h=8 tokens=512" in timed
+    assert "h=8 tokens=256" in timed
     assert "compile auto -> off, for table3's base at `smoke` (cached: compiled 1.11x" in \
         out.stdout + out.stderr
     [path] = (tmp_path / "results" / "table3").glob("*.json")

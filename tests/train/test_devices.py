@@ -42,9 +42,9 @@ def _weights(root: Path, table: str = "mine", run: str = "base") -> dict:
 
 
 def test_two_ranks_equal_one_rank_accumulating_two_micro_batches(tmp_path):
-    """Same global batches (512-token micro-batches, 1024 per step), no dropout: the same weights
+    """Same global batches (256-token micro-batches, 512 per step), no dropout: the same weights
     after 3 optimizer steps, and the schedule counts optimizer steps in both."""
-    spec = _spec(tmp_path / "mine.yaml", p_drop=0.0, device_batch_tokens=512, train_steps=10000)
+    spec = _spec(tmp_path / "mine.yaml", p_drop=0.0, device_batch_tokens=256, train_steps=10000)
     a, b = tmp_path / "a", tmp_path / "b"
     cli(_env(a), "table3", "--spec", str(spec), "--scale", "smoke", "--devices", "2")
     cli(_env(b), "table3", "--spec", str(spec), "--scale", "smoke", "--devices", "1")
@@ -71,7 +71,7 @@ def test_two_ranks_on_the_fast_path_train_as_one_eager_rank_accumulating(tmp_pat
     PPL are eager's (one rank accumulating the same two micro-batches, which the test above
     holds equal to two eager ranks). One layer (N=1): the same code path, a third of the
     compiling."""
-    spec = _spec(tmp_path / "mine.yaml", N=1, p_drop=0.0, device_batch_tokens=512,
+    spec = _spec(tmp_path / "mine.yaml", N=1, p_drop=0.0, device_batch_tokens=256,
                  train_steps=10000)
     fast, eager = tmp_path / "fast", tmp_path / "eager"
     cli(_env(fast), "table3", "--spec", str(spec), "--scale", "smoke", "--devices", "2",
@@ -138,7 +138,7 @@ def test_the_dry_run_shows_devices_accumulation_and_the_effective_batch(tmp_path
     args = ["table2", "--variant", "base-en-de", "--scale", "smoke", "--devices", "2", "--dry-run"]
     out = cli({**_env(tmp_path), devices.TIMEOUT_ENV: "90"}, *args)
     assert "each run on 2 CPU processes (DDP, gloo)" in out.stdout
-    assert "1024 tokens/step (2 device(s) x 1 accumulated x 512)" in out.stdout
+    assert "512 tokens/step (2 device(s) x 1 accumulated x 256)" in out.stdout
     assert f"collective (or on a rank that never joins) after 90 s ({devices.TIMEOUT_ENV} sets it" \
         in out.stdout
     bad = cli({**_env(tmp_path), devices.TIMEOUT_ENV: "soon"}, *args, check=False)

@@ -101,7 +101,7 @@ def test_a_run_keeps_the_micro_batch_it_started_with(tmp_path, monkeypatch):
 def test_auto_is_a_value_of_the_setting_and_others_are_named_in_the_error():
     config = load_spec("table3").resolve("base", "smoke")
     assert config.overrides(**parse_sets(["train.device_batch_tokens=auto"])).train.split_batch(
-        2) == (1, 512)  # before it is measured: one pass
+        2) == (1, 256)  # before it is measured: one pass
     for bad in ("sometimes", -1, True):
         with pytest.raises(ConfigError, match=f"train.device_batch_tokens = {bad!r}: allowed "
                            r"values are an integer >= 0 \(0: one pass a step\) or auto"):
@@ -116,8 +116,8 @@ def test_a_run_on_auto_records_its_choice_and_is_found_finished_again(tmp_path):
     cli(env, *args)
     record = json.loads((tmp_path / "results" / "table3" /
                          "table3-base-smoke-seed0.json").read_text())
-    assert record["config"]["train"]["device_batch_tokens"] == 1024  # what it trained with
-    assert (record["batch"]["accumulate"], record["batch"]["device_batch_tokens"]) == (1, 1024)
+    assert record["config"]["train"]["device_batch_tokens"] == 512  # what it trained with
+    assert (record["batch"]["accumulate"], record["batch"]["device_batch_tokens"]) == (1, 512)
     assert record["batch"]["micro_batch_choice"] == {
         "asked": "auto", "how": "one pass a step: a CPU's memory is not measured"}
     # the eager path's steady step reads back from its device: the loss's boolean mask
@@ -135,7 +135,7 @@ def test_a_config_asking_auto_is_the_record_of_the_number_it_chose():
     from reproduce.records.store import same_config
 
     asked = load_spec("table3").resolve("base", "smoke").overrides(device_batch_tokens="auto")
-    stored = asked.overrides(device_batch_tokens=1024).to_dict()
+    stored = asked.overrides(device_batch_tokens=512).to_dict()
     assert same_config(stored, asked) and same_training(stored, asked)
-    other = asked.overrides(device_batch_tokens=512)
+    other = asked.overrides(device_batch_tokens=256)
     assert not same_config(stored, other) and not same_training(stored, other)

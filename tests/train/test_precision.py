@@ -30,24 +30,25 @@ def test_the_faster_step_is_chosen_with_a_margin_for_bf16(config, tmp_path,
                                                          cpu_bf16_screen_passes, fp32, bf16,
                                                          chosen):
     timer = lambda c, tokens: {"32-true": fp32, "bf16-mixed": bf16}  # noqa: E731
-    got, how = precision.choose(config, 1024, tmp_path / "p.json", timer=timer)
+    got, how = precision.choose(config, config.train.batch_tokens, tmp_path / "p.json", timer=timer)
     assert got == chosen and how["chosen"] == chosen and not how["cached"]
     assert how["seconds_per_step"] == {"32-true": fp32, "bf16-mixed": bf16}
 
 
 def test_the_answer_is_cached_per_model_and_threads(config, tmp_path, cpu_bf16_screen_passes):
     cache = tmp_path / "p.json"
-    precision.choose(config, 1024, cache, timer=lambda c, t: {"32-true": 1.0, "bf16-mixed": 0.5})
+    precision.choose(config, config.train.batch_tokens, cache,
+                     timer=lambda c, t: {"32-true": 1.0, "bf16-mixed": 0.5})
 
     def never(c, t):
         raise AssertionError("timed again")
 
-    got, how = precision.choose(config, 1024, cache, timer=never)
+    got, how = precision.choose(config, config.train.batch_tokens, cache, timer=never)
     assert got == "bf16-mixed" and how["cached"]
     assert precision.timed(config, torch.get_num_threads(), cache)["chosen"] == "bf16-mixed"
     # Another model shape is another entry, timed afresh.
     other = config.overrides(d_model=config.model.d_model * 2)
-    got, _ = precision.choose(other, 1024, cache, timer=lambda c, t: {"32-true": 0.5,
+    got, _ = precision.choose(other, config.train.batch_tokens, cache, timer=lambda c, t: {"32-true": 0.5,
                                                                       "bf16-mixed": 1.0})
     assert got == "32-true" and len(json.loads(cache.read_text())) == 2
 
@@ -142,12 +143,12 @@ def test_no_step_is_timed_where_a_bf16_matmul_is_slower(config, tmp_path, monkey
     def never(c, t):
         raise AssertionError("timed a bf16 step on a CPU without fast bf16")
 
-    got, how = precision.choose(config, 1024, tmp_path / "p.json", timer=never)
+    got, how = precision.choose(config, config.train.batch_tokens, tmp_path / "p.json", timer=never)
     assert got == "32-true" and how["seconds_per_step"] is None
 
 
 def test_a_set_precision_is_taken_as_it_is(config, tmp_path):
-    got, how = precision.choose(config.overrides(precision="32-true"), 1024, None)
+    got, how = precision.choose(config.overrides(precision="32-true"), config.train.batch_tokens, None)
     assert got == "32-true" and how == {"asked": "32-true", "how": "set in the config"}
 
 
