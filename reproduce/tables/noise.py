@@ -10,20 +10,26 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 LEVEL = 0.95
+
+
+def t_density(df: float) -> Callable[[float], float]:
+    """The density of Student's t with ``df`` degrees of freedom, its constant computed once."""
+    log_norm = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+
+    def pdf(t: float) -> float:
+        return math.exp(log_norm - (df + 1) / 2 * math.log1p(t * t / df))
+
+    return pdf
 
 
 def t_cdf(x: float, df: float, intervals: int = 400) -> float:
     """P(T <= x) for Student's t with ``df`` (> 0, not necessarily whole) degrees of freedom."""
     if x < 0:
         return 1.0 - t_cdf(-x, df, intervals)
-    log_norm = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
-
-    def pdf(t: float) -> float:
-        return math.exp(log_norm - (df + 1) / 2 * math.log1p(t * t / df))
-
+    pdf = t_density(df)
     h = x / intervals
     odd = sum(pdf((2 * k - 1) * h) for k in range(1, intervals // 2 + 1))
     even = sum(pdf(2 * k * h) for k in range(1, intervals // 2))
@@ -35,10 +41,10 @@ def t_quantile(p: float, df: float) -> float:
     steps on the CDF from 0. The CDF is concave there, so each step lands between the last point
     and the quantile, never past it: a few CDF evaluations where bisection took forty (a rendered
     Table 3 asks for hundreds of quantiles)."""
-    log_norm = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+    pdf = t_density(df)
     x, below = 0.0, p - 0.5
     for _ in range(200):
-        step = below / math.exp(log_norm - (df + 1) / 2 * math.log1p(x * x / df))
+        step = below / pdf(x)
         x += step
         if step <= 1e-13 * x:
             break

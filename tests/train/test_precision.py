@@ -36,20 +36,19 @@ def test_the_faster_step_is_chosen_with_a_margin_for_bf16(config, tmp_path,
 
 
 def test_the_answer_is_cached_per_model_and_threads(config, tmp_path, cpu_bf16_screen_passes):
-    cache = tmp_path / "p.json"
-    precision.choose(config, config.train.batch_tokens, cache,
-                     timer=lambda c, t: {"32-true": 1.0, "bf16-mixed": 0.5})
+    cache, tokens = tmp_path / "p.json", config.train.batch_tokens
+    precision.choose(config, tokens, cache, timer=lambda c, t: {"32-true": 1.0, "bf16-mixed": 0.5})
 
     def never(c, t):
         raise AssertionError("timed again")
 
-    got, how = precision.choose(config, config.train.batch_tokens, cache, timer=never)
+    got, how = precision.choose(config, tokens, cache, timer=never)
     assert got == "bf16-mixed" and how["cached"]
     assert precision.timed(config, torch.get_num_threads(), cache)["chosen"] == "bf16-mixed"
     # Another model shape is another entry, timed afresh.
     other = config.overrides(d_model=config.model.d_model * 2)
-    got, _ = precision.choose(other, config.train.batch_tokens, cache, timer=lambda c, t: {"32-true": 0.5,
-                                                                      "bf16-mixed": 1.0})
+    got, _ = precision.choose(other, tokens, cache, timer=lambda c, t: {"32-true": 0.5,
+                                                                        "bf16-mixed": 1.0})
     assert got == "32-true" and len(json.loads(cache.read_text())) == 2
 
 
