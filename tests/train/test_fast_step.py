@@ -14,9 +14,28 @@ from tests.helpers import WANDB_OFFLINE, cli, cli_env, inject
 GOLDEN = json.loads(golden.FILE.read_text())
 
 
-def _largest_relative_difference(losses: list[float]) -> float:
+def _relative_differences(losses: list[float]) -> list[float]:
     assert len(losses) == len(GOLDEN["losses"])
-    return max(abs(a - b) / abs(b) for a, b in zip(losses, GOLDEN["losses"], strict=True))
+    return [abs(a - b) / abs(b) for a, b in zip(losses, GOLDEN["losses"], strict=True)]
+
+
+# On another kind of CPU than the golden's (other kernels), the first steps differ only in
+# rounding, and Adam (eps 1e-9) makes far more of it a step later: on an AMD EPYC against the
+# golden (an Intel Xeon), 1.4e-7 at steps 1 and 2, then up to 6.2e-5 (eager) and 3.9e-5
+# (compiled), and 7.1e-5 between the two paths on that machine. There the first two steps (the
+# forward pass, the dropout drawn, the first update) hold to 1e-6 and all twenty to 5e-4: a
+# learning rate 5% off moves them by 1.4e-2 and 9.2e-2, p_drop 0.11 for 0.1 by 1.8e-3 (each
+# measured on that machine).
+FIRST_STEPS, OTHER_CPU_FIRST, OTHER_CPU_ALL = 2, 1e-6, 5e-4
+
+
+def _assert_golden(losses: list[float], same_cpu_bound: float) -> None:
+    differences = _relative_differences(losses)
+    if golden.hardware() == GOLDEN["hardware"]:
+        assert max(differences) <= same_cpu_bound, differences
+    else:
+        assert max(differences[:FIRST_STEPS]) < OTHER_CPU_FIRST, differences
+        assert max(differences) < OTHER_CPU_ALL, differences
 
 
 @pytest.fixture(scope="module")
@@ -31,12 +50,9 @@ def own_cache(tmp_path_factory):
 
 
 def test_the_eager_path_gives_the_golden_losses(own_cache):
-    """Bit for bit on the kind of CPU the golden losses were written on (low bits differ on
-    another: other kernels), else within 1e-5."""
-    losses = golden.losses()
-    if golden.hardware() == GOLDEN["hardware"]:
-        assert losses == GOLDEN["losses"]
-    assert _largest_relative_difference(losses) < 1e-5
+    """Bit for bit on the kind of CPU the golden losses were written on, else within the
+    bounds above."""
+    _assert_golden(golden.losses(), same_cpu_bound=0.0)
 
 
 def test_the_fast_path_compiled_gives_the_golden_losses_from_one_compile(own_cache):
@@ -50,7 +66,7 @@ def test_the_fast_path_compiled_gives_the_golden_losses_from_one_compile(own_cac
     counters.clear()
     modules: list = []
     losses = golden.losses(compiled=True, prepare=modules.append)
-    assert _largest_relative_difference(losses) < 1e-5
+    _assert_golden(losses, same_cpu_bound=1e-5)
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
     assert modules[0].fast and modules[0]._loss_on_bar is False
 
