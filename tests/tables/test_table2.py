@@ -86,7 +86,11 @@ def test_table2_summarises_seeds_and_says_what_has_not_run():
     assert "Cost: 0.0 worker-hours of training for 3 runs on test CPU" in table
 
 
-def test_paper_dry_run_prints_the_plan_without_network_or_training(monkeypatch, capsys):
+def test_paper_dry_run_prints_the_plan_without_network_or_training(tmp_path, monkeypatch, capsys):
+    # its CPU probe is cached in the runs folder: this test's, not the checkout's runs/, where a
+    # probe timed beside the suite would price a user's later plans
+    monkeypatch.setenv("REPRODUCE_RUNS", str(tmp_path / "runs"))
+
     def no_network(*args, **kwargs):
         raise AssertionError("the dry run touched the network")
 
