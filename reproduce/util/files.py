@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import itertools
 import logging
 import os
 import tempfile
@@ -73,9 +74,15 @@ def timestamp() -> str:
 
 def move_aside(path: Path, to: Path) -> Path:
     """Move ``path`` (a file or a folder) to ``to``, where ``{time}`` stands for now
-    (``timestamp``), making its folder as needed: set aside, never deleted. Returns where it
-    went; FileNotFoundError when ``path`` has gone (another process moved it first)."""
-    moved = Path(str(to).replace("{time}", timestamp()))
+    (``timestamp``), making its folder as needed: set aside, never deleted, nor put over what
+    was set aside there within the same second (``{time}_2``, ``_3``, ...: they sort after it).
+    Returns where it went; FileNotFoundError when ``path`` has gone (another process moved it
+    first)."""
+    stamp = timestamp()
+    for n in itertools.count(1):
+        moved = Path(str(to).replace("{time}", stamp if n == 1 else f"{stamp}_{n}"))
+        if not moved.exists() and not moved.is_symlink():
+            break
     moved.parent.mkdir(parents=True, exist_ok=True)
     os.replace(path, moved)
     return moved

@@ -68,6 +68,29 @@ def test_a_record_of_another_config_is_stale_and_retired_not_deleted(dirs):
     assert kept.stat().st_size > 0
 
 
+def test_what_is_set_aside_twice_within_a_second_is_kept_twice(tmp_path, monkeypatch):
+    """Two records (files) and two checkpoint folders moved aside in the same second: each kept,
+    the later after the earlier in name order (it overwrote the first, or failed on a folder)."""
+    from reproduce.util import files
+
+    monkeypatch.setattr(files, "timestamp", lambda: "20261129T195245")
+    moved = []
+    for text in ("first", "second"):
+        (tmp_path / "r.json").write_text(text)
+        moved.append(files.move_aside(tmp_path / "r.json", tmp_path / "damaged" / "r.{time}.json"))
+        (tmp_path / "checkpoints").mkdir()
+        (tmp_path / "checkpoints" / "last.ckpt").write_text(text)
+        moved.append(files.move_aside(tmp_path / "checkpoints",
+                                      tmp_path / "superseded-{time}" / "checkpoints"))
+    assert [p.relative_to(tmp_path).as_posix() for p in moved] == [
+        "damaged/r.20261129T195245.json", "superseded-20261129T195245/checkpoints",
+        "damaged/r.20261129T195245_2.json", "superseded-20261129T195245_2/checkpoints"]
+    assert [p.name for p in sorted((tmp_path / "damaged").iterdir())] == [
+        "r.20261129T195245.json", "r.20261129T195245_2.json"]
+    assert [(p / "last.ckpt" if p.is_dir() else p).read_text() for p in moved] == [
+        "first", "first", "second", "second"]
+
+
 def test_checkpoints_of_the_same_config_stay_to_be_resumed(dirs):
     _, runs = dirs
     run = _run()
