@@ -5,9 +5,10 @@ importing them, and the suite makes about a hundred such calls.
 Run as ``python tests/zygote.py``; it reads one request per line on stdin (JSON: argv, env, cwd,
 stdout and stderr file paths), forks, answers the child's pid, then its exit code (as
 ``subprocess`` gives it: minus the signal that ended it). The child leaves the loop and runs the
-CLI at the top level of this script, as ``python -m reproduce`` would, and ends as any process
-does: SystemExit's code, threads joined, ``atexit`` handlers run, streams flushed. Once the child
-and whatever it started have closed its stdout and stderr, the zygote answers ``closed``.
+CLI at the top level of this script, as ``python -m reproduce`` would, and ends as that does
+(``reproduce.__main__.run``): its code, threads joined, ``atexit`` handlers run, streams flushed,
+no teardown of the modules. Once the child and whatever it started have closed its stdout and
+stderr, the zygote answers ``closed``.
 
 Imports read some environment variables once (the HF hub's, torch's threads): ``helpers.cli``
 forks only where a call's environment differs from this process's in variables read later (the

@@ -103,3 +103,43 @@ def test_a_cli_call_after_a_test_scored_bleu_in_its_own_process_is_still_forked(
     tokenized_bleu(["ein kleiner Test ."], ["ein kleiner Test ."], "de")
     env = cli_env(tmp_path)
     assert helpers.forkable(env), helpers.differing(env)
+
+
+_ENDING = '''
+import atexit, sys, threading, time
+from pathlib import Path
+import reproduce.__main__ as cli
+here = Path(sys.argv[1])
+
+def main():
+    def late():  # a thread that is not a daemon: the exit waits for it
+        time.sleep(0.5)
+        (here / "thread").write_text("joined")
+    threading.Thread(target=late).start()
+    atexit.register(lambda: (here / "atexit").write_text("ran"))
+    print("unflushed", end="")  # no newline: still in stdout's buffer at the end
+    return int(sys.argv[2]) if sys.argv[2].isdigit() else exec(sys.argv[2])
+
+cli.main = main
+cli.run()
+'''
+
+
+@pytest.mark.parametrize("ending, code", [("3", 3), ("raise SystemExit('no such thing')", 1),
+                                          ("raise SystemExit(None)", 0)])
+def test_the_cli_ends_as_python_would_less_the_teardown(tmp_path, ending, code):
+    """``reproduce.__main__.run`` skips the modules' teardown (1.2 s of a core each exit), and
+    nothing else of Python's exit: the status, threads joined, atexit handlers, buffered output."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "ending.py"
+    script.write_text(_ENDING)
+    out = subprocess.run([sys.executable, str(script), str(tmp_path), ending],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == code, out.stderr
+    assert out.stdout == "unflushed"
+    assert (tmp_path / "thread").read_text() == "joined"
+    assert (tmp_path / "atexit").read_text() == "ran"
+    if code == 1:
+        assert out.stderr.strip() == "no such thing"
