@@ -78,11 +78,11 @@ def run() -> NoReturn:
     its code as Python ends one, less the teardown of every module it imported: threads joined,
     ``atexit`` handlers run (W&B's, logging's, multiprocessing's, temporary folders'), stdout and
     stderr flushed, then ``os._exit``. Tearing down torch and Lightning module by module took a
-    core 1.2 s at every exit (a CLI, each rank, each worker: the CPU seconds of a Python process
-    that imported them, 4.03 against 2.87 at the last line of its script; 1.33 against 0.08 for a
-    CLI forked after the imports, as the tests run them; this repo's AMD EPYC, 2026-11-29). Every
-    file the code writes is closed where it is written. An exception that escapes ``main`` ends
-    the process as Python does."""
+    core 1.2 s at every exit of a CLI, a rank or a worker (CPU seconds of a process that imported
+    them: 4.03 in all against 2.87 at its script's last line; of a CLI forked after the imports,
+    as the tests run it, stopping at a config error: 1.33 against 0.08; a 2-core AMD EPYC,
+    2026-11-29). Every file the code writes is closed where it is written. An exception that
+    escapes ``main`` ends the process as Python does."""
     try:
         code = main()
     except SystemExit as e:  # argparse's errors, --help and --version
