@@ -81,7 +81,7 @@ def move_aside(path: Path, to: Path) -> Path:
     stamp = timestamp()
     for n in itertools.count(1):
         moved = Path(str(to).replace("{time}", stamp if n == 1 else f"{stamp}_{n}"))
-        if not moved.exists() and not moved.is_symlink():
+        if not os.path.lexists(moved):  # a dangling link is something there too
             break
     moved.parent.mkdir(parents=True, exist_ok=True)
     os.replace(path, moved)
