@@ -83,14 +83,17 @@ def compiled_fast(loss_fn: Callable, cuda_graphs: bool = False) -> Callable:
     kernels), with dynamic shapes from the first call (token-count batches change shape every
     step: static graphs would compile once more per new shape), none of them taken equal to
     another because they were on the first batch (duck sizing: a batch with as many source as
-    target positions would compile again at the next). Dropout draws its masks from torch's own
-    generator, as eager does (inductor's ``fallback_random``), so the masks follow the seed each
-    step is given (``lit.TranslationModule.on_train_batch_start``): a resumed run draws the
-    uninterrupted run's, and the losses are eager's (``tests/golden``).
+    target positions would compile again at the next), and the modules' floats (dropout's p,
+    layer norm's eps) constants, not symbols: dynamo would specialize each and trace the whole
+    graph a second time (``TensorifyScalarRestartAnalysis``), twice the compile. Dropout draws
+    its masks from torch's own generator, as eager does (inductor's ``fallback_random``), so the
+    masks follow the seed each step is given (``lit.TranslationModule.on_train_batch_start``): a
+    resumed run draws the uninterrupted run's, and the losses are eager's (``tests/golden``).
     ``cuda_graphs`` (``train.cuda_graphs``): on a GPU, each shape's graph is recorded once as a
     CUDA graph and replayed (inductor's cudagraph trees), the start of each call marked as a new
     step (a step's micro-batches call it more than once before the optimizer runs); a CPU's graphs
     are not affected. Outputs are only valid until the next call: callers keep copies."""
+    from torch._dynamo import config as dynamo
     from torch.fx.experimental import _config as shapes
 
     use_compile_cache()
@@ -100,7 +103,7 @@ def compiled_fast(loss_fn: Callable, cuda_graphs: bool = False) -> Callable:
     def run(*args, **kwargs):
         if cuda_graphs:
             torch.compiler.cudagraph_mark_step_begin()
-        with shapes.patch(use_duck_shape=False):
+        with shapes.patch(use_duck_shape=False), dynamo.patch(specialize_float=True):
             return compiled(*args, **kwargs)
     return run
 
