@@ -4,10 +4,7 @@
 from __future__ import annotations
 
 import argparse
-import atexit
-import os
 import sys
-import threading
 from typing import NoReturn
 
 from reproduce import __version__
@@ -32,6 +29,7 @@ from reproduce.errors import (
     RankFailure,
 )
 from reproduce.paths import use_results
+from reproduce.util.exits import end
 from reproduce.util.secrets import mask
 
 # The table of commands, in the order --help lists them.
@@ -75,34 +73,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def run() -> NoReturn:
     """``python -m reproduce`` and the ``reproduce`` script: ``main``, then the process ends with
-    its code as Python ends one, less the teardown of every module it imported: threads joined,
-    ``atexit`` handlers run (W&B's, logging's, multiprocessing's, temporary folders'), stdout and
-    stderr flushed, then ``os._exit``. Tearing down torch and Lightning module by module took a
-    core 1.2 s at every exit of a CLI, a rank or a worker (CPU seconds of a process that imported
-    them: 4.03 in all against 2.87 at its script's last line; of a CLI forked after the imports,
-    as the tests run it, stopping at a config error: 1.33 against 0.08; a 2-core AMD EPYC,
-    2026-11-29). Every file the code writes is closed where it is written. An exception that
-    escapes ``main`` ends the process as Python does."""
-    try:
-        code = main()
-    except SystemExit as e:  # argparse's errors, --help and --version
-        code = _exit_code(e.code)
-    threading._shutdown()  # type: ignore[attr-defined]  # what Python's own exit does first
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # a closed pipe: Python exits with 120 then
-            code = code or 120
-    os._exit(code)
-
-
-def _exit_code(code: object) -> int:
-    """The status Python exits with for ``SystemExit(code)``, printing a message code as it does."""
-    if code is None or isinstance(code, int):
-        return code or 0
-    print(code, file=sys.stderr)
-    return 1
+    its code, without tearing down every module it imported (``util.exits.end``)."""
+    end(main)
 
 
 if __name__ == "__main__":

@@ -314,12 +314,27 @@ def submitit_parameters() -> set[str]:
     return set(SlurmExecutor._valid_parameters()) - set(OWNED)
 
 
+TASK_PROCESS = "reproduce.launch.task_process"  # each task's command: python -u -m TASK_PROCESS
+
+
+def executor(folder: Path):
+    """submitit's SLURM executor, its tasks started as ``TASK_PROCESS`` (submitit's job runner,
+    then an exit without teardown) instead of ``submitit.core._submit`` itself. Jobs submitted
+    before this started the latter; either runs them."""
+    import submitit
+
+    class Executor(submitit.SlurmExecutor):
+        @property
+        def _submitit_command_str(self) -> str:
+            return super()._submitit_command_str.replace("submitit.core._submit", TASK_PROCESS)
+
+    return Executor(folder=folder / "%j")
+
+
 def executor_for(folder: Path, scale: str, runs: list[PlannedRun], cluster: Cluster = Cluster(),
                  role: str = "run", after: str | None = None):
     """A submitit SLURM executor with these runs' resources (one array)."""
-    import submitit
-
-    slurm = submitit.SlurmExecutor(folder=folder / "%j")
+    slurm = executor(folder)
     slurm.update_parameters(**slurm_parameters(scale, runs, cluster, role, after))
     return slurm
 
@@ -331,7 +346,7 @@ def sbatch_script(folder: Path, scale: str, runs: list[PlannedRun], cluster: Clu
 
     params = slurm_parameters(scale, runs, cluster, role, after)
     params["map_count"] = len(runs)
-    return _make_sbatch_string(command="python -u -m submitit.core._submit " + str(folder),
+    return _make_sbatch_string(command=f"python -u -m {TASK_PROCESS} {folder}",
                                folder=folder / "%A_%a", **params)
 
 
@@ -378,12 +393,10 @@ RENDER_MINUTES = 15  # the render job's time limit: it reads records and writes 
 def render_executor(folder: Path, table: str, after: list[str], cluster: Cluster = Cluster()):
     """A one-task job that waits for the ``after`` jobs (``afterany``), on the runs' partition
     with their account, QoS and other options, a CPU and ``RENDER_MINUTES``."""
-    import submitit
-
     extra: dict[str, Any] = {"dependency": "afterany:" + ":".join(after)}
     skip = {"time", "mem", "cpus_per_task", "constraint", "dependency", "begin", "exclusive"}
     extra.update((k, v) for k, v in cluster.options if k not in skip)
-    slurm = submitit.SlurmExecutor(folder=folder / "%j")
+    slurm = executor(folder)
     slurm.update_parameters(job_name=f"reproduce-render-{table}", nodes=1, ntasks_per_node=1,
                             cpus_per_task=1, mem="4G", time=min(RENDER_MINUTES, cluster.max_minutes
                                                                or RENDER_MINUTES),

