@@ -20,18 +20,25 @@ def end(main: Callable[[], object]) -> NoReturn:
     of a fresh one: 4.03 in all against 2.87 at its script's last line; of a CLI forked after the
     imports, as the tests run it, stopping at a config error: 1.33 against 0.08; a 2-core AMD EPYC,
     2026-11-29). Every file the code writes is closed where it is written. An exception that
-    escapes ``main`` ends the process as Python does."""
+    escapes ``main`` ends the process as Python does. Under a profiler or a debugger
+    (``python -m cProfile -o F -m reproduce``, as ``benchmarks/paper_run.py --profile`` runs it;
+    pdb, trace) the process ends as Python ends it, so the tool's work after ``main`` (cProfile
+    writes ``F`` then) is done."""
     try:
         code = exit_code(main())
     except SystemExit as e:  # argparse's errors, --help and --version; a task requeued
         code = exit_code(e.code)
+    if sys.getprofile() is not None or sys.gettrace() is not None:
+        sys.exit(code)
     threading._shutdown()  # type: ignore[attr-defined]  # what Python's own exit does first
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
+        if stream is None or stream.closed:  # as Python: nothing to flush
+            continue
         try:
             stream.flush()
-        except (OSError, ValueError):  # a closed pipe: Python exits with 120 then
-            code = code or 120
+        except OSError:  # a closed pipe: Python exits with 120 then
+            code = 120
     os._exit(code)
 
 

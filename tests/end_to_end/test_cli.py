@@ -143,3 +143,19 @@ def test_the_cli_ends_as_python_would_less_the_teardown(tmp_path, ending, code):
     assert (tmp_path / "atexit").read_text() == "ran"
     if code == 1:
         assert out.stderr.strip() == "no such thing"
+
+
+def test_a_profiler_around_the_cli_still_writes_its_profile(tmp_path):
+    """``python -m cProfile -o F`` around the CLI (``benchmarks/paper_run.py --profile``): the
+    CLI ends by returning to the profiler, which then writes ``F``; ``os._exit`` would lose it."""
+    import pstats
+    import subprocess
+    import sys
+
+    script, stats = tmp_path / "ending.py", tmp_path / "cli.prof"
+    script.write_text(_ENDING)
+    out = subprocess.run([sys.executable, "-m", "cProfile", "-o", str(stats), str(script),
+                          str(tmp_path), "3"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr  # cProfile's own status, as without reproduce
+    assert pstats.Stats(str(stats)).total_calls > 0
+    assert (tmp_path / "thread").read_text() == "joined"
