@@ -39,7 +39,19 @@ def end(main: Callable[[], object]) -> NoReturn:
             stream.flush()
         except OSError:  # a closed pipe: Python exits with 120 then
             code = 120
+    _flush_c_stdio()
     os._exit(code)
+
+
+def _flush_c_stdio() -> None:
+    """What C's ``exit()`` flushes and ``os._exit`` does not: the C stdio buffers of native code
+    (a library's ``printf`` into a stdout that is a file, such as a SLURM task's log)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError, TypeError):  # no C library to ask
+        pass
 
 
 def exit_code(code: object) -> int:

@@ -145,6 +145,22 @@ def test_the_cli_ends_as_python_would_less_the_teardown(tmp_path, ending, code):
         assert out.stderr.strip() == "no such thing"
 
 
+def test_what_native_code_printed_is_not_lost_at_the_end(tmp_path):
+    """C's stdio buffers, which Python's exit flushes through C's ``exit()``: a library's
+    ``printf`` into a stdout that is a pipe or a file is still written."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "native.py"
+    script.write_text("import ctypes\nimport reproduce.__main__ as cli\n"
+                      "cli.main = lambda: ctypes.CDLL(None).printf(b'native') and 0\ncli.run()\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # C's buffers too
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=120, env=env)
+    assert (out.returncode, out.stdout) == (0, "native"), out.stderr
+
+
 def test_a_profiler_around_the_cli_still_writes_its_profile(tmp_path):
     """``python -m cProfile -o F`` around the CLI (``benchmarks/paper_run.py --profile``): the
     CLI ends by returning to the profiler, which then writes ``F``; ``os._exit`` would lose it."""
