@@ -15,6 +15,7 @@ import contextlib
 import functools
 import io
 import re
+import shlex
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -314,19 +315,24 @@ def submitit_parameters() -> set[str]:
     return set(SlurmExecutor._valid_parameters()) - set(OWNED)
 
 
-TASK_PROCESS = "reproduce.launch.task_process"  # each task's command: python -u -m TASK_PROCESS
+TASK_PROCESS = "reproduce.launch.task_process"
+
+
+def task_command(python: str, folder: Path) -> str:
+    """Each task's command in the sbatch file: ``TASK_PROCESS`` (submitit's job runner, then an
+    exit without teardown) where submitit itself starts ``submitit.core._submit``, with the same
+    arguments. Jobs submitted before this started the latter; either runs them."""
+    return f"{python} -u -m {TASK_PROCESS} {shlex.quote(str(folder))}"
 
 
 def executor(folder: Path):
-    """submitit's SLURM executor, its tasks started as ``TASK_PROCESS`` (submitit's job runner,
-    then an exit without teardown) instead of ``submitit.core._submit`` itself. Jobs submitted
-    before this started the latter; either runs them."""
+    """submitit's SLURM executor, its tasks started by ``task_command``."""
     import submitit
 
     class Executor(submitit.SlurmExecutor):
         @property
         def _submitit_command_str(self) -> str:
-            return super()._submitit_command_str.replace("submitit.core._submit", TASK_PROCESS)
+            return task_command(self.python, self.folder)
 
     return Executor(folder=folder / "%j")
 
@@ -346,7 +352,7 @@ def sbatch_script(folder: Path, scale: str, runs: list[PlannedRun], cluster: Clu
 
     params = slurm_parameters(scale, runs, cluster, role, after)
     params["map_count"] = len(runs)
-    return _make_sbatch_string(command=f"python -u -m {TASK_PROCESS} {folder}",
+    return _make_sbatch_string(command=task_command("python", folder),
                                folder=folder / "%A_%a", **params)
 
 
