@@ -56,8 +56,33 @@ def own_wandb_service(monkeypatch):
     monkeypatch.delenv("WANDB_SERVICE", raising=False)
 
 
+# The files the workers start first, in this order (``--dist loadfile`` deals whole files, in the
+# order of the collected items: ``--no-loadscope-reorder``, pyproject.toml). The SLURM tests
+# first: for most of their ~3.5 minutes they wait on SLURM's timers and paced steps, and the
+# CPU-bound files of the other worker fill the cores meanwhile (started in the middle, they met
+# the compiling tests, and both cores idled). Then the longest, so no long one is left alone at
+# the end. Sizes from ``--durations=0`` (a 2-core AMD EPYC, 2026-11-29); the order decides only
+# when a file runs, never what it runs or proves.
+FIRST = ("end_to_end/test_slurm_cluster.py", "end_to_end/test_faults.py", "train/test_devices.py",
+         "train/test_fast_step.py", "launch/test_workers.py", "end_to_end/test_rank_faults.py",
+         "train/test_compiling.py", "train/test_tuning.py", "end_to_end/test_first_steps.py",
+         "end_to_end/test_install.py", "speed/test_gpu_window.py",
+         "end_to_end/test_offline_kit.py", "data/test_hub_snapshot.py")
+
+
 def pytest_collection_modifyitems(config, items):
-    """The slow tests (the real CLI) first, so no long one is left alone at the end; each test
-    file runs on one worker (``--dist loadfile``, pyproject.toml), its module fixtures built
-    once."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: slow first
+    """Files in the order of ``FIRST``, then those with slow tests (the real CLI), then the rest;
+    within a file, its slow tests first. Each test file runs on one worker (``--dist loadfile``),
+    its module fixtures built once."""
+    slow_files = {_file(item) for item in items if item.get_closest_marker("slow")}
+
+    def order(item) -> tuple[int, bool]:
+        file = _file(item)
+        rank = FIRST.index(file) if file in FIRST else len(FIRST) + (file not in slow_files)
+        return rank, item.get_closest_marker("slow") is None
+
+    items.sort(key=order)  # stable: the collection's order within each
+
+
+def _file(item) -> str:
+    return item.nodeid.split("::")[0].removeprefix("tests/")
