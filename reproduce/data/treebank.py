@@ -8,15 +8,17 @@ import os
 import re
 from collections.abc import Iterator, Sequence
 from functools import lru_cache
-from typing import Any
-
-import nltk
-from nltk.corpus.reader import BracketParseCorpusReader
-from nltk.tree import Tree
+from typing import TYPE_CHECKING, Any
 
 from reproduce.data.corpora import check_split, missing_input, report_pairs
 from reproduce.errors import DataError, ParsingDataError
-from reproduce.paper.parsing import is_bracket, linearize, strip_empty, words
+
+if TYPE_CHECKING:
+    from nltk.corpus.reader import BracketParseCorpusReader
+    from nltk.tree import Tree
+
+# NLTK (and paper.parsing, which reads its trees) is imported where trees are read: ~0.1 s of
+# every process that trains or renders would otherwise go to a parser only Table 4 needs.
 
 SPLITS = ("train", "dev", "test")
 
@@ -38,6 +40,8 @@ def load_treebank(split: str, wsj_dir: str | None = None) -> list[Tree]:
     train = sections 02-21, dev = 22, test = 23. Without it: NLTK's WSJ sample, split by file as in
     ``SAMPLE_FILES``.
     """
+    from reproduce.paper.parsing import strip_empty
+
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; valid: {', '.join(SPLITS)}")
     reader, fileids = _wsj_reader(split, wsj_dir) if wsj_dir else _sample_reader(split)
@@ -47,6 +51,9 @@ def load_treebank(split: str, wsj_dir: str | None = None) -> list[Tree]:
 
 def _wsj_reader(split: str, wsj_dir: str) -> tuple[BracketParseCorpusReader, list[str]]:
     """A reader over the full PTB WSJ and the file ids of the split's sections."""
+    import nltk
+    from nltk.corpus.reader import BracketParseCorpusReader
+
     if not os.path.isdir(wsj_dir):
         raise ParsingDataError(
             f"treebank {wsj_dir!r} is not a directory (expected the PTB's parsed/mrg/wsj, with section "
@@ -67,6 +74,9 @@ def _wsj_reader(split: str, wsj_dir: str) -> tuple[BracketParseCorpusReader, lis
 
 def _sample_reader(split: str) -> tuple[BracketParseCorpusReader, list[str]]:
     """A reader over NLTK's WSJ sample and the file ids of the split."""
+    import nltk
+    from nltk.corpus.reader import BracketParseCorpusReader
+
     try:
         # The trailing slash lets NLTK look inside corpora/treebank.zip as well as a folder.
         root = nltk.data.find("corpora/treebank/combined/")
@@ -83,6 +93,11 @@ def _sample_reader(split: str) -> tuple[BracketParseCorpusReader, list[str]]:
 def read_trees(path: str) -> Iterator[Tree]:
     """Bracketed trees from a file, or from every file under a folder, one after another (lazily:
     a semi-supervised corpus holds millions). Empty elements are stripped as in ``load_treebank``."""
+    import nltk
+    from nltk.corpus.reader import BracketParseCorpusReader
+
+    from reproduce.paper.parsing import strip_empty
+
     if not os.path.exists(path):
         raise ParsingDataError(f"extra trees {path!r}: no such file or folder (bracketed trees, e.g. "
                                "PTB .mrg files or one tree per line)")
@@ -139,6 +154,8 @@ def treebank_trees(split: str, data_dir: str | None = None) -> tuple:
 
 def treebank_pairs(corpus: str, split: str, data_dir: str | None,
                     extra_trees: str | None, linearization: str) -> list[tuple[str, str]]:
+    from reproduce.paper.parsing import linearize, words
+
     why = missing_input(corpus, extra_trees)
     if why:
         raise DataError(why)
@@ -155,6 +172,8 @@ def tree_symbols(pairs: Sequence[tuple[str, str]], linearization: str = "xx") ->
     """The tokens of linearized trees, each as one sentencepiece piece with its word boundary:
     ``▁(NP``, ``▁)NP``, ``▁XX``. Whole symbols keep an output tree one piece per token. With
     ``linearization="words"`` only the brackets: words are split into pieces as in the source."""
+    from reproduce.paper.parsing import is_bracket
+
     tokens = {token for _, tree in pairs for token in tree.split()}
     if linearization == "words":
         tokens = {token for token in tokens if is_bracket(token)}
