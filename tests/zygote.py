@@ -39,7 +39,7 @@ with tempfile.TemporaryFile() as _said:
         # each child that scores. Not W&B: importing it makes a temporary folder for its media
         # that the first child to exit would delete under every later one
         import sacremoses  # noqa: F401
-        import torch  # noqa: F401
+        import torch
 
         import reproduce.__main__
         import reproduce.commands.table  # noqa: F401
@@ -57,6 +57,14 @@ with tempfile.TemporaryFile() as _said:
 from reproduce.tables.figures import pyplot  # noqa: E402
 
 pyplot()
+# the machine's matmul rate, which a CLI measures once for its records' cost (~0.2 s of a core):
+# measured here once for every child, by a one-thread zygote only. With more threads the matmul
+# would start GNU OpenMP's thread pool, and a child forked after that hangs in its first parallel
+# op (tried: 2 threads, one 1024 x 1024 product before the fork)
+from reproduce.util.machine import measured_tflops  # noqa: E402
+
+if torch.get_num_threads() == 1:
+    measured_tflops()
 # What the imports made lives as long as the process: kept out of the collector's reach, a child's
 # collections neither walk it nor write to its pages (copying them from this process). A forked
 # smoke run of table3 base took 2.88 CPU-s against 3.12 (one thread, an AMD EPYC, 2026-11-29).

@@ -8,7 +8,7 @@ import os
 import platform
 import subprocess
 import time
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -120,8 +120,16 @@ def matmul_gflops(dtype: torch.dtype, n: int, budget: float = 0.5) -> float:
     return 2 * n ** 3 / min(matmul_seconds(dtype, n, budget)) / 1e9
 
 
-def measured_tflops(n: int = 1024, repeats: int = 8) -> float:
-    """This CPU's sustained fp32 matmul rate, in TFLOPS (the paper's method needs one)."""
+def measured_tflops() -> float:
+    """This CPU's sustained fp32 matmul rate at this process's thread count, in TFLOPS (the
+    paper's method needs one). Measured once per thread count in a process (~0.2 s), so the runs
+    a sweep trains in one process are costed at one rate: their paper-method FLOPs differ by
+    their hours, not by the noise of a short measurement."""
+    return _measured_tflops(torch.get_num_threads())
+
+
+@cache
+def _measured_tflops(threads: int, n: int = 1024, repeats: int = 8) -> float:
     times = matmul_seconds(torch.float32, n, budget=float("inf"), most=repeats)
     return round(2 * n ** 3 * len(times) / sum(times) / 1e12, 4)
 
