@@ -333,6 +333,26 @@ def inject(env: dict[str, str], folder: Path, code: str) -> dict[str, str]:
 INJECTED = "REPRODUCE_TEST_INJECTED"
 
 
+# a fault for ``inject``: training steps of at least 0.25 s while the file REPRODUCE_TEST_PACE
+# names exists (or always without it), so that a run is still training when a test's signal or
+# SLURM's comes, however fast the machine; the steps compute what they would unpaced
+PACED = '''
+import os
+import time
+import reproduce.train.lit as lit
+
+_train = lit.TranslationModule.training_step
+_switch = os.environ.get("REPRODUCE_TEST_PACE")
+
+def paced_step(self, batch, batch_idx):
+    if _switch is None or os.path.exists(_switch):
+        time.sleep(0.25)
+    return _train(self, batch, batch_idx)
+
+lit.TranslationModule.training_step = paced_step
+'''
+
+
 def data_module(corpus: str, tokenizer, cache_dir=None, **fields):
     """A ``TranslationData`` of ``corpus`` from a config with ``fields`` (config field names:
     batch_tokens, max_train_pairs, data_dir, seed, ...), as a run builds it."""

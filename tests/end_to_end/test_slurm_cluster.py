@@ -18,7 +18,7 @@ import pytest
 
 from reproduce.launch.slurm import TASK_PROCESS
 from reproduce.tables.common import layouts
-from tests.helpers import INJECTED, cli, inject, start
+from tests.helpers import INJECTED, PACED, cli, inject, start
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF = Path(os.environ.get("REPRODUCE_SLURM_DIR", "/tmp/reproduce-slurm")) / "slurm.conf"
@@ -169,25 +169,6 @@ def _wait_for_step(log: Path, at_least: int, after: str = "", timeout: float = 3
     pytest.fail(f"{log}: no step {at_least} within {timeout:.0f} s:\n{text[-2000:]}")
 
 
-# injected into the tasks (helpers.inject; sbatch hands them the submitting environment)
-# (at least 0.25 s a step while the file REPRODUCE_TEST_PACE names exists, or always without it)
-PACED = '''
-import os
-import time
-import reproduce.train.lit as lit
-
-_train = lit.TranslationModule.training_step
-_switch = os.environ.get("REPRODUCE_TEST_PACE")
-
-def paced_step(self, batch, batch_idx):
-    if _switch is None or os.path.exists(_switch):
-        time.sleep(0.25)
-    return _train(self, batch, batch_idx)
-
-lit.TranslationModule.training_step = paced_step
-'''
-
-
 def _job_of(stdout: str) -> str:
     return stdout.split("table3-base-smoke-seed0: job ")[1].split()[0]
 
@@ -217,7 +198,8 @@ def test_one_run_over_both_nodes_stopped_requeued_and_a_node_lost_ends_as_two_lo
     folder = tmp_path / "mine" / "runs" / "table3" / "slurm"
     # at least 0.25 s a step, so the run is still training when each fault comes, however fast
     # the machine (300 steps took 20 s on an idle one); the record is the same. Once the last
-    # fault has landed the switch is off, and the rest trains at the machine's own pace.
+    # fault has landed the switch is off, and the rest trains at the machine's own pace. (Injected
+    # into the tasks: sbatch hands them the submitting environment.)
     pace = tmp_path / "pace"
     pace.touch()
     paced = {k: v for k, v in inject(slurm_env, tmp_path / "inject", PACED).items()

@@ -12,7 +12,7 @@ from collections import Counter
 import pytest
 
 from reproduce.records.claims import claim, holder
-from tests.helpers import cli
+from tests.helpers import PACED, cli, inject, start
 
 pytestmark = pytest.mark.slow
 
@@ -37,17 +37,18 @@ def test_a_claim_is_exclusive_and_dies_with_its_holder(tmp_path):
         assert mine
 
 
-def _worker(env, log):
-    return subprocess.Popen([sys.executable, "-m", "reproduce", "table3", "--row", "A",
-                             "--scale", "smoke"], env=env, stdout=log, stderr=subprocess.STDOUT)
-
-
 def test_four_workers_one_killed_and_restarted_record_each_run_once(tmp_path):
-    env = {**os.environ, "REPRODUCE_RESULTS": str(tmp_path / "results"),
-           "REPRODUCE_RUNS": str(tmp_path / "runs"), "REPRODUCE_CACHE": str(tmp_path / "cache"),
-           "OMP_NUM_THREADS": "1"}
-    logs = [open(tmp_path / f"worker{i}.log", "w") for i in range(5)]
-    workers = [_worker(env, logs[i]) for i in range(4)]
+    """Four commands on one sweep at once, each its own process as from four shells (forked from
+    the zygotes where one is free, else fresh: ``helpers.start``). Their steps are paced (at
+    least 0.25 s) until worker 0 is stopped, so its run is still training when SIGTERM comes,
+    however fast a forked worker starts."""
+    pace = tmp_path / "pace"
+    pace.touch()
+    env = {**inject(os.environ, tmp_path / "inject", PACED), "REPRODUCE_TEST_PACE": str(pace),
+           "REPRODUCE_RESULTS": str(tmp_path / "results"), "REPRODUCE_RUNS": str(tmp_path / "runs"),
+           "REPRODUCE_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    args = ("table3", "--row", "A", "--scale", "smoke")
+    workers = [start(env, *args) for _ in range(4)]
     victim, taken = workers[0], None
     deadline = time.time() + 240
     while taken is None and time.time() < deadline and victim.poll() is None:
@@ -62,15 +63,14 @@ def test_four_workers_one_killed_and_restarted_record_each_run_once(tmp_path):
     # during training; the worker must still fail, so that nobody takes the run for finished.
     victim.send_signal(signal.SIGTERM)
     assert victim.wait(timeout=120) != 0
-    workers[0] = _worker(env, logs[4])  # the restarted worker
-    for w in workers:
+    pace.unlink()  # the rest at the machine's own pace
+    workers.append(start(env, *args))  # the restarted worker
+    for w in workers[1:]:
         assert w.wait(timeout=600) == 0
-    for log in logs:
-        log.close()
     records = sorted((tmp_path / "results" / "table3").glob("*.json"))
     assert [p.stem for p in records] == [f"table3-{v}-smoke-seed0" for v in
                                          ("A1", "A2", "A3", "A4", "base")]
-    outputs = [(tmp_path / f"worker{i}.log").read_text() for i in range(5)]
+    outputs = ["".join(w.communicate(timeout=60)) for w in workers]
     recorded = Counter(line.split(":")[0] for text in outputs for line in text.splitlines()
                        if ": recorded " in line)
     assert recorded == Counter(p.stem for p in records), recorded  # each exactly once

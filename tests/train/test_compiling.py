@@ -204,7 +204,7 @@ import os
 import reproduce.train.step_time as step_time
 
 def timer(c, tokens, precision, device):
-    with open(os.environ["TIMED_LOG"], "a") as f:
+    with open(os.environ["REPRODUCE_TEST_TIMED_LOG"], "a") as f:
         f.write(f"{os.getpid()} h={c.model.h} tokens={tokens}\\n")
     return {"eager": 1.0, "compiled": 0.9, "compile_seconds": 5.0}
 
@@ -218,7 +218,7 @@ def test_two_ranks_read_the_timing_of_their_tables_base_made_once_before_they_st
     it did, without timing their own model."""
     log = tmp_path / "timed.log"
     env = {**inject(cli_env(tmp_path, threads=2), tmp_path / "inject", TIMER_COUNTS),
-           "TIMED_LOG": str(log)}
+           "REPRODUCE_TEST_TIMED_LOG": str(log)}
     out = cli(env, "table3", "--variant", "A1", "--scale", "smoke", "--devices", "2", "--set",
               "train.compile=auto")
     [timed] = log.read_text().splitlines()  # once, by the sweep's process, of base (8 heads)

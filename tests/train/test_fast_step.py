@@ -138,7 +138,7 @@ def counted(*args, callbacks=(), **kwargs):
 
 def written(pid=os.getpid()):
     if os.getpid() == pid:  # not a process this one started
-        with open(os.environ["WAITS_LOG"], "w") as f:
+        with open(os.environ["REPRODUCE_TEST_WAITS_LOG"], "w") as f:
             json.dump(counter.mode.waits, f)
 
 runner.fit = counted
@@ -156,8 +156,9 @@ def test_the_fast_path_waits_for_the_device_only_at_logging_saves_and_evaluation
     none in the record's census of one of them. Its batches take 4 shapes
     (``train.batch_shapes``)."""
     log = tmp_path / "waits.json"
-    env = {**inject(cli_env(tmp_path), tmp_path / "inject", COUNT_WAITS), "WAITS_LOG": str(log),
-           **WANDB_OFFLINE}  # Lightning's loggers read their values too
+    # W&B on: Lightning's loggers read their values too
+    env = {**inject(cli_env(tmp_path), tmp_path / "inject", COUNT_WAITS),
+           "REPRODUCE_TEST_WAITS_LOG": str(log), **WANDB_OFFLINE}
     cli(env, "table3", "--variant", "base", "--scale", "smoke", "--set", "train.compile=on",
         "train.train_steps=150", "train.ckpt_every_steps=50", "train.val_every_steps=75",
         "train.batch_shapes=4")
