@@ -40,9 +40,10 @@ def test_a_checkpoint_and_cache_of_the_code_before_resume_mid_run_and_map(tmp_pa
 
     env = {**cli_env(tmp_path), "REPRODUCE_CACHE": str(tmp_path / "cache"), "WANDB_MODE": "disabled"}
     old = _checkout(BEFORE, tmp_path / "before")
-    # smoke's batch as it was then (the scale's is 512 tokens now): the same config on both sides
+    # smoke's batch and evaluation pairs as they were then (the scale's are 512 tokens and 24
+    # pairs now): the same config on both sides
     args = ("table3", "--variant", "base", "--scale", "smoke", "--workers", "1", "--set",
-            "train.batch_tokens=1024")
+            "train.batch_tokens=1024", "data.max_eval_pairs=48")
     stopped = inject({**env, "PYTHONPATH": str(old)}, tmp_path / "inject", FAULTS)
     out = cli({**stopped, "REPRODUCE_TEST_FAULT": "sigterm-at-13"}, *args, check=False)
     assert out.returncode == 1 and "stopped by SIGTERM at step 13 of 30" in out.stderr, out.stderr
