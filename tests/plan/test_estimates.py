@@ -147,3 +147,27 @@ def test_steps_timed_here_set_the_level_and_the_records_the_shape(tmp_path):
     # timed at one thread, it sets the level of a plan at two too (each against its own probe)
     e2 = estimates.estimate(runs["A4"], estimates.Target("cpu"), level, 77.0)
     assert e2.seconds_per_step == pytest.approx(seconds(runs["A4"]) * 50 / 77, rel=1e-6)
+
+
+def test_the_cpus_matmul_peak_is_measured_once_per_thread_count_in_a_process(monkeypatch):
+    """A record's cost prices its hours at this CPU's fp32 matmul peak: the runs a sweep trains
+    in one process share one measurement at each thread count, a new count measures again."""
+    import torch
+
+    from reproduce.util import machine
+
+    timed: list[int] = []
+
+    def seconds(dtype, n, budget, most):
+        timed.append(torch.get_num_threads())
+        return [0.01 * torch.get_num_threads()] * most
+
+    monkeypatch.setattr(machine, "matmul_seconds", seconds)
+    machine._measured_tflops.cache_clear()
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    one = machine.measured_tflops()
+    assert machine.measured_tflops() == one == round(2 * 1024 ** 3 / 0.01 / 1e12, 4)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    assert machine.measured_tflops() == pytest.approx(one / 2, abs=1e-4)
+    assert timed == [1, 2]
+    machine._measured_tflops.cache_clear()  # later tests measure for real
