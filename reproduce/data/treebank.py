@@ -51,25 +51,30 @@ def load_treebank(split: str, wsj_dir: str | None = None) -> list[Tree]:
 
 def _wsj_reader(split: str, wsj_dir: str) -> tuple[BracketParseCorpusReader, list[str]]:
     """A reader over the full PTB WSJ and the file ids of the split's sections."""
-    import nltk
-    from nltk.corpus.reader import BracketParseCorpusReader
-
     if not os.path.isdir(wsj_dir):
         raise ParsingDataError(
             f"treebank {wsj_dir!r} is not a directory (expected the PTB's parsed/mrg/wsj, with section "
             "folders 02-23); without --treebank the NLTK sample is read from NLTK_DATA")
     wsj_dir = os.path.realpath(wsj_dir)
-    # Recent NLTK refuses corpus roots outside its data path; the user named this one explicitly.
-    if wsj_dir not in nltk.data.path:
-        nltk.data.path.append(wsj_dir)
     sections = "|".join(f"{s:02d}" for s in WSJ_SECTIONS[split])
-    reader = BracketParseCorpusReader(wsj_dir, rf"({sections})/wsj_\d{{4}}\.mrg")
+    reader = _reader(wsj_dir, rf"({sections})/wsj_\d{{4}}\.mrg")
     fileids = reader.fileids()
     if not fileids:
         raise ParsingDataError(
             f"no wsj_*.mrg files for sections {sections} under {wsj_dir!r} (expected the PTB's "
             "parsed/mrg/wsj; without --treebank the NLTK sample is read from NLTK_DATA)")
     return reader, fileids
+
+
+def _reader(root: str, fileids: str) -> BracketParseCorpusReader:
+    """NLTK's reader of the bracketed trees in ``root``'s files matching ``fileids``, a folder the
+    user named: recent NLTK refuses corpus roots outside its data path, so ``root`` joins it."""
+    import nltk
+    from nltk.corpus.reader import BracketParseCorpusReader
+
+    if root not in nltk.data.path:
+        nltk.data.path.append(root)
+    return BracketParseCorpusReader(root, fileids)
 
 
 def _sample_reader(split: str) -> tuple[BracketParseCorpusReader, list[str]]:
@@ -93,9 +98,6 @@ def _sample_reader(split: str) -> tuple[BracketParseCorpusReader, list[str]]:
 def read_trees(path: str) -> Iterator[Tree]:
     """Bracketed trees from a file, or from every file under a folder, one after another (lazily:
     a semi-supervised corpus holds millions). Empty elements are stripped as in ``load_treebank``."""
-    import nltk
-    from nltk.corpus.reader import BracketParseCorpusReader
-
     from reproduce.paper.parsing import strip_empty
 
     if not os.path.exists(path):
@@ -106,9 +108,7 @@ def read_trees(path: str) -> Iterator[Tree]:
         root, fileids = path, r"(?!\.).*"
     else:
         root, fileids = os.path.dirname(path), re.escape(os.path.basename(path))
-    if root not in nltk.data.path:
-        nltk.data.path.append(root)
-    reader = BracketParseCorpusReader(root, fileids)
+    reader = _reader(root, fileids)
     if not reader.fileids():
         raise ParsingDataError(f"extra trees {path!r}: the folder holds no files")
     for tree in reader.parsed_sents():
