@@ -20,6 +20,10 @@ from typing import Any, Literal, get_args, get_origin, get_type_hints
 from reproduce.errors import ConfigError
 
 POSITIONS = ("sinusoidal", "learned")
+# How a learned position table starts (the paper does not say): "xavier" (Xavier-uniform, as every
+# matrix), "sinusoid" (the sinusoid itself: at step 0 the model is the sinusoidal one) or
+# "sinusoid-rms" (normal noise at the sinusoid's RMS, 1/sqrt(2): as loud, no order).
+POSITION_INITS = ("xavier", "sinusoid", "sinusoid-rms")
 # Initialization (the paper states none): "xavier" is Xavier-uniform for every matrix (tensor2tensor's
 # uniform unit scaling); "depth-scaled" also shrinks the last projection of every residual branch
 # by 1/sqrt(residual sublayers in its stack), see Transformer.reset_parameters.
@@ -57,6 +61,7 @@ class ModelConfig:
     # Table 4's parser tunes it.
     p_attn: float = 0.0
     positions: str = "sinusoidal"  # "learned" is Table 3 row E
+    positions_init: str = "xavier"  # a learned table's start (POSITION_INITS)
     max_positions: int = 1024  # size of the learned position table / sinusoid cache
     pad_id: int = 0
     init: str = "xavier"  # a nuisance setting: scales may choose "depth-scaled" (INITS)
@@ -71,6 +76,16 @@ class ModelConfig:
         _check(
             self.positions in POSITIONS,
             f"model.positions = {self.positions!r}: allowed values are {', '.join(POSITIONS)}",
+        )
+        _check(
+            self.positions_init in POSITION_INITS,
+            f"model.positions_init = {self.positions_init!r}: allowed values are "
+            f"{', '.join(POSITION_INITS)}",
+        )
+        _check(
+            self.positions == "learned" or self.positions_init == "xavier",
+            f"model.positions_init = {self.positions_init!r}: only a learned position table "
+            "is initialised; set positions: learned, or leave positions_init at xavier",
         )
         _check(
             self.init in INITS,

@@ -132,9 +132,22 @@ class SinusoidalPositions(nn.Module):
 class LearnedPositions(nn.Module):
     """Table 3 row E: a learned embedding per position instead of the sinusoid."""
 
-    def __init__(self, d_model: int, max_positions: int):
+    def __init__(self, d_model: int, max_positions: int, init: str = "xavier"):
         super().__init__()
         self.table = nn.Embedding(max_positions, d_model)
+        self.init = init  # config.POSITION_INITS: how reset_parameters starts the table
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Xavier-uniform (as every matrix), the sinusoid itself, or normal noise at the
+        sinusoid's RMS (1/sqrt(2): each sin, cos pair has unit norm)."""
+        w = self.table.weight
+        if self.init == "sinusoid":
+            w.copy_(sinusoid_table(w.shape[0], w.shape[1]))
+        elif self.init == "sinusoid-rms":
+            nn.init.normal_(w, std=0.5 ** 0.5)
+        else:
+            nn.init.xavier_uniform_(w)
 
     def forward(self, length: int, offset: int = 0) -> Tensor:
         if offset + length > self.table.num_embeddings:
@@ -238,9 +251,14 @@ class Transformer(nn.Module):
         super().__init__()
         c = self.config = config
         self.embed = nn.Embedding(c.vocab_size, c.d_model)
-        positions = SinusoidalPositions if c.positions == "sinusoidal" else LearnedPositions
-        self.src_pos = positions(c.d_model, c.max_positions)
-        self.tgt_pos = positions(c.d_model, c.max_positions)
+        self.src_pos: nn.Module
+        self.tgt_pos: nn.Module
+        if c.positions == "sinusoidal":
+            self.src_pos, self.tgt_pos = (SinusoidalPositions(c.d_model, c.max_positions)
+                                          for _ in range(2))
+        else:
+            self.src_pos, self.tgt_pos = (LearnedPositions(c.d_model, c.max_positions,
+                                                           c.positions_init) for _ in range(2))
         self.drop = nn.Dropout(c.p_drop)  # on the sums of embeddings and positions (5.4)
         self.encoder = nn.ModuleList(EncoderLayer(c) for _ in range(c.N))
         self.decoder = nn.ModuleList(DecoderLayer(c) for _ in range(c.N))
@@ -262,6 +280,8 @@ class Transformer(nn.Module):
             if name == "embed.weight":
                 # Tied with the softmax: N(0, d_model^-0.5) keeps logits O(1) (tensor2tensor).
                 nn.init.normal_(p, std=self.config.d_model ** -0.5)
+            elif name.endswith("_pos.table.weight"):
+                getattr(self, name.split(".", 1)[0]).reset_parameters()  # model.positions_init
             elif p.dim() > 1:
                 nn.init.xavier_uniform_(p)
                 if self.config.init == "depth-scaled" and name.endswith(("w_o.weight", "w_2.weight")):

@@ -25,13 +25,15 @@ DEV_BLEU = Metric("dev_bleu", "dev BLEU", "BLEU", 1, False, "bleu")
 TEST_BLEU = Metric("test_bleu", "test BLEU", "BLEU", 1, False)
 TEST_BLEU_TOKENIZED = Metric("test_bleu_tokenized", "test BLEU (tokenized)", "BLEU", 2, False,
                              "bleu")
+DEV_CHRF = Metric("dev_chrf", "dev chrF", "chrF", 1, False)
+TEST_CHRF = Metric("test_chrf", "test chrF", "chrF", 1, False)
 TEST_F1 = Metric("test_f1", "test F1", "F1", 1, False, "f1")
 PARAMS = Metric("params", "parameters", "params", 0, False, "params_m")
 TRAIN_STEPS = Metric("train_steps", "training steps", "steps", 0, False)
 TRAIN_SECONDS = Metric("train_seconds", "training seconds", "seconds", 0, True)
 
 METRICS: dict[str, Metric] = {m.key: m for m in (
-    DEV_PPL, DEV_BLEU, TEST_BLEU, TEST_BLEU_TOKENIZED, TEST_F1, PARAMS, TRAIN_STEPS,
+    DEV_PPL, DEV_BLEU, TEST_BLEU, TEST_BLEU_TOKENIZED, DEV_CHRF, TEST_CHRF, TEST_F1, PARAMS, TRAIN_STEPS,
     TRAIN_SECONDS)}
 
 # What Table 3 compares with base, in this order: its verdicts, figures and the front page's summary

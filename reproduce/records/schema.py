@@ -27,6 +27,8 @@ class Metrics(TypedDict, total=False):
     test_bleu: float
     dev_bleu_tokenized: float  # the paper's convention (paper.bleu)
     test_bleu_tokenized: float
+    dev_chrf: float  # sacreBLEU's chrF, detokenized
+    test_chrf: float
     dev_f1: float
     dev_precision: float
     dev_recall: float
@@ -44,10 +46,10 @@ class Metrics(TypedDict, total=False):
 # A metric read by a name held in a variable (``record["metrics"][key]``): the type checker checks
 # the name only when it is one of these (tests/test_types.py keeps the list equal to Metrics's keys).
 MetricName = Literal["dev_ppl", "dev_nll", "train_sample_nll", "dev_bleu", "test_bleu",
-                     "dev_bleu_tokenized", "test_bleu_tokenized", "dev_f1", "dev_precision",
-                     "dev_recall", "test_f1", "test_precision", "test_recall", "dev_f1_free",
-                     "test_f1_free", "params", "train_steps", "train_seconds",
-                     "train_cpu_seconds"]
+                     "dev_bleu_tokenized", "test_bleu_tokenized", "dev_chrf", "test_chrf",
+                     "dev_f1", "dev_precision", "dev_recall", "test_f1", "test_precision",
+                     "test_recall", "dev_f1_free", "test_f1_free", "params", "train_steps",
+                     "train_seconds", "train_cpu_seconds"]
 METRIC_NAMES: tuple[MetricName, ...] = get_args(MetricName)
 
 
@@ -120,9 +122,9 @@ class TrainedBy(TypedDict):
 
 
 class BleuScore(TypedDict, total=False):
-    """One BLEU convention's score of a split (``paper.bleu``)."""
+    """One BLEU convention's score of a split (``paper.bleu``), or its chrF."""
 
-    kind: str  # sacrebleu | tokenized-compound-split
+    kind: str  # sacrebleu | tokenized-compound-split | chrf
     score: float
     sentences: int
     signature: str
@@ -136,12 +138,15 @@ class Example(TypedDict):
 
 
 class SplitBleu(TypedDict, total=False):
-    """A split's BLEU: both conventions, a few examples, and the kept outputs' paths."""
+    """A split's BLEU: both conventions, chrF, a few examples, and the kept outputs' paths."""
 
     sacrebleu: BleuScore
     tokenized: BleuScore
+    chrf: BleuScore
     examples: list[Example]
-    outputs: dict[str, str]  # hypotheses, references: paths under the table's folder
+    # hypotheses, references, evidence (each sentence's statistics and NLL): paths under the
+    # table's folder (records.store.write_outputs, write_evidence)
+    outputs: dict[str, str]
 
 
 class Curve(TypedDict, total=False):

@@ -132,6 +132,40 @@ def write_outputs(folder: Path, run_id: str, split: str, hypotheses: list[str],
     return {"hypotheses": str(hyp_path), "references": str(ref_path)}
 
 
+def read_outputs(folder: Path, record: Record, split: str) -> tuple[list[str], list[str]] | None:
+    """A record's kept hypotheses and references of ``split`` (``write_outputs``), or None where
+    it keeps none."""
+    kept = record.get("bleu", {}).get(split, {}).get("outputs", {})
+    if not kept.get("hypotheses"):
+        return None
+    hyps, refs = (gzip.decompress((folder / kept[k]).read_bytes()).decode().splitlines()
+                  for k in ("hypotheses", "references"))
+    return hyps, refs
+
+
+def write_evidence(folder: Path, run_id: str, split: str, evidence: dict[str, Any]) -> str:
+    """Keep a split's per-sentence evidence (``train.evaluate.evidence``: each metric's sufficient
+    statistics, the NLL and target tokens of every sentence) beside its hypotheses,
+    ``outputs/<run_id>.<split>.evidence.json.gz``; returns that path relative to ``folder``."""
+    path = Path(OUTPUTS) / f"{run_id}.{split}.evidence.json.gz"
+    write_atomic(folder / path, gzip.compress(json.dumps(evidence, separators=(",", ":"))
+                                              .encode(), mtime=0))
+    return str(path)
+
+
+def read_evidence(folder: Path, record: Record, split: str) -> dict[str, Any] | None:
+    """A record's per-sentence evidence of ``split`` (``write_evidence``), or None where the
+    record keeps none (made before evidence was kept, or a parsing record)."""
+    kept = record.get("bleu", {}).get(split, {}).get("outputs", {}).get("evidence")
+    if not kept:
+        return None
+    try:
+        return json.loads(gzip.decompress((folder / kept).read_bytes()))
+    except (OSError, ValueError) as e:
+        raise DamagedRecord(folder / kept, f"{record['run_id']}'s evidence of {split} cannot "
+                            f"be read: {e}") from None
+
+
 def device_hours(record: Record) -> float:
     """Hours of device time a record's training took: its hours x its devices, a share of one
     GPU where several of a command's workers trained side by side on it (``gpu_shared_by``);

@@ -26,6 +26,9 @@ class Variant:
     name: str
     overrides: dict[str, Any]
     paper: dict[str, Any]
+    # A follow-up's question (QUESTION_KEYS): what it asks, the runs it is read against and the
+    # outcome that settles it, written before it runs; empty for the paper's own variants.
+    question: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -226,7 +229,8 @@ SPEC_KEYS = {"table", "kind", "caption", "split", "base", "variants", "rows", "s
              "preset", "tune"}
 # The paper's tables a spec may follow (its `kind`): each renders its own way (reproduce/tables/).
 TABLES = ("table2", "table3", "table4")
-VARIANT_KEYS = {"set", "paper"}
+VARIANT_KEYS = {"set", "paper", "question"}
+QUESTION_KEYS = {"asks", "against", "settled_if"}
 SCALE_KEYS = {"about", "width", "steps", "corpus", "vocab", "set", "tune", "devices", "rows",
               "variants"}
 TUNE_KEYS = {"metric", "direction", "knobs"}
@@ -415,8 +419,15 @@ def load_spec(table_or_path: str | Path, kind: str | None = None) -> Spec:
         where = f"{path.name}: variants.{name}"
         raw = _mapping(raw, where)
         _keys(raw, VARIANT_KEYS, where)
+        question = _mapping(raw.get("question"), f"{where}.question")
+        _keys(question, QUESTION_KEYS, f"{where}.question")
+        if question and not (isinstance(question.get("against"), list)
+                             and all(isinstance(question.get(k), str)
+                                     for k in ("asks", "settled_if"))):
+            raise SpecError(f"{where}.question: needs asks (text), against (a list of the runs "
+                            "it is read against) and settled_if (text)")
         variants[str(name)] = Variant(str(name), _overrides(raw.get("set"), f"{where}.set"),
-                                      _mapping(raw.get("paper"), f"{where}.paper"))
+                                      _mapping(raw.get("paper"), f"{where}.paper"), question)
     if not variants:
         raise SpecError(f"{path.name}: variants: the spec lists no variants")
     rows = {str(k): v for k, v in _mapping(data.get("rows"), f"{path.name}: rows").items()}

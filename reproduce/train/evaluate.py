@@ -1,7 +1,8 @@
 """The evaluation protocol of a trained model (``task_scores``): translation with beam search and
-BLEU both ways (sacreBLEU on detokenized text, and the paper's tokenized BLEU), every output kept
-beside the record; parse trees with beam search, repaired over the input words and scored with
-EVALB (Table 4)."""
+BLEU both ways (sacreBLEU on detokenized text, and the paper's tokenized BLEU) and chrF, every
+output kept beside the record with each sentence's evidence (``paper.sentence_scores``: the
+scores' sufficient statistics, the NLL and target tokens); parse trees with beam search,
+repaired over the input words and scored with EVALB (Table 4)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ import sacrebleu
 import torch
 
 from reproduce.config import Config, DecodeConfig
-from reproduce.data import is_treebank, treebank_trees
+from reproduce.data import batch_by_tokens, is_treebank, treebank_trees
+from reproduce.data.batching import Encoded
 from reproduce.data.treebank import treebank_description
+from reproduce.paper import sentence_scores
 from reproduce.paper.bleu import tokenized_bleu
 from reproduce.paper.decoding import TreeConstraint, beam_search
 from reproduce.paper.model import Transformer
@@ -25,8 +28,9 @@ from reproduce.records import store as records
 @torch.no_grad()
 def translate(model: Transformer, tokenizer, batches: Iterable[tuple[list[int], torch.Tensor]],
               count: int, decode: DecodeConfig, words: list[int] | None = None,
-              copy_words: bool = False) -> list[str]:
-    """Beam-search every (indices, src) batch; returns detokenized outputs in original order.
+              copy_words: bool = False, pieces: list[int] | None = None) -> list[str]:
+    """Beam-search every (indices, src) batch; returns detokenized outputs in original order
+    (``pieces``, where given, gets each output's length in decoded pieces, EOS not counted).
     With ``decode.constrained`` and ``words`` (input words per sentence), outputs are parse trees
     over exactly those words (``decoding.TreeConstraint``); with ``copy_words`` (the ``words``
     linearization) the trees write the input's own pieces."""
@@ -45,8 +49,10 @@ def translate(model: Transformer, tokenizer, batches: Iterable[tuple[list[int], 
         # A model may be larger than a soft-limited vocabulary (treebank corpora); ids beyond the
         # tokenizer's are never trained targets and decode to nothing.
         hyps = [[i for i in hyp if i < tokenizer.vocab_size] for hyp in hyps]
-        for i, text in zip(indices, tokenizer.decode(hyps), strict=True):
+        for i, text, hyp in zip(indices, tokenizer.decode(hyps), hyps, strict=True):
             out[i] = text
+            if pieces is not None:
+                pieces[i] = len(hyp)
     return out
 
 
@@ -58,6 +64,55 @@ def sacre_bleu(hypotheses: list[str], references: list[str]) -> dict:
     return {"kind": "sacrebleu", "score": round(score.score, 2),
             "signature": str(metric.get_signature()), "sentences": len(hypotheses),
             "verbose": score.format(width=2)}
+
+
+def chrf(hypotheses: list[str], references: list[str]) -> dict:
+    """Corpus chrF (sacreBLEU's: character 6-grams, beta 2), with its signature."""
+    metric = sacrebleu.metrics.CHRF()
+    score = metric.corpus_score(hypotheses, [references])
+    return {"kind": "chrf", "score": round(score.score, 2),
+            "signature": str(metric.get_signature()), "sentences": len(hypotheses)}
+
+
+@torch.no_grad()
+def sentence_nll(model: Transformer, tokenizer, pairs: list[tuple[str, str]], batch_tokens: int,
+                 precision: str = "32-true") -> tuple[list[float], list[int]]:
+    """Each pair's target NLL (nats, summed over its pieces and EOS, teacher-forced, dropout off)
+    and its target token count, in the order of ``pairs``: summed and divided, the split's PPL as
+    validation computes it (``lit.TranslationModule``), under the run's ``precision``."""
+    model.eval()
+    device = next(model.parameters()).device
+    encoded = Encoded.encode(tokenizer, pairs)
+    nll, tokens = [0.0] * len(pairs), [0] * len(pairs)
+    pad, weight = model.config.pad_id, model.embed.weight
+    half = {"bf16": torch.bfloat16, "16-": torch.float16}
+    dtype = next((t for k, t in half.items() if precision.startswith(k)), None)
+    for indices in batch_by_tokens(encoded.lengths, batch_tokens, shuffle=False, seed=0):
+        batch = {k: v.to(device) for k, v in encoded.batch(indices, tokenizer.bos_id,
+                                                           tokenizer.eos_id).items()}
+        with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+            hidden = model.features(batch["src"], batch["tgt_in"])
+        rows = max(1, (1 << 24) // max(1, hidden.shape[1] * weight.shape[0]))  # ~16M logits
+        for start in range(0, hidden.shape[0], rows):
+            h, t = hidden[start:start + rows].float(), batch["tgt_out"][start:start + rows]
+            logp = torch.log_softmax(h @ weight.float().t(), dim=-1)
+            real = t != pad
+            per = -(logp.gather(-1, t[..., None])[..., 0] * real).sum(1).double()
+            for i, value, n in zip(indices[start:start + rows], per.tolist(),
+                                   real.sum(1).tolist(), strict=True):
+                nll[i], tokens[i] = value, int(n)
+    return nll, tokens
+
+
+def evidence(hypotheses: list[str], references: list[str], lang: str,
+             nll: tuple[list[float], list[int]]) -> dict[str, Any]:
+    """A split's per-sentence evidence: each metric's sufficient statistics
+    (``paper.sentence_scores``) and the NLL and target tokens of each sentence (``_bleu`` adds
+    each output's length in decoded pieces: how far decoding reached into the positions)."""
+    return {"sentences": len(hypotheses),
+            "stats": {kind: sentence_scores.sentence_stats(kind, hypotheses, references, lang)
+                      for kind in sentence_scores.METRICS},
+            "nll": [round(x, 5) for x in nll[0]], "tokens": nll[1]}
 
 
 def parse_scores(model: Transformer, tokenizer, batches: Iterable[tuple[list[int], torch.Tensor]],
@@ -95,36 +150,43 @@ def decode_batch_tokens(c: Config) -> int:
     return c.train.batch_tokens
 
 
-def _bleu(model, tokenizer, data, pairs, c: Config, lang: str) -> dict[str, Any]:
-    """Both BLEU conventions, each labelled, and a few example outputs."""
+def _bleu(model, tokenizer, data, pairs, c: Config, lang: str, precision: str) -> dict[str, Any]:
+    """Both BLEU conventions and chrF, each labelled, a few example outputs, and the split's
+    per-sentence evidence."""
     sources, refs = [s for s, _ in pairs], [t for _, t in pairs]
+    pieces = [0] * len(sources)
     hyps = translate(model, tokenizer, data.source_batches(sources, decode_batch_tokens(c)),
-                     len(sources), c.decode)
+                     len(sources), c.decode, pieces=pieces)
+    nll = sentence_nll(model, tokenizer, pairs, decode_batch_tokens(c), precision)
     return {"sacrebleu": sacre_bleu(hyps, refs), "tokenized": tokenized_bleu(hyps, refs, lang),
+            "chrf": chrf(hyps, refs),
             "examples": [{"source": s, "reference": t, "output": h}
                          for s, t, h in list(zip(sources, refs, hyps, strict=True))[:3]],
-            "hypotheses": hyps, "references": refs}
+            "hypotheses": hyps, "references": refs,
+            "evidence": {**evidence(hyps, refs, lang, nll), "decoded_pieces": pieces}}
 
 
 def task_scores(model, tokenizer, data, c: Config, splits: tuple[str, ...] = ("dev", "test"),
-                outputs: tuple[Path, str] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The task's evaluation: (record entries, headline metrics). Translation: both BLEUs of each
-    split, and with ``outputs`` (the records folder, the run id) every hypothesis kept there.
+                outputs: tuple[Path, str] | None = None, precision: str = "32-true"
+                ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The task's evaluation: (record entries, headline metrics). Translation: both BLEUs and
+    chrF of each split, and with ``outputs`` (the records folder, the run id) every hypothesis and
+    each sentence's evidence kept there (``precision``: the run's, for the NLL of each sentence).
     Parsing (treebank corpora, Table 4): EVALB precision, recall and F1 of each split."""
     pairs = {"dev": data.dev_pairs, "test": data.test_pairs}
     if not is_treebank(c.data.corpus):
         lang = c.data.corpus.rsplit("-", 1)[-1]
-        bleu = {name: _bleu(model, tokenizer, data, pairs[name], c, lang) for name in splits}
-        if outputs is not None:  # every output kept beside the record (records.write_outputs)
-            for name, b in bleu.items():
-                b["outputs"] = records.write_outputs(*outputs, name, b.pop("hypotheses"),
-                                                     b.pop("references"))
-        else:
-            for b in bleu.values():
-                del b["hypotheses"], b["references"]
+        bleu = {name: _bleu(model, tokenizer, data, pairs[name], c, lang, precision)
+                for name in splits}
+        for name, b in bleu.items():
+            hyps, refs, kept = b.pop("hypotheses"), b.pop("references"), b.pop("evidence")
+            if outputs is not None:  # every output kept beside the record (records.write_outputs)
+                b["outputs"] = {**records.write_outputs(*outputs, name, hyps, refs),
+                                "evidence": records.write_evidence(*outputs, name, kept)}
         return {"bleu": bleu}, {
             **{f"{n}_bleu": bleu[n]["sacrebleu"]["score"] for n in splits},
-            **{f"{n}_bleu_tokenized": bleu[n]["tokenized"]["score"] for n in splits}}
+            **{f"{n}_bleu_tokenized": bleu[n]["tokenized"]["score"] for n in splits},
+            **{f"{n}_chrf": bleu[n]["chrf"]["score"] for n in splits}}
 
     batch_tokens = decode_batch_tokens(c)
 

@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytorch_lightning as pl
 import torch
@@ -175,8 +175,8 @@ def verify(path: Path, steps: int | None = None, scratch: Path | None = None,
           + f", {torch.get_num_threads()} thread(s)"
           + (f", equal within {tolerance:g} (relative)" if tolerance else ""))
     print(_spec_line(record))
-    if kept := _without_outputs(record):
-        print(kept)
+    evidence, consistent = _evidence_lines(record, path.parent)
+    print("\n".join(([kept] if (kept := _without_outputs(record)) else []) + evidence))
     if carried := _record_tokenizer(record, folder / "cache" / "spm"):
         print(f"tokenizer: the record's, from {carried}")
     try:
@@ -209,6 +209,7 @@ def verify(path: Path, steps: int | None = None, scratch: Path | None = None,
     finally:
         torch.set_num_threads(threads)
     print("\n".join(lines))
+    same &= consistent
     if same:
         within = f" within {tolerance:g}" if tolerance else ""
         print(f"verified: the re-run gives the recorded numbers{within}" if steps is None else
@@ -230,6 +231,43 @@ def _without_outputs(record: Record) -> str:
     return ("this record keeps no hypotheses (made before outputs were kept beside records): "
             "its BLEU cannot be recomputed from files; a full re-run writes them in the scratch "
             "folder's results/")
+
+
+def _evidence_lines(record: Record, folder: Path) -> tuple[list[str], bool]:
+    """Whether a record's per-sentence evidence is its scores' (``records.store.write_evidence``):
+    per split, the statistics recomputed from the kept hypotheses and references are the kept
+    ones, their corpus scores are the recorded BLEU, tokenized BLEU and chrF, and on dev the NLL
+    and tokens give the recorded dev PPL (within 1e-3, relative: validation sums them in another
+    order). A line per split, and False where any differs."""
+    from reproduce.paper.sentence_scores import corpus_score, perplexity, sentence_stats
+
+    lines, ok = [], True
+    for split, bleu in (record.get("bleu") or {}).items():
+        try:
+            kept = records.read_evidence(folder, record, split)
+            texts = records.read_outputs(folder, record, split)
+        except (records.DamagedRecord, OSError) as e:
+            lines.append(f"evidence of {split}: UNREADABLE ({e})")
+            ok = False
+            continue
+        if kept is None or texts is None:
+            lines.append(f"evidence of {split}: none kept (made before per-sentence evidence "
+                         "was kept beside records)")
+            continue
+        lang = record["config"]["data"]["corpus"].rsplit("-", 1)[-1]
+        wrong = [kind for kind, stats in kept["stats"].items()
+                 if stats != sentence_stats(kind, *texts, lang)
+                 or abs(corpus_score(kind, stats) - cast(dict, bleu)[kind]["score"]) > 0.005]
+        if split == "dev" and "dev_ppl" in record["metrics"]:
+            ppl = perplexity(kept["nll"], kept["tokens"])
+            if abs(ppl - record["metrics"]["dev_ppl"]) > 1e-3 * record["metrics"]["dev_ppl"]:
+                wrong.append(f"NLL (PPL {ppl:.3f} from the sentences)")
+        ok &= not wrong
+        lines.append(f"evidence of {split}: {kept['sentences']} sentences, "
+                     + (f"DIFFERENT from the record: {', '.join(wrong)}" if wrong else
+                        "statistics of the kept outputs and the recorded scores"
+                        + (" and dev PPL" if split == "dev" else "")))
+    return lines, ok
 
 
 def _cadence(points: list[list[float]]) -> int | None:

@@ -208,8 +208,8 @@ def run_here(run: PlannedRun, split: str, command: str, work: Path,
         # Lightning hands the module back on the CPU after fit and validate: decode where it
         # trained (on a GPU, beam search on the CPU took 118 s for 600 sentences)
         scores, headline = task_scores(module.model.to(trainer.strategy.root_device), tokenizer,
-                                       data, c,
-                                       outputs=(record_path(run).parent, run.run_id))
+                                       data, c, outputs=(record_path(run).parent, run.run_id),
+                                       precision=precision[0])
         phases.lap("decode")
         metrics = _metrics(dev, sample, headline, count_parameters(module.model),
                            trainer.global_step, clock)

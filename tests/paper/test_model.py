@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from reproduce.config import ModelConfig
+from reproduce.errors import ConfigError
 from reproduce.paper.model import (
     DecoderLayer,
     EncoderLayer,
@@ -124,6 +125,29 @@ def test_learned_positions_are_parameters():
     assert count_parameters(m) == count_parameters(model()) + 2 * 20 * 16
     with pytest.raises(ValueError, match="max_positions"):
         m(tokens(1, 21), tokens(1, 3))
+
+
+def test_a_learned_table_started_at_the_sinusoid_is_the_sinusoidal_model_at_step_0():
+    """``positions_init``: "sinusoid" starts the learned tables at the sinusoid, so with the
+    other weights copied the two models' outputs are equal; "sinusoid-rms" starts them as loud
+    as the sinusoid (RMS 1/sqrt(2)), and "xavier" (the default) draws what it always drew."""
+    learned = ModelConfig(**{**SMALL.__dict__, "positions": "learned", "max_positions": 64})
+    sinusoidal = model()
+    started = model(dataclasses.replace(learned, positions_init="sinusoid"))
+    missing, unexpected = started.load_state_dict(sinusoidal.state_dict(), strict=False)
+    assert sorted(missing) == ["src_pos.table.weight", "tgt_pos.table.weight"] and not unexpected
+    src, tgt = tokens(3, 9), tokens(3, 7, seed=2)
+    torch.testing.assert_close(started(src, tgt), sinusoidal(src, tgt), rtol=0, atol=1e-12)
+    xavier = model(learned).src_pos.table.weight  # not the sinusoid: the output differs
+    assert not torch.allclose(xavier, started.src_pos.table.weight.to(xavier.dtype), atol=1e-3)
+    rms = model(dataclasses.replace(learned, positions_init="sinusoid-rms")).tgt_pos.table.weight
+    sine = sinusoid_table(64, 16).double()
+    assert abs(rms.pow(2).mean().sqrt() - sine.pow(2).mean().sqrt()) < 0.05
+    assert xavier.pow(2).mean().sqrt() < 0.35  # Xavier: far quieter than the sinusoid's 0.71
+    with pytest.raises(ConfigError, match="positions_init.*only a learned position table"):
+        ModelConfig(positions_init="sinusoid")
+    with pytest.raises(ConfigError, match="allowed values are xavier, sinusoid, sinusoid-rms"):
+        dataclasses.replace(learned, positions_init="zeros")
 
 
 def _copy_attention(ours: MultiHeadAttention, theirs: nn.MultiheadAttention) -> None:

@@ -95,7 +95,12 @@ def _write(tmp_path, text):
 
 @pytest.mark.parametrize("text, message", [
     ("variants: {base: {set: {hh: 1}}}", r"bad.yaml: variants.base.set: unknown config key 'hh'"),
-    ("variants: {base: {sett: {}}}", r"bad.yaml: variants.base: unknown key\(s\) sett; allowed: paper, set"),
+    ("variants: {base: {sett: {}}}",
+     r"bad.yaml: variants.base: unknown key\(s\) sett; allowed: paper, question, set"),
+    ("variants: {base: {question: {asks: why, against: base, settled_if: so}}}",
+     r"variants.base.question: needs asks \(text\), against \(a list"),
+    ("variants: {base: {question: {asks: why, agianst: [base]}}}",
+     r"variants.base.question: unknown key\(s\) agianst; allowed: against, asks, settled_if"),
     ("variants: {base: {set: {h: one}}}", r"variants.base.set: h = 'one': expected int"),
     ("tabel: x\nvariants: {base: {}}", r"bad.yaml: unknown key\(s\) tabel"),
     ("variants: {}", "lists no variants"),
@@ -178,6 +183,25 @@ def test_the_data_size_probes_are_cpu_on_fewer_training_pairs():
             assert fewer.overrides(train_every=1) == cpu
     with pytest.raises(ConfigError, match=r"data.train_every = 0: must be >= 1"):
         spec.resolve("base", "cpu").overrides(train_every=0)
+
+
+def test_the_follow_ups_are_table3_s_runs_and_say_what_settles_them():
+    """sweeps/table3-followups.yaml: its base is Table 3's at `cpu` and, at cpu-quarter-data (the
+    scale declared in both specs), Table 3's there; its variants are Table 3's base but for what
+    each sets; each names what it is read against and what settles it."""
+    ours, table3 = load_spec("table3-followups"), load_spec("table3")
+    for scale in ("cpu", "cpu-quarter-data"):
+        assert ours.resolve("base", scale) == table3.resolve("base", scale)
+    assert ours.resolve("D1", "cpu-quarter-data") == table3.resolve("D1", "cpu").overrides(
+        train_every=4)
+    assert list(ours.rows_at("cpu-quarter-data")) == ["D"]
+    wide = ours.resolve("W8", "cpu").model
+    assert (wide.h, wide.d_k, wide.d_v) == (8, 64, 64)  # 4x base's 16 at cpu
+    assert ours.resolve("E-sin", "cpu").model.positions_init == "sinusoid"
+    for name, variant in ours.variants.items():
+        assert variant.question["asks"] and variant.question["settled_if"], name
+        assert all(other in ours.variants or other.startswith("table3/")
+                   for other in variant.question["against"]), name
 
 
 def test_a_shared_scale_may_not_name_rows(tmp_path):

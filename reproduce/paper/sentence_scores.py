@@ -1,0 +1,54 @@
+"""Per-sentence evidence of a corpus score, and the score of any resample of its sentences.
+
+Corpus BLEU and chrF are not means of sentence scores: each is a function of statistics summed
+over the corpus (BLEU: hypothesis and reference lengths, matched and total n-grams for n = 1..4;
+chrF: matched and total character and word n-grams). Keeping those statistics per sentence, as
+sacreBLEU's paired bootstrap does (``sacrebleu.significance``), lets the score of any
+subset or resample of the sentences be recomputed exactly, without the texts. Perplexity is the
+same: the NLL summed over a resample's target tokens, over their count.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from sacrebleu.metrics import BLEU, CHRF
+
+from reproduce.paper.bleu import _multi_bleu_metric, moses_tokenize, split_compounds
+
+Stats = list[list[int]]  # one row of sufficient statistics a sentence
+
+# The metrics a split keeps per sentence: sacreBLEU (detokenized), the paper's tokenized BLEU
+# (paper.bleu) and sacreBLEU's chrF, each built as its corpus score is.
+METRICS: dict[str, Callable[[], Any]] = {"sacrebleu": BLEU, "tokenized": _multi_bleu_metric, "chrf": CHRF}
+
+
+def sentence_stats(kind: str, hypotheses: list[str], references: list[str],
+                   lang: str = "") -> Stats:
+    """Each sentence's sufficient statistics of metric ``kind`` (``METRICS``); the tokenized
+    kind Moses-tokenizes and splits compounds first, as ``paper.bleu.tokenized_bleu`` does."""
+    if len(hypotheses) != len(references):
+        raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
+    if kind == "tokenized":
+        hypotheses, references = ([split_compounds(line) for line in moses_tokenize(side, lang)]
+                                  for side in (hypotheses, references))
+    rows = METRICS[kind]()._extract_corpus_statistics(hypotheses, [references])
+    return [[int(x) for x in row] for row in rows]
+
+
+def corpus_score(kind: str, stats: Sequence[Sequence[int]],
+                 index: Sequence[int] | None = None) -> float:
+    """The corpus score of metric ``kind`` over the sentences at ``index`` (repeats count
+    again; None: all), from their statistics: what the metric scores on those sentences."""
+    rows = stats if index is None else [stats[i] for i in index]
+    total = [sum(column) for column in zip(*rows, strict=True)]
+    return float(METRICS[kind]()._compute_score_from_stats(total).score)
+
+
+def perplexity(nll: Sequence[float], tokens: Sequence[int],
+               index: Sequence[int] | None = None) -> float:
+    """exp(summed NLL / summed target tokens) over the sentences at ``index`` (None: all)."""
+    pick = range(len(nll)) if index is None else index
+    return math.exp(min(sum(nll[i] for i in pick) / max(sum(tokens[i] for i in pick), 1), 50.0))
