@@ -14,6 +14,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 from sacrebleu.metrics import BLEU, CHRF
 
 from reproduce.paper.bleu import _multi_bleu_metric, moses_tokenize, split_compounds
@@ -45,6 +46,22 @@ def corpus_score(kind: str, stats: Sequence[Sequence[int]],
     rows = stats if index is None else [stats[i] for i in index]
     total = [sum(column) for column in zip(*rows, strict=True)]
     return float(METRICS[kind]()._compute_score_from_stats(total).score)
+
+
+def resampled_scores(kind: str, stats: Sequence[Sequence[int]], index: np.ndarray) -> np.ndarray:
+    """The corpus score of metric ``kind`` on each resample of sentences, ``index`` (resamples,
+    sentences): ``corpus_score`` of every row at once."""
+    totals = np.asarray(stats, dtype=np.int64)[index].sum(axis=1)
+    metric = METRICS[kind]()
+    return np.array([metric._compute_score_from_stats(list(row)).score for row in totals])
+
+
+def resampled_perplexity(nll: Sequence[float], tokens: Sequence[int],
+                         index: np.ndarray) -> np.ndarray:
+    """``perplexity`` of each resample of sentences, ``index`` (resamples, sentences)."""
+    summed = np.asarray(nll, dtype=np.float64)[index].sum(axis=1)
+    counted = np.maximum(np.asarray(tokens, dtype=np.int64)[index].sum(axis=1), 1)
+    return np.exp(np.minimum(summed / counted, 50.0))
 
 
 def perplexity(nll: Sequence[float], tokens: Sequence[int],

@@ -18,15 +18,23 @@ class Metric:
     digits: int  # shown after the point in our cells
     lower_is_better: bool
     paper_key: str | None = None  # the spec's figure for it (``paper: {ppl: 4.92}``), if any
+    # How a resample of the split's sentences rescores it from a record's evidence
+    # (paper.sentence_scores): "ppl", or the kind of corpus score; None: it cannot be
+    sentences: str | None = None
+
+    @property
+    def split(self) -> str:
+        """The split it is measured on (dev, test), from its key."""
+        return self.key.split("_", 1)[0]
 
 
-DEV_PPL = Metric("dev_ppl", "dev PPL", "PPL", 2, True, "ppl")
-DEV_BLEU = Metric("dev_bleu", "dev BLEU", "BLEU", 1, False, "bleu")
-TEST_BLEU = Metric("test_bleu", "test BLEU", "BLEU", 1, False)
+DEV_PPL = Metric("dev_ppl", "dev PPL", "PPL", 2, True, "ppl", "ppl")
+DEV_BLEU = Metric("dev_bleu", "dev BLEU", "BLEU", 1, False, "bleu", "sacrebleu")
+TEST_BLEU = Metric("test_bleu", "test BLEU", "BLEU", 1, False, None, "sacrebleu")
 TEST_BLEU_TOKENIZED = Metric("test_bleu_tokenized", "test BLEU (tokenized)", "BLEU", 2, False,
-                             "bleu")
-DEV_CHRF = Metric("dev_chrf", "dev chrF", "chrF", 1, False)
-TEST_CHRF = Metric("test_chrf", "test chrF", "chrF", 1, False)
+                             "bleu", "tokenized")
+DEV_CHRF = Metric("dev_chrf", "dev chrF", "chrF", 1, False, None, "chrf")
+TEST_CHRF = Metric("test_chrf", "test chrF", "chrF", 1, False, None, "chrf")
 TEST_F1 = Metric("test_f1", "test F1", "F1", 1, False, "f1")
 PARAMS = Metric("params", "parameters", "params", 0, False, "params_m")
 TRAIN_STEPS = Metric("train_steps", "training steps", "steps", 0, False)

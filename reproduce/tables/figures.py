@@ -2,7 +2,7 @@
 
 Like the tables, pure functions of the records. Table 3: per row, each variant's change
 from base, the paper's beside ours (relative, so a 5-PPL model and a 37-PPL one share an axis),
-with our seed noise and the verdict. Table 2: BLEU against parameters. Both: the learning curves
+with our noise and the verdict. Table 2: BLEU against parameters. Both: the learning curves
 every record carries.
 """
 
@@ -16,7 +16,6 @@ from reproduce.records.metrics import COMPARED
 from reproduce.records.schema import Record
 from reproduce.records.sweep import Spec
 from reproduce.tables.common import mean_paper_flops
-from reproduce.tables.noise import difference_noise
 from reproduce.tables.table3 import compare_to_base
 
 
@@ -59,6 +58,7 @@ def plot_table(spec: Spec, records: list[Record], directory: Path) -> list[Path]
 
 
 VERDICT_MARKS = {"yes": "✓ agrees", "no": "✗ opposite", "no effect": "≈ within noise",
+                 "better": "↑ better than base", "worse": "↓ worse than base",
                  "n/a": "? no verdict"}
 
 
@@ -90,15 +90,14 @@ def plot_changes(spec: Spec, records: list[Record], path: Path, scale: str) -> P
                     ax.barh(i - 0.2, 100 * (paper - base_paper) / base_paper, 0.38, color="0.65",
                             label="paper")
                 ours = [r["metrics"][key] for r in runs.get(name, [])]
-                verdict = compare_to_base(spec, runs, name, metric).verdict
+                judged = compare_to_base(spec, runs, name, metric)
+                verdict = judged.verdict
                 mark = "no run"
                 if ours and base_ours and not statistics.mean(base_ours):
                     mark = "base is 0: no relative change"
                 elif ours and base_ours:
                     b = statistics.mean(base_ours)
-                    err = None
-                    if len(ours) > 1 and len(base_ours) > 1:
-                        err = 100 * difference_noise(ours, base_ours) / b
+                    err = 100 * judged.noise.half_width / b if judged.noise else None
                     ax.barh(i + 0.2, 100 * (statistics.mean(ours) - b) / b, 0.38, xerr=err,
                             capsize=3, color=f"C{m}", label="ours")
                     flat = verdict == "no" and paper is not None and paper == base_paper
@@ -120,7 +119,8 @@ def plot_changes(spec: Spec, records: list[Record], path: Path, scale: str) -> P
     fig.legend(unique.values(), unique.keys(), loc="upper right", fontsize=8)
     n_base = len(runs.get("base", []))
     fig.suptitle(f"{spec.table} at scale `{scale}`: each variant's change from base, the paper's "
-                 f"(grey) and ours (colour; error bar: our seed noise, 95% interval; base n={n_base})"
+                 f"(grey) and ours (colour; error bar: our noise, seeds and sentences, 95% "
+                 f"interval; base n={n_base})"
                  + (f"\nnot run at this scale: row{'s' if len(unrun) > 1 else ''} "
                     f"{', '.join(unrun)}" if unrun else ""), fontsize=10, x=0.45)
     fig.tight_layout(rect=(0, 0, 1, 0.97))

@@ -1,5 +1,10 @@
-"""Seed noise of a change from base: the 95% confidence half-width of a difference of two means
-(Welch's t interval: unequal variances, degrees of freedom by Welch-Satterthwaite).
+"""The noise of a change from base: the 95% confidence half-width of a difference of two means.
+
+Two sources: seeds (Welch's t interval: unequal variances, degrees of freedom by
+Welch-Satterthwaite) and, where the records keep per-sentence evidence, the sample of sentences
+(``sentence_noise``: the variance of the difference over resamples of the sentences). The two
+variances add; the interval takes Student's t with Satterthwaite's degrees of freedom, the
+sentence term counted as known (a thousand resamples: its own degrees of freedom are many).
 
 With three seeds a side, 2 standard errors (a normal interval) would be a ~88% interval: Student's
 t with ~4 degrees of freedom puts the 97.5% point at 2.78, not 1.96. Plain Python: the t quantile
@@ -11,6 +16,8 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from statistics import NormalDist
 
 LEVEL = 0.95
 
@@ -61,3 +68,39 @@ def difference_noise(a: Sequence[float], b: Sequence[float], level: float = LEVE
         return 0.0
     df = se2 ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
     return t_quantile(0.5 + level / 2, df) * math.sqrt(se2)
+
+
+@dataclass(frozen=True)
+class Noise:
+    """The ``LEVEL`` half-width of a change from base, and what each source alone would give."""
+
+    half_width: float
+    seeds: float | None  # Welch's half-width alone; None with fewer than 2 seeds a side
+    sentences: float | None  # the sentences' alone (normal); None: no per-sentence evidence
+
+    @property
+    def dominant(self) -> str:
+        """Which source is the larger: "seeds" or "sentences" (the only one there is)."""
+        if self.sentences is None:
+            return "seeds"
+        return "sentences" if self.seeds is None or self.sentences > self.seeds else "seeds"
+
+
+def change_noise(a: Sequence[float], b: Sequence[float], sentence_variance: float | None = None,
+                 level: float = LEVEL) -> Noise | None:
+    """The noise of mean(a) - mean(b): seed variance (with 2 or more values a side) and
+    ``sentence_variance`` (``sentence_noise.sentence_variance``) added; None with neither."""
+    seeded = len(a) >= 2 and len(b) >= 2
+    if not seeded and sentence_variance is None:
+        return None
+    va, vb = ((statistics.variance(a) / len(a), statistics.variance(b) / len(b)) if seeded
+              else (0.0, 0.0))
+    sentences = sentence_variance or 0.0
+    total = va + vb + sentences
+    normal = NormalDist().inv_cdf(0.5 + level / 2)
+    spread = va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1) if seeded else 0.0
+    df = total ** 2 / spread if spread > 0 else math.inf
+    quantile = normal if df > 1e6 else t_quantile(0.5 + level / 2, df)
+    return Noise(quantile * math.sqrt(total),
+                 difference_noise(a, b, level) if seeded else None,
+                 normal * math.sqrt(sentences) if sentence_variance is not None else None)

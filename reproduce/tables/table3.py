@@ -1,5 +1,5 @@
 """Table 3: the paper's variations on the architecture beside ours, one section per scale, with
-each variant's change from base, our seed noise and a verdict."""
+each variant's change from base, our noise (seeds and sentences) and a verdict."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ from reproduce.tables.common import (
     scale_note,
     signed,
 )
-from reproduce.tables.noise import difference_noise
+from reproduce.tables.noise import Noise, change_noise
+from reproduce.tables.sentence_noise import sentence_variance
 
 # Table 3's columns, in the paper's order: (header, config section, field).
 SHAPE_COLUMNS = [("N", "model", "N"), ("d_model", "model", "d_model"), ("d_ff", "model", "d_ff"),
@@ -75,13 +76,17 @@ def render_table3(spec: Spec, records: list[Record]) -> str:
 
 def configuration(spec: Spec, variant: str) -> str:
     """The paper's settings of a variant as one cell (at the paper's sizes): all of base's, only
-    what a variant changes otherwise (the paper's layout: unlisted values equal base)."""
+    what a variant changes otherwise (the paper's layout: unlisted values equal base), and every
+    other key it overrides by name (``warmup_steps 8000``, ``positions_init sinusoid``)."""
     headers = [h for h, _, _ in SHAPE_COLUMNS]
     cells = _shape_cells(spec, variant)
+    shown = {name for _, _, name in SHAPE_COLUMNS} | {"positions"}
+    others = [f"{k} {v}" for k, v in spec.variants[variant].overrides.items()
+              if k.rsplit(".", 1)[-1] not in shown] if variant != "base" else []
     if cells and cells[0].endswith(" positions"):
-        return cells[0]
-    return ", ".join(f"{h} {c}" if h != "train steps" else f"{c} steps"
-                     for h, c in zip(headers, cells, strict=False) if c)
+        return ", ".join([cells[0], *others])
+    return ", ".join([*(f"{h} {c}" if h != "train steps" else f"{c} steps"
+                        for h, c in zip(headers, cells, strict=False) if c), *others])
 
 
 def _scale_table(spec: Spec, scale: str, records: list[Record]) -> list[str]:
@@ -93,7 +98,8 @@ def _scale_table(spec: Spec, scale: str, records: list[Record]) -> list[str]:
     out = [f"## Scale `{scale}`", "", scale_note(sc, "the configurations below are the paper's"),
            ""]
     header = ["", "configuration (paper's sizes)", "PPL paper", "PPL ours", "ΔPPL paper / ours",
-              "BLEU paper", "BLEU ours", "ΔBLEU paper / ours", "verdict PPL; BLEU"]
+              "BLEU paper", "BLEU ours", "ΔBLEU paper / ours", "verdict PPL; BLEU",
+              "noise of Δ PPL; BLEU"]
     out += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     details = ["| | seeds | BLEU (test) ours | params ×10⁶ paper / ours | our d_model, d_ff, h, "
                "d_k, d_v | training hours (each; on a CPU unless named) |", "|---|---|---|---|---|---|"]
@@ -113,7 +119,9 @@ def _scale_table(spec: Spec, scale: str, records: list[Record]) -> list[str]:
             cells = [label, configuration(spec, name), fmt(paper.get(DEV_PPL.paper_key or ""), 2),
                      mean_std(metric[0], DEV_PPL.digits), delta[0], fmt(paper.get(DEV_BLEU.paper_key or "")),
                      mean_std(metric[1], DEV_BLEU.digits), delta[1],
-                     "" if name == "base" else apart or "; ".join(v.verdict for v in verdicts)]
+                     "" if name == "base" else apart or "; ".join(v.verdict for v in verdicts),
+                     "; ".join(v.noise_cell for v in verdicts) if any(v.noise for v in verdicts)
+                     else ""]
             out.append("| " + " | ".join(cells) + " |")
             if ours:
                 m = config_of(ours[0]).model
@@ -127,18 +135,25 @@ def _scale_table(spec: Spec, scale: str, records: list[Record]) -> list[str]:
                     + " |")
     out += [""]
     for name, counts in tally.items():
-        judged = sum(counts[k] for k in ("yes", "no", "no effect"))
+        judged = sum(counts[k] for k in ("yes", "no", "no effect", "better", "worse"))
+        own = (f", `better` {counts['better']} and `worse` {counts['worse']} (no paper figure: "
+               "against base)" if counts["better"] or counts["worse"] else "")
         out.append(f"- {name}, verdicts on {judged} variant(s): `yes` {counts['yes']} (a change "
                    f"in the paper's direction), `no` {counts['no']} (the other way), `no effect` "
-                   f"{counts['no effect']} (within our seed noise); `n/a` {counts['n/a']} (no "
-                   "record of them or of base at this scale, or one seed, which gives no noise "
-                   "estimate).")
+                   f"{counts['no effect']} (within our noise){own}; `n/a` {counts['n/a']} (no "
+                   "record of them or of base at this scale, or fewer than 2 seeds on a side, "
+                   "which gives no seed-noise estimate).")
     out += ["", "PPL and BLEU are on the dev split; ours are mean ± std (n seeds). Δ: change from "
-            "base (variant − base), the paper's / ours, with our seed noise (±: half-width of the "
-            "95% confidence interval of the difference of means, Welch's t). *verdict*: `yes` when "
-            "our change has the paper's sign and exceeds that noise; `no` when it exceeds it with "
-            "the other sign, or where the paper's change is zero; `no effect` when it is within it; "
-            "`n/a` with fewer than 2 seeds of either.", "",
+            "base (variant − base), the paper's / ours, with our noise (±: half-width of the "
+            "95% confidence interval of the difference of means: seeds, Welch's t, and, where "
+            "both arms' records keep per-sentence evidence, the dev sentences resampled 1,000 "
+            "times alike for every run, the two variances added, Satterthwaite's degrees of "
+            "freedom). *noise*: each source's half-width alone, the larger first by `>`/`<`; "
+            "`seed noise only` where a record keeps no per-sentence evidence. *verdict*: `yes` "
+            "when our change has the paper's sign and exceeds that noise; `no` when it exceeds "
+            "it with the other sign, or where the paper's change is zero; `better` or `worse` "
+            "(than base) for a variant without the paper's figure; `no effect` when it is within "
+            "the noise; `n/a` with fewer than 2 seeds of either.", "",
             "Corpus: " + corpus_note(records),
             f"BLEU: sacreBLEU on detokenized output, beam search as the paper; signature "
             f"`{'`, `'.join(signatures)}`. PPL: per word-piece on the dev split, our BPE "
@@ -278,17 +293,34 @@ class Verdict:
     metric: str
     paper_cell: str
     ours_cell: str
-    verdict: str  # yes | no | no effect | n/a
+    verdict: str  # yes | no | better | worse | no effect | n/a
+    noise: Noise | None = None  # of our change: both sources (None: no verdict)
+
+    @property
+    def noise_cell(self) -> str:
+        """The noise's two sources, each alone: "seeds ±1.02 > sentences ±0.48", or "seed noise
+        only" where either arm's records keep no per-sentence evidence."""
+        n = self.noise
+        if n is None:
+            return ""
+        if n.sentences is None:
+            return "seed noise only" if n.seeds is not None else ""
+        if n.seeds is None:
+            return f"sentences ±{n.sentences:.2f}"
+        order = ">" if n.dominant == "seeds" else "<"
+        return f"seeds ±{n.seeds:.2f} {order} sentences ±{n.sentences:.2f}"
 
 
 def compare_to_base(spec: Spec, runs: dict[str, list[Record]], variant: str,
                     metric: Metric) -> Verdict:
     """Our change from base beside the paper's, and whether the two agree in sign.
 
-    A change inside our seed noise (the 95% confidence interval of the difference of the two
-    means, Welch's t: ``noise.difference_noise``) is
-    "no effect", never agreement; with fewer than two seeds on either side there is no noise
-    estimate and no verdict."""
+    A change inside our noise (the 95% confidence interval of the difference of the two means:
+    seeds, Welch's t, and where both arms keep per-sentence evidence, the sample of sentences:
+    ``noise.change_noise``) is "no effect", never agreement; with fewer than two seeds on
+    either side there is no seed-noise estimate and no verdict. A variant without the paper's
+    figure (a user's own, a follow-up) is ``better`` or ``worse`` than base, by the metric's
+    direction, once the change exceeds the noise."""
     paper_key = metric.paper_key or ""
     paper_v, paper_b = (spec.variants[n].paper.get(paper_key) if n in spec.variants else None
                         for n in (variant, "base"))
@@ -298,11 +330,15 @@ def compare_to_base(spec: Spec, runs: dict[str, list[Record]], variant: str,
     if variant == "base" or not ours_v or not ours_b:
         return Verdict(metric.short, "" if variant == "base" else signed(paper_delta), "", "n/a")
     delta = statistics.mean(ours_v) - statistics.mean(ours_b)
-    if len(ours_v) < 2 or len(ours_b) < 2 or paper_delta is None:
+    if len(ours_v) < 2 or len(ours_b) < 2:
         return Verdict(metric.short, signed(paper_delta), signed(delta), "n/a")
-    noise = difference_noise(ours_v, ours_b)
-    if abs(delta) <= noise:
+    noise = change_noise(ours_v, ours_b, sentence_variance(runs[variant], runs["base"], metric))
+    assert noise is not None  # two seeds a side
+    if abs(delta) <= noise.half_width:
         verdict = "no effect"
+    elif paper_delta is None:
+        verdict = "worse" if (delta > 0) == metric.lower_is_better else "better"
     else:
         verdict = "yes" if paper_delta != 0 and (delta > 0) == (paper_delta > 0) else "no"
-    return Verdict(metric.short, signed(paper_delta), f"{signed(delta)} (±{noise:.2f})", verdict)
+    return Verdict(metric.short, signed(paper_delta), f"{signed(delta)} (±{noise.half_width:.2f})",
+                   verdict, noise)

@@ -34,7 +34,7 @@ def _row(table: str, variant: str) -> list[str]:
     """The main table's cells of ``variant`` (its first cell is the name, after a row label)."""
     for line in table.splitlines():
         cells = [c.strip() for c in line.strip("|").split("|")]
-        if len(cells) == 9 and cells[0].split(" ")[-1] == variant:
+        if len(cells) == 10 and cells[0].split(" ")[-1] == variant:
             return cells
     raise AssertionError(f"no row {variant}")
 
@@ -182,17 +182,19 @@ def test_changes_from_base_agree_only_beyond_seed_noise():
     table = render_table3(spec, recs)
     e = render_table3(spec, recs[:3] + [record("E", "cpu", s, ppl=p, bleu=b) for s, p, b in
                                         [(0, 11.0, 3.1), (1, 11.1, 3.0), (2, 11.2, 3.2)]])
-    assert _row(e, "E")[-1] == "no; no effect"  # the paper's PPL does not move (4.92); ours does
+    assert _row(e, "E")[8] == "no; no effect"  # the paper's PPL does not move (4.92); ours does
     a1 = _row(table, "A1")
     # the 95% Welch interval: t(0.975, 4 df) = 2.776 x SE 0.0816 (three seeds a side, std 0.1)
     assert [a1[4], a1[7], a1[8]] == ["+0.37 / +2.00 (±0.23)", "-0.90 / -1.00 (±0.23)", "yes; yes"]
-    assert _row(table, "A2")[-1] == "no effect; no effect"
+    # no per-sentence evidence in these records: the seeds' noise alone, and said so
+    assert a1[9] == "seed noise only; seed noise only"
+    assert _row(table, "A2")[8] == "no effect; no effect"
     c3 = _row(table, "C3")
     assert [c3[4], c3[7], c3[8]] == ["-0.04 / +1.00 (±0.23)", "-0.30 / +0.60 (±0.23)", "no; no"]
     assert ("- PPL, verdicts on 3 variant(s): `yes` 1 (a change in the paper's direction), `no` 1 "
-            "(the other way), `no effect` 1 (within our seed noise); `n/a` 16 (no record") in table
+            "(the other way), `no effect` 1 (within our noise); `n/a` 16 (no record") in table
     assert "or where the paper's change is zero" in table
-    assert _row(table, "D1")[-1] == "n/a; n/a"
+    assert _row(table, "D1")[8:] == ["n/a; n/a", ""]
 
 
 def test_the_table_and_its_figure_go_to_wandb_offline(tmp_path, monkeypatch):

@@ -1,0 +1,158 @@
+"""Verdicts with two noise sources (seeds, and the sample of dev sentences), and verdicts on rows
+of one's own (no paper figure): what they say when one source or the other is the larger."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+from sacrebleu.metrics import BLEU
+from sacrebleu.significance import Result, _paired_bs_test
+
+from reproduce.paper.sentence_scores import perplexity, sentence_stats
+from reproduce.records.metrics import DEV_BLEU, DEV_PPL
+from reproduce.records.store import write_evidence
+from reproduce.records.sweep import load_spec
+from reproduce.tables.noise import change_noise
+from reproduce.tables.sentence_noise import sentence_variance
+from reproduce.tables.table3 import compare_to_base, configuration, render_table3
+
+SENTENCES, TOKENS = 300, 20
+
+
+def _run(folder, variant: str, seed: int, nll: list[float], bleu_stats=None) -> dict:
+    """A table3 record of ``variant`` whose dev PPL is its sentences' (``nll`` per sentence)."""
+    run_id = f"table3-{variant}-cpu-seed{seed}"
+    kept = {"sentences": len(nll), "nll": nll, "tokens": [TOKENS] * len(nll),
+            "stats": {"sacrebleu": bleu_stats} if bleu_stats else {}}
+    path = write_evidence(folder / "table3", run_id, "dev", kept)
+    return {"run_id": run_id, "table": "table3", "variant": variant, "scale": "cpu",
+            "seed": seed, "metrics": {"dev_ppl": perplexity(nll, kept["tokens"])},
+            "bleu": {"dev": {"outputs": {"evidence": path}}}}
+
+
+def _arms(folder, spread_seeds: float, spread_sentences: float, shift: float):
+    """Base and A1, 3 seeds each: each sentence's NLL per token is 2 + a sentence's own
+    difficulty; A1 adds ``shift`` plus a sentence's own ``spread_sentences`` (so how much A1's
+    change depends on which sentences are drawn) and each run ``spread_seeds`` of its own."""
+    rng = random.Random(0)
+    hard = [rng.gauss(0, 0.5) for _ in range(SENTENCES)]
+    own = [rng.gauss(0, spread_sentences) for _ in range(SENTENCES)]
+    runs: dict[str, list[dict]] = {"base": [], "A1": []}
+    for seed in range(3):
+        for variant, extra in (("base", [0.0] * SENTENCES), ("A1", [shift + o for o in own])):
+            jitter = rng.gauss(0, spread_seeds)
+            nll = [TOKENS * (2 + h + e + jitter) for h, e in zip(hard, extra, strict=True)]
+            runs[variant].append(_run(folder, variant, seed, nll))
+    return runs
+
+
+@pytest.fixture
+def results(tmp_path, monkeypatch):
+    monkeypatch.setenv("REPRODUCE_RESULTS", str(tmp_path))
+    return tmp_path
+
+
+def test_seeds_that_agree_on_noisy_sentences_are_no_effect(results):
+    """A1 is 0.05 nats a token worse on average, every seed alike (seed noise ~0.002), but its
+    change varies by sentence (sd 1 nat): on another 300 sentences it could be either sign."""
+    spec, runs = load_spec("table3"), _arms(results, 0.001, 1.0, 0.05)
+    verdict = compare_to_base(spec, runs, "A1", DEV_PPL)
+    noise = verdict.noise
+    assert noise is not None and noise.seeds is not None and noise.sentences is not None
+    assert noise.dominant == "sentences" and noise.seeds < noise.sentences / 10
+    assert verdict.verdict == "no effect"
+    assert verdict.noise_cell.startswith("seeds ±") and " < sentences ±" in verdict.noise_cell
+    delta = float(verdict.ours_cell.split()[0])
+    assert abs(delta) > noise.seeds  # the seeds alone would have called it
+    assert noise.half_width == pytest.approx(math.hypot(noise.seeds, noise.sentences), rel=0.3)
+
+
+def test_seeds_that_disagree_on_steady_sentences_are_no_effect(results):
+    """The converse: A1's change is the same on every sentence, but the seeds scatter."""
+    spec, runs = load_spec("table3"), _arms(results, 0.2, 0.0, 0.05)
+    verdict = compare_to_base(spec, runs, "A1", DEV_PPL)
+    assert verdict.verdict == "no effect" and verdict.noise is not None
+    assert verdict.noise.dominant == "seeds" and " > sentences ±" in verdict.noise_cell
+
+
+def test_a_change_beyond_both_sources_is_a_verdict(results):
+    spec, runs = load_spec("table3"), _arms(results, 0.001, 0.05, 0.05)
+    verdict = compare_to_base(spec, runs, "A1", DEV_PPL)
+    assert verdict.verdict == "yes"  # worse PPL, as the paper's A1 (+0.37)
+    # a run without evidence: the seeds alone, and said so
+    del runs["base"][0]["bleu"]
+    without = compare_to_base(spec, runs, "A1", DEV_PPL)
+    assert without.noise is not None and without.noise.sentences is None
+    assert without.noise_cell == "seed noise only"
+
+
+def test_one_seed_a_side_agrees_with_sacrebleus_paired_bootstrap(results):
+    """With one run a side the noise is the sentences' alone; its call (change beyond the 95%
+    half-width) is sacreBLEU's paired bootstrap's (p < 0.05), for a clear and a slight change."""
+    rng = random.Random(1)
+    words = [f"w{i}" for i in range(300)]
+    refs = [" ".join(rng.choice(words) for _ in range(rng.randint(8, 20))) for _ in range(400)]
+
+    def system(error: float) -> list[str]:
+        return [" ".join(w if rng.random() > error else rng.choice(words) for w in r.split())
+                for r in refs]
+
+    base = system(0.30)
+    bl_stats = sentence_stats("sacrebleu", base, refs)
+    bl = BLEU()
+    baseline = {"BLEU": (bl_stats, Result(bl.corpus_score(base, [refs]).score, None, None, None))}
+    for error, significant in ((0.40, True), (0.305, False)):
+        other = system(error)
+        stats = sentence_stats("sacrebleu", other, refs)
+        runs = [_run(results, "A1", 0, [1.0] * len(refs), stats)]
+        bases = [_run(results, "base", 0, [1.0] * len(refs), bl_stats)]
+        variance = sentence_variance(runs, bases, DEV_BLEU)
+        delta = BLEU().corpus_score(other, [refs]).score - baseline["BLEU"][1].score
+        noise = change_noise([delta], [0.0], variance)
+        assert noise is not None and noise.seeds is None and noise.sentences is not None
+        _, result = _paired_bs_test(baseline, "sys", other, [refs], {"BLEU": BLEU()},
+                                    n_samples=1000, seed=12345)
+        assert (abs(delta) > noise.half_width) == significant == (result["BLEU"].p_value < 0.05)
+
+
+def test_rows_of_ones_own_get_an_interval_and_a_verdict(tmp_path):
+    """A spec's own rows without the paper's figures: an interval and `better`/`worse` once
+    both sides have 2 seeds; the configuration names every key a row overrides."""
+    spec_file = tmp_path / "mine.yaml"
+    spec_file.write_text("table: table3\nvariants:\n  base: {}\n"
+                         "  attn: {set: {p_attn: 0.1, adam_eps: 1.0e-6}}\n"
+                         "  wide: {set: {d_ff: 4096}}\n  deep: {set: {N: 8}}\n"
+                         "rows: {mine: [attn, wide, deep]}\n")
+    spec = load_spec(str(spec_file))
+    assert configuration(spec, "attn") == "p_attn 0.1, adam_eps 1e-06"
+
+    def rec(variant: str, seed: int, ppl: float, bleu: float) -> dict:
+        return {"run_id": f"table3-{variant}-smoke-seed{seed}", "table": "table3",
+                "variant": variant, "scale": "smoke", "seed": seed,
+                "data": {"corpus": "bible-en-de"},
+                "metrics": {"dev_ppl": ppl, "dev_bleu": bleu, "test_bleu": bleu, "params": 1,
+                            "train_seconds": 1.0},
+                "config": {"model": {"d_model": 32, "d_ff": 128, "h": 8, "d_k": 4, "d_v": 4}},
+                "bleu": {"dev": {"sacrebleu": {"signature": "s"}}},
+                "hardware": {"cpu": "test CPU", "gpus": []}}
+
+    records = [rec("base", s, 10.0 + s / 10, 3.0 + s / 10) for s in (0, 1)]
+    records += [rec("attn", s, 12.0 + s / 10, 2.0 + s / 10) for s in (0, 1)]  # worse, both
+    records += [rec("wide", s, 9.0 + s / 10, 4.0 + s / 10) for s in (0, 1)]  # better, both
+    records += [rec("deep", 0, 9.0, 4.0)]  # one seed: no verdict
+    runs: dict[str, list[dict]] = {}
+    for r in records:
+        runs.setdefault(r["variant"], []).append(r)
+    attn = [compare_to_base(spec, runs, "attn", m) for m in (DEV_PPL, DEV_BLEU)]
+    assert [v.verdict for v in attn] == ["worse", "worse"]
+    assert attn[0].ours_cell.startswith("+2.00 (±") and attn[0].paper_cell == ""
+    assert [compare_to_base(spec, runs, "wide", m).verdict for m in (DEV_PPL, DEV_BLEU)] == \
+        ["better", "better"]
+    assert compare_to_base(spec, runs, "deep", DEV_PPL).verdict == "n/a"
+    table = render_table3(spec, records)
+    assert "`better` 1 and `worse` 1 (no paper figure: against base)" in table
+    assert "fewer than 2 seeds on a side" in table
+    assert np.isfinite(attn[0].noise.half_width) if attn[0].noise else False
