@@ -21,6 +21,9 @@ class Metric:
     # How a resample of the split's sentences rescores it from a record's evidence
     # (paper.sentence_scores): "ppl", or the kind of corpus score; None: it cannot be
     sentences: str | None = None
+    # The least difference of two of the paper's figures that a within-row pair counts
+    # (tables/agreement.py): the paper prints PPL to 0.01 and BLEU to 0.1
+    min_paper_gap: float = 0.0
 
     @property
     def split(self) -> str:
@@ -28,8 +31,8 @@ class Metric:
         return self.key.split("_", 1)[0]
 
 
-DEV_PPL = Metric("dev_ppl", "dev PPL", "PPL", 2, True, "ppl", "ppl")
-DEV_BLEU = Metric("dev_bleu", "dev BLEU", "BLEU", 1, False, "bleu", "sacrebleu")
+DEV_PPL = Metric("dev_ppl", "dev PPL", "PPL", 2, True, "ppl", "ppl", 0.1)
+DEV_BLEU = Metric("dev_bleu", "dev BLEU", "BLEU", 1, False, "bleu", "sacrebleu", 0.3)
 TEST_BLEU = Metric("test_bleu", "test BLEU", "BLEU", 1, False, None, "sacrebleu")
 TEST_BLEU_TOKENIZED = Metric("test_bleu_tokenized", "test BLEU (tokenized)", "BLEU", 2, False,
                              "bleu", "tokenized")

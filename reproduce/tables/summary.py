@@ -5,12 +5,13 @@ into README.md between two markers, so the page never quotes a number no record 
 from __future__ import annotations
 
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 from reproduce.records.metrics import COMPARED
 from reproduce.records.store import load_records
 from reproduce.records.sweep import load_spec
+from reproduce.tables.agreement import counts, row_agreement
 from reproduce.tables.table3 import compare_to_base, configuration
 
 START, END = "<!-- results: start -->", "<!-- results: end -->"
@@ -36,6 +37,10 @@ def summary(results: Path) -> str:
             lines.append(f"| {row} | {name}: {configuration(spec, name)} | {ppl.paper_cell or '–'} "
                          f"| {ppl.ours_cell} | {bleu.paper_cell or '–'} | {bleu.ours_cell} | "
                          f"{ppl.verdict}; {bleu.verdict} | {len(runs[name])} |")
+    within = row_agreement(spec, runs, SCALE)
+    lines += ["", "Within rows, pairs of variants the paper tells apart: "
+              + "; ".join(f"{name} {counts(sum(rows.values(), Counter()))}"
+                          for name, rows in within.items()) + "."]
     table2 = load_spec("table2")
     test_bleu = {r["variant"]: r["metrics"].get("test_bleu_tokenized")
                  for r in load_records("table2", results, move=False) if r["scale"] == SCALE}

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from reproduce.records.metrics import COMPARED, DEV_BLEU, DEV_PPL, TEST_BLEU, Metric
 from reproduce.records.schema import MetricName, Record, config_of
 from reproduce.records.sweep import Spec
+from reproduce.tables.agreement import agreement_lines
 from reproduce.tables.common import (
     corpus_note,
     cost_line,
@@ -158,7 +159,7 @@ def _scale_table(spec: Spec, scale: str, records: list[Record]) -> list[str]:
             f"BLEU: sacreBLEU on detokenized output, beam search as the paper; signature "
             f"`{'`, `'.join(signatures)}`. PPL: per word-piece on the dev split, our BPE "
             "vocabulary.", *reference_line(records), *devices_line(records),
-            cost_line(records), "",
+            cost_line(records), "", *agreement_lines(spec, runs, scale),
             f"Details of our {sum(len(v) for v in runs.values())} runs (commands and configs are "
             "in each record):", "", *details, "", *gap_over_training(spec, runs, scale)]
     return out

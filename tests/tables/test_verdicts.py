@@ -156,3 +156,24 @@ def test_rows_of_ones_own_get_an_interval_and_a_verdict(tmp_path):
     assert "`better` 1 and `worse` 1 (no paper figure: against base)" in table
     assert "fewer than 2 seeds on a side" in table
     assert np.isfinite(attn[0].noise.half_width) if attn[0].noise else False
+
+
+def test_within_row_pairs_count_concordant_discordant_and_unresolved(tmp_path):
+    """Row A's pairs the paper tells apart in PPL (>= 0.1): base-A1, A1-A2, A1-A3, A1-A4,
+    A3-A4. Ours: A1 worse than base (concordant), better than A2 (discordant: the paper's A2 is
+    better), worse than A3 (concordant), level with A4 (unresolved), A4 worse than A3
+    (concordant). A variant with one seed counts in no pair."""
+    from reproduce.tables.agreement import agreement_lines, row_agreement
+
+    spec = load_spec("table3")
+    means = {"base": 10.0, "A1": 12.0, "A2": 12.5, "A3": 9.0, "A4": 12.05}
+    runs = {name: [{"run_id": f"{name}-{s}", "table": "table3",
+                    "metrics": {"dev_ppl": m + (s - 1) / 10, "dev_bleu": 3.0 + (s - 1) / 10}}
+                   for s in range(3)] for name, m in means.items()}
+    runs["C1"] = runs["base"][:1]  # one seed: none of row C's pairs count
+    counted = row_agreement(spec, runs, "cpu")
+    assert counted["PPL"]["A"] == {"concordant": 3, "discordant": 1, "unresolved": 1}
+    assert "C" not in counted["PPL"]
+    lines = agreement_lines(spec, runs, "cpu")
+    assert "- PPL: A 3 concordant, 1 discordant, 1 unresolved; all rows 3 concordant" in \
+        "\n".join(lines)
