@@ -38,6 +38,7 @@ from reproduce.records.schema import Record
 from reproduce.records.sharing import reuse_lines
 from reproduce.records.store import device_hours, every_table_records, is_current, load_records
 from reproduce.records.sweep import PlannedRun, load_spec, shipped_specs
+from reproduce.tables.marks import marks_of
 from reproduce.util import machine
 
 
@@ -58,6 +59,9 @@ def table_status(table: str, results: Path, runs: Path,
         if match := named.search(run_id):
             seen[match.group(1)].add(int(match.group(2)))
     everything = every_table_records(results) if seen else []  # donors, cost model: all scales
+    by_scale: dict[str, dict[str, list[Record]]] = defaultdict(lambda: defaultdict(list))
+    for r in records.values():  # Table 3's marks compare scales (tables.marks)
+        by_scale[r["scale"]][r["variant"]].append(r)
     rows = []
     for scale in sorted(seen):
         if scale not in spec.scales:
@@ -101,6 +105,7 @@ def table_status(table: str, results: Path, runs: Path,
         rows.append({"table": spec.table, "scale": scale, "seeds": sorted(seen[scale]), **state,
                      "checkpoint_steps": saved, "precision": dict(shown), "reuses": reuses,
                      "blocked": blocked, "ended": ended,
+                     "marks": marks_of(spec, by_scale, scale) if spec.kind == "table3" else {},
                      "jobs": {i: t.job_id + (f", requeued {t.restarts} time(s)" if t.restarts
                                              else "")
                               for i, t in tasks.items() if t.queued or t.running},
@@ -183,6 +188,8 @@ def report(results: Path, runs: Path, verbose: bool = False,
                 lines.append(f"  left: about {left['device_hours']:.1f} h of training on this CPU,"
                              f" {left['wall_hours']:.1f} h with {left['workers']} worker(s) "
                              f"({left['source']})")
+            for variant, marks in row["marks"].items():
+                lines.append(f"  marked   {variant}: {'; '.join(marks)}")
             for run_id, why in row["blocked"].items():
                 lines.append(f"  waits    {run_id}: {why}")
             for run_id in row["diverged"]:

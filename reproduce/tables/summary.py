@@ -12,6 +12,7 @@ from reproduce.records.metrics import COMPARED
 from reproduce.records.store import load_records
 from reproduce.records.sweep import load_spec
 from reproduce.tables.agreement import counts, row_agreement
+from reproduce.tables.marks import verdict_cell
 from reproduce.tables.table3 import compare_to_base, configuration
 
 START, END = "<!-- results: start -->", "<!-- results: end -->"
@@ -21,10 +22,11 @@ SCALE = "cpu"
 def summary(results: Path) -> str:
     """The block: Table 3's changes, then Table 2's BLEU, at ``SCALE``, from ``results``."""
     spec = load_spec("table3")
-    runs: dict[str, list] = defaultdict(list)
+    by_scale: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     for r in load_records("table3", results, move=False):
-        if r["scale"] == SCALE:
-            runs[r["variant"]].append(r)
+        by_scale[r["scale"]][r["variant"]].append(r)
+    runs = by_scale[SCALE]
+    ppl_metric, bleu_metric = COMPARED
     lines = [f"Table 3 at `{SCALE}` (rendered from `results/table3/` by `python -m reproduce "
              "table3 --render`; dev set, change from base, ours with the 95% interval of the "
              "difference):", "",
@@ -34,9 +36,11 @@ def summary(results: Path) -> str:
     for row, names in spec.rows_at(SCALE).items():
         for name in (n for n in names if runs.get(n)):
             ppl, bleu = (compare_to_base(spec, runs, name, metric) for metric in COMPARED)
+            cell = verdict_cell(spec, by_scale, SCALE, name,
+                                [(ppl_metric, ppl.verdict), (bleu_metric, bleu.verdict)], short=True)
             lines.append(f"| {row} | {name}: {configuration(spec, name)} | {ppl.paper_cell or '–'} "
                          f"| {ppl.ours_cell} | {bleu.paper_cell or '–'} | {bleu.ours_cell} | "
-                         f"{ppl.verdict}; {bleu.verdict} | {len(runs[name])} |")
+                         f"{cell} | {len(runs[name])} |")
     within = row_agreement(spec, runs, SCALE)
     lines += ["", "Within rows, pairs of variants the paper tells apart: "
               + "; ".join(f"{name} {counts(sum(rows.values(), Counter()))}"

@@ -23,6 +23,7 @@ from reproduce.tables.common import (
     scale_note,
     signed,
 )
+from reproduce.tables.marks import verdict_cell
 from reproduce.tables.noise import Noise, change_noise
 from reproduce.tables.sentence_noise import sentence_variance
 
@@ -69,9 +70,10 @@ def render_table3(spec: Spec, records: list[Record]) -> str:
         by_scale[r["scale"]].append(r)
     if not by_scale:
         lines.append("No runs recorded yet.")
+    runs_by_scale = {scale: _by_variant(rs) for scale, rs in by_scale.items()}
     for scale in sorted(by_scale, key=lambda s: list(spec.scales).index(s)
                         if s in spec.scales else 99):
-        lines += _scale_table(spec, scale, by_scale[scale])
+        lines += _scale_table(spec, scale, by_scale[scale], runs_by_scale)
     return "\n".join(lines) + "\n"
 
 
@@ -90,11 +92,17 @@ def configuration(spec: Spec, variant: str) -> str:
                         for h, c in zip(headers, cells, strict=False) if c), *others])
 
 
-def _scale_table(spec: Spec, scale: str, records: list[Record]) -> list[str]:
-    sc = spec.scales.get(scale)
-    runs = defaultdict(list)
+def _by_variant(records: list[Record]) -> dict[str, list[Record]]:
+    runs: dict[str, list[Record]] = defaultdict(list)
     for r in records:
         runs[r["variant"]].append(r)
+    return runs
+
+
+def _scale_table(spec: Spec, scale: str, records: list[Record],
+                 runs_by_scale: dict[str, dict[str, list[Record]]]) -> list[str]:
+    sc = spec.scales.get(scale)
+    runs = runs_by_scale[scale]
     signatures = sorted({r["bleu"]["dev"]["sacrebleu"]["signature"] for r in records})
     out = [f"## Scale `{scale}`", "", scale_note(sc, "the configurations below are the paper's"),
            ""]
@@ -120,7 +128,9 @@ def _scale_table(spec: Spec, scale: str, records: list[Record]) -> list[str]:
             cells = [label, configuration(spec, name), fmt(paper.get(DEV_PPL.paper_key or ""), 2),
                      mean_std(metric[0], DEV_PPL.digits), delta[0], fmt(paper.get(DEV_BLEU.paper_key or "")),
                      mean_std(metric[1], DEV_BLEU.digits), delta[1],
-                     "" if name == "base" else apart or "; ".join(v.verdict for v in verdicts),
+                     "" if name == "base" else apart or verdict_cell(
+                         spec, runs_by_scale, scale, name,
+                         [(m, v.verdict) for m, v in zip(COMPARED, verdicts, strict=True)]),
                      "; ".join(v.noise_cell for v in verdicts) if any(v.noise for v in verdicts)
                      else ""]
             out.append("| " + " | ".join(cells) + " |")
@@ -154,7 +164,12 @@ def _scale_table(spec: Spec, scale: str, records: list[Record]) -> list[str]:
             "when our change has the paper's sign and exceeds that noise; `no` when it exceeds "
             "it with the other sign, or where the paper's change is zero; `better` or `worse` "
             "(than base) for a variant without the paper's figure; `no effect` when it is within "
-            "the noise; `n/a` with fewer than 2 seeds of either.", "",
+            "the noise; `n/a` with fewer than 2 seeds of either. *Marks* (from the records): "
+            "`unsettled` where the same comparison calls otherwise (by sign beyond the seed "
+            "noise, or inside it) at a dev evaluation in the last 40% of training (PPL) or at "
+            "another scale with records of the variant and base; `outside the paper's range` "
+            "where the scale puts a setting the variant changes outside the range the paper's "
+            "variants span, while base's is inside (`reproduce/tables/marks.py`).", "",
             "Corpus: " + corpus_note(records),
             f"BLEU: sacreBLEU on detokenized output, beam search as the paper; signature "
             f"`{'`, `'.join(signatures)}`. PPL: per word-piece on the dev split, our BPE "

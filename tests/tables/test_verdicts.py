@@ -177,3 +177,67 @@ def test_within_row_pairs_count_concordant_discordant_and_unresolved(tmp_path):
     lines = agreement_lines(spec, runs, "cpu")
     assert "- PPL: A 3 concordant, 1 discordant, 1 unresolved; all rows 3 concordant" in \
         "\n".join(lines)
+
+
+def _curved(variant: str, scale: str, seed: int, points: dict[int, float]) -> dict:
+    """A record whose dev PPL curve is ``points`` (its last point is its final dev PPL)."""
+    return {"run_id": f"{variant}-{scale}-{seed}", "table": "table3", "variant": variant,
+            "scale": scale, "seed": seed, "metrics": {"dev_ppl": points[max(points)]},
+            "curve": {"dev_ppl": [[s, 0.0, v] for s, v in sorted(points.items())]}}
+
+
+def test_a_verdict_that_flips_late_in_training_or_at_another_scale_is_unsettled():
+    from reproduce.tables.marks import unsettled, verdict_cell
+
+    spec = load_spec("table3")
+
+    def arm(variant: str, scale: str, at: dict[int, float]) -> list[dict]:
+        return [_curved(variant, scale, s, {k: v + s / 20 for k, v in at.items()})
+                for s in range(3)]
+
+    base = arm("base", "cpu", {500: 60, 1000: 50, 1500: 45, 2000: 41, 2500: 38})
+    # D1 leads at 1500, is level by 2500 (as our D1): a call that changes in the last 40%
+    early = arm("D1", "cpu", {500: 55, 1000: 44, 1500: 40, 2000: 39, 2500: 38.02})
+    steady = arm("D2", "cpu", {500: 62, 1000: 53, 1500: 48, 2000: 44, 2500: 41})
+    by_scale = {"cpu": {"base": base, "D1": early, "D2": steady}}
+    assert unsettled(by_scale, "cpu", "D1", DEV_PPL)
+    assert not unsettled(by_scale, "cpu", "D2", DEV_PPL)
+    # the same steady D2 against base at another scale, the other way: unsettled there too
+    by_scale["cpu-quarter-data"] = {"base": arm("base", "cpu-quarter-data", {2500: 78}),
+                                    "D2": arm("D2", "cpu-quarter-data", {2500: 70})}
+    assert unsettled(by_scale, "cpu", "D2", DEV_PPL)
+    cell = verdict_cell(spec, by_scale, "cpu", "D2", [(DEV_PPL, "yes"), (DEV_BLEU, "n/a")])
+    assert cell == "yes (unsettled); n/a"
+    short = verdict_cell(spec, by_scale, "cpu", "D2", [(DEV_PPL, "yes"), (DEV_BLEU, "n/a")],
+                         short=True)
+    assert short == "yes†; n/a"
+
+
+def test_a_setting_the_scale_puts_outside_the_papers_range_is_marked():
+    """The paper's d_k spans 16-512: at `cpu` (widths x 0.25) base's is 16, A3's 8, A4's 4. A
+    limit of every run at the scale (d_model 128 below the paper's 256; 2500 steps) is not."""
+    from reproduce.tables.marks import outside_range
+
+    spec = load_spec("table3")
+    assert outside_range(spec, "cpu", "A4") == ["d_k 4", "d_v 4"]
+    assert outside_range(spec, "cpu", "B2") == ["d_k 8"]
+    assert outside_range(spec, "cpu", "C4") == ["d_k 8", "d_v 8"]  # not d_model: base's is out
+    assert outside_range(spec, "cpu", "A1") == outside_range(spec, "cpu", "big") == []
+    assert outside_range(spec, "paper", "A4") == []
+
+
+def test_status_prints_the_marks_the_table_renders(tmp_path):
+    """`status` names each marked variant with the table's own marks (tables.marks.marks_of over
+    the committed records); A4 at `cpu` is outside the paper's range by its spec and scale."""
+    from reproduce import paths
+    from reproduce.launch.progress import table_status
+
+    rows = {row["scale"]: row for row in table_status("table3", paths.REPO / "results", tmp_path)}
+    marks = rows["cpu"]["marks"]
+    assert "outside the paper's range (d_k 4, d_v 4)" in marks["A4"]
+    assert "A1" not in marks or all("outside" not in m for m in marks["A1"])
+    table = (paths.REPO / "results" / "table3.md").read_text()
+    for variant, said in marks.items():
+        line = next(x for x in table.splitlines()
+                    if x.startswith("|") and x.split("|")[1].strip().endswith(variant))
+        assert ("(unsettled)" in line) == any(m.startswith("unsettled") for m in said), variant
