@@ -26,6 +26,14 @@ Stats = list[list[int]]  # one row of sufficient statistics a sentence
 METRICS: dict[str, Callable[[], Any]] = {"sacrebleu": BLEU, "tokenized": _multi_bleu_metric, "chrf": CHRF}
 
 
+def chrf(hypotheses: list[str], references: list[str]) -> dict:
+    """Corpus chrF (sacreBLEU's: character 6-grams, beta 2), with its signature."""
+    metric = CHRF()
+    score = metric.corpus_score(hypotheses, [references])
+    return {"kind": "chrf", "score": round(score.score, 2),
+            "signature": str(metric.get_signature()), "sentences": len(hypotheses)}
+
+
 def sentence_stats(kind: str, hypotheses: list[str], references: list[str],
                    lang: str = "") -> Stats:
     """Each sentence's sufficient statistics of metric ``kind`` (``METRICS``); the tokenized

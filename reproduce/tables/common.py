@@ -9,7 +9,11 @@ from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
 
+from reproduce.paper.sentence_scores import chrf
+from reproduce.paths import results_dir
+from reproduce.records.metrics import Metric
 from reproduce.records.schema import Record, config_of
+from reproduce.records.store import read_outputs
 from reproduce.train.devices import Layout
 
 CORPUS_NOTES = {
@@ -140,6 +144,20 @@ def reference_line(records: list[Record]) -> list[str]:
             f"targets scores {ref['unigram']:.1f}, an interpolated bigram model {ref['bigram']:.1f} "
             "(`data.ngram_perplexities`); a run near these has learned target-side statistics, "
             "not yet to translate."]
+
+
+def score(record: Record, metric: Metric) -> tuple[float | None, bool]:
+    """A record's ``metric``, and whether it was rescored here: a chrF a record made before chrF
+    was recorded is computed from its kept hypotheses and references (``records.store
+    .read_outputs``); (None, False) where neither is there."""
+    if metric.key in record["metrics"]:
+        return float(record["metrics"][metric.key]), False
+    if metric.sentences != "chrf":
+        return None, False
+    texts = read_outputs(results_dir() / record.get("table", ""), record, metric.split)
+    if texts is None:
+        return None, False
+    return round(chrf(*texts)["score"], 2), True
 
 
 def signed(value: float | None) -> str:

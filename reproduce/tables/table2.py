@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from reproduce.records.checkpoints import STEP_NAME
-from reproduce.records.metrics import TEST_BLEU_TOKENIZED
+from reproduce.records.metrics import TEST_BLEU_TOKENIZED, TEST_CHRF
 from reproduce.records.schema import Record
 from reproduce.records.sweep import Spec
 from reproduce.tables.common import (
@@ -20,6 +20,7 @@ from reproduce.tables.common import (
     mean_std,
     scale_note,
     sci,
+    score,
 )
 
 LANGS = ("en_de", "en_fr")
@@ -79,23 +80,28 @@ def _table2_details(spec: Spec, scale: str, records: list[Record]) -> list[str]:
            f"Hardware: {hardware_line(records)}.", *devices_line(records), cost_line(records),
            *([f"Not run at this scale yet: {', '.join(missing)} (`python -m reproduce status` "
               "says what they would take here)."] if missing else []), "",
-           "| variant | tokenized BLEU (paper's convention) | sacreBLEU | cost, paper's method "
+           "| variant | tokenized BLEU (paper's convention) | sacreBLEU | chrF | cost, paper's method "
            "(FLOPs) | cost, counted (FLOPs) | training time | devices x TFLOPS | tokens/step "
            "(effective) | checkpoints averaged | dev PPL, final weights -> averaged |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(records, key=lambda r: list(spec.variants).index(r["variant"])
                     if r["variant"] in spec.variants else 99):
         cost, m, batch = r["cost"], r["metrics"], r["batch"]
+        chrf, rescored = score(r, TEST_CHRF)
         out.append(
             f"| {r['variant']} (seed {r['seed']}) | {m['test_bleu_tokenized']:.2f} | "
-            f"{m['test_bleu']:.2f} | {sci(cost['paper_method_flops'])} | "
+            f"{m['test_bleu']:.2f} | {fmt(chrf, TEST_CHRF.digits + 1)}{'*' if rescored else ''} | "
+            f"{sci(cost['paper_method_flops'])} | "
             f"{sci(cost['analytic_flops'])} | {m['train_seconds'] / 3600:.2f} h{hours_note(r)} | "
             f"{cost['devices']} x {cost['tflops_per_device']} ({cost['tflops_source']}) | "
             f"{batch['effective_tokens_per_step']} ({batch['accumulate']} accumulated) | "
             f"{_averaged(r['averaged_checkpoints'])} | {_averaging_gain(r)} |")
     signatures = sorted({r["bleu"]["test"]["sacrebleu"]["signature"] for r in records}
                         | {r["bleu"]["test"]["tokenized"]["signature"] for r in records})
-    out += ["", "Signatures: " + "; ".join(f"`{s}`" for s in signatures), ""]
+    out += ["", "chrF: sacreBLEU's (character 6-grams, beta 2) on the detokenized test split; "
+            "* rescored here from the record's kept hypotheses (recorded by runs since "
+            "chrF was added).", "",
+            "Signatures: " + "; ".join(f"`{s}`" for s in signatures), ""]
     return out
 
 

@@ -66,14 +66,6 @@ def sacre_bleu(hypotheses: list[str], references: list[str]) -> dict:
             "verbose": score.format(width=2)}
 
 
-def chrf(hypotheses: list[str], references: list[str]) -> dict:
-    """Corpus chrF (sacreBLEU's: character 6-grams, beta 2), with its signature."""
-    metric = sacrebleu.metrics.CHRF()
-    score = metric.corpus_score(hypotheses, [references])
-    return {"kind": "chrf", "score": round(score.score, 2),
-            "signature": str(metric.get_signature()), "sentences": len(hypotheses)}
-
-
 @torch.no_grad()
 def sentence_nll(model: Transformer, tokenizer, pairs: list[tuple[str, str]], batch_tokens: int,
                  precision: str = "32-true") -> tuple[list[float], list[int]]:
@@ -159,7 +151,7 @@ def _bleu(model, tokenizer, data, pairs, c: Config, lang: str, precision: str) -
                      len(sources), c.decode, pieces=pieces)
     nll = sentence_nll(model, tokenizer, pairs, decode_batch_tokens(c), precision)
     return {"sacrebleu": sacre_bleu(hyps, refs), "tokenized": tokenized_bleu(hyps, refs, lang),
-            "chrf": chrf(hyps, refs),
+            "chrf": sentence_scores.chrf(hyps, refs),
             "examples": [{"source": s, "reference": t, "output": h}
                          for s, t, h in list(zip(sources, refs, hyps, strict=True))[:3]],
             "hypotheses": hyps, "references": refs,

@@ -52,15 +52,36 @@ def _record(variant, tokenized, sacre, flops, counted, seed=0):
 
 def test_table2_shows_both_bleus_and_both_costs_labelled():
     spec = load_spec("table2")
-    table = render_table2(spec, [_record("base-en-de", 4.25, 3.75, 6.5e12, 1.25e12),
-                                 _record("big-en-fr", 2.5, 2.0, 7.5e13, 3.5e12)])
+    chrf = _record("big-en-fr", 2.5, 2.0, 7.5e13, 3.5e12)
+    chrf["metrics"]["test_chrf"] = 21.5  # recorded by a run since chrF was
+    table = render_table2(spec, [_record("base-en-de", 4.25, 3.75, 6.5e12, 1.25e12), chrf])
     ours = [line for line in table.splitlines() if ", ours," in line]
     assert ours == ["| Transformer (base), ours, scale `smoke` on bible, not WMT | 4.25 |  | 6.5e+12 |  |",
                     "| Transformer (big), ours, scale `smoke` on bible, not WMT |  | 2.50 |  | 7.5e+13 |"]
     assert "| ConvS2S | 25.16 | 40.46 | 9.6e+18 | 1.5e+20 |" in table
-    assert "| base-en-de (seed 0) | 4.25 | 3.75 | 6.5e+12 | 1.2e+12 | 0.01 h |" in table
+    # no chrF recorded and no outputs kept to rescore: an empty cell
+    assert "| base-en-de (seed 0) | 4.25 | 3.75 |  | 6.5e+12 | 1.2e+12 | 0.01 h |" in table
+    assert "| big-en-fr (seed 0) | 2.50 | 2.00 | 21.50 | 7.5e+13 |" in table
     assert "2048" not in table and "1024 (2 accumulated)" in table
     assert "`nrefs:1|tok:13a`" in table and "compound" in table
+
+
+def test_a_record_without_chrf_is_rescored_from_its_kept_outputs(tmp_path, monkeypatch):
+    """chrF for a record made before it was recorded: sacreBLEU's chrF of its kept test
+    hypotheses and references, marked as rescored."""
+    import sacrebleu
+
+    from reproduce.records.store import write_outputs
+
+    monkeypatch.setenv("REPRODUCE_RESULTS", str(tmp_path))
+    hyps, refs = ["Und Gott sprach", "Es ward Licht"], ["Und Gott sagte", "Es wurde Licht"]
+    record = _record("base-en-de", 4.25, 3.75, 6.5e12, 1.25e12)
+    record["bleu"]["test"]["outputs"] = write_outputs(tmp_path / "table2", record["run_id"],
+                                                      "test", hyps, refs)
+    table = render_table2(load_spec("table2"), [record])
+    expected = f"{sacrebleu.corpus_chrf(hyps, [refs]).score:.2f}*"
+    assert f"| base-en-de (seed 0) | 4.25 | 3.75 | {expected} |" in table
+    assert "* rescored here from the record's kept hypotheses" in table
 
 
 def test_table2_says_which_steps_were_averaged_and_what_averaging_bought():

@@ -14,7 +14,13 @@ from reproduce.config import ModelConfig
 from reproduce.paper.bleu import tokenized_bleu
 from reproduce.paper.model import Transformer
 from reproduce.paper.optim import output_loss
-from reproduce.paper.sentence_scores import METRICS, corpus_score, perplexity, sentence_stats
+from reproduce.paper.sentence_scores import (
+    METRICS,
+    chrf,
+    corpus_score,
+    perplexity,
+    sentence_stats,
+)
 from reproduce.records import store
 from reproduce.train import evaluate
 from reproduce.train.replay import _evidence_lines
@@ -71,7 +77,7 @@ def _record(tmp_path, nll: list[float], tokens: list[int]) -> dict:
     outputs = {**store.write_outputs(tmp_path, "run", "dev", HYPS, REFS),
                "evidence": store.write_evidence(tmp_path, "run", "dev", kept)}
     scores = {"sacrebleu": evaluate.sacre_bleu(HYPS, REFS),
-              "tokenized": tokenized_bleu(HYPS, REFS, "de"), "chrf": evaluate.chrf(HYPS, REFS)}
+              "tokenized": tokenized_bleu(HYPS, REFS, "de"), "chrf": chrf(HYPS, REFS)}
     return {"run_id": "run", "config": {"data": {"corpus": "bible-en-de"}},
             "metrics": {"dev_ppl": round(perplexity(nll, tokens), 3)},
             "bleu": {"dev": {**scores, "outputs": outputs}}}
