@@ -23,6 +23,7 @@ from reproduce.tables.common import (
     scale_note,
     signed,
 )
+from reproduce.tables.followups import followup_section
 from reproduce.tables.marks import verdict_cell
 from reproduce.tables.noise import Noise, change_noise
 from reproduce.tables.sentence_noise import sentence_variance
@@ -176,7 +177,8 @@ def _scale_table(spec: Spec, scale: str, records: list[Record],
             "vocabulary.", *reference_line(records), *devices_line(records),
             cost_line(records), "", *agreement_lines(spec, runs, scale),
             f"Details of our {sum(len(v) for v in runs.values())} runs (commands and configs are "
-            "in each record):", "", *details, "", *gap_over_training(spec, runs, scale)]
+            "in each record):", "", *details, "", *gap_over_training(spec, runs, scale),
+            *followup_section(spec, scale, runs, compare_to_base)]
     return out
 
 

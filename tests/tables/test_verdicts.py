@@ -241,3 +241,37 @@ def test_status_prints_the_marks_the_table_renders(tmp_path):
         line = next(x for x in table.splitlines()
                     if x.startswith("|") and x.split("|")[1].strip().endswith(variant))
         assert ("(unsettled)" in line) == any(m.startswith("unsettled") for m in said), variant
+
+
+def test_the_follow_ups_render_their_questions_beside_the_records(results):
+    """sweeps/table3-followups.yaml's section: each asked variant with its records' means, its
+    change from the spec's own base, the runs it is read against (Table 3's A2 among them) and
+    the outcome written before it ran; and the heads x width grid over both tables."""
+    from reproduce.records.store import write_record
+
+    def rec(table: str, variant: str, seed: int, ppl: float, h: int, d_k: int) -> dict:
+        return {"run_id": f"{table}-{variant}-cpu-seed{seed}", "table": table,
+                "variant": variant, "scale": "cpu", "seed": seed,
+                "data": {"corpus": "bible-en-de"},
+                "metrics": {"dev_ppl": ppl + seed / 10, "dev_bleu": 12.0, "test_bleu": 11.0,
+                            "params": 1, "train_seconds": 1.0},
+                "config": {"model": {"h": h, "d_k": d_k, "d_v": d_k, "d_model": 128,
+                                     "d_ff": 512}, "train": {"train_steps": 2500}},
+                "bleu": {"dev": {"sacrebleu": {"signature": "s"}}},
+                "hardware": {"cpu": "test CPU", "gpus": []}}
+
+    ours = [rec("table3-followups", v, s, p, h, d) for v, p, h, d in
+            (("base", 37.0, 8, 16), ("W2", 35.0, 2, 64), ("W8", 34.9, 8, 64)) for s in range(3)]
+    for r in ours + [rec("table3", "A2", s, 35.2, 4, 32) for s in range(2)]:
+        write_record(results / r["table"] / f"{r['run_id']}.json", r)
+    spec = load_spec("table3-followups")
+    page = render_table3(spec, ours)
+    assert "### What our disagreements mean (`cpu`)" in page
+    assert "- **W2**: Does head width explain row A?" in page
+    assert "  - ours (3 seed(s)): dev PPL 35.10 ± 0.10 (n=3)" in page
+    assert "  - against this spec's base: ΔPPL -2.00 (±" in page and ": better" in page
+    assert "  - table3's A2 (2 seed(s)): dev PPL 35.25 ± 0.07 (n=2)" in page
+    assert "  - table3's A1 (0 seed(s)): no records yet" in page
+    assert "  - settled if: W2 and W8 are level" in page
+    assert "| h \\ d_k | 16 | 32 | 64 |" in page
+    assert "| 2 |  |  | 35.10 (n=3) |" in page and "| 4 |  | 35.25 (n=2) |  |" in page
