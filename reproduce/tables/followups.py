@@ -19,6 +19,8 @@ from reproduce.records.schema import Record, config_of
 from reproduce.records.store import load_records
 from reproduce.records.sweep import Spec
 from reproduce.tables.common import mean_std
+from reproduce.tables.noise import change_noise
+from reproduce.tables.sentence_noise import sentence_variance
 
 
 def _against(spec: Spec, name: str, scale: str, runs: dict[str, list[Record]]
@@ -38,6 +40,19 @@ def _against(spec: Spec, name: str, scale: str, runs: dict[str, list[Record]]
 def _means(records: list[Record]) -> str:
     return ", ".join(f"{m.label} {mean_std([r['metrics'][m.key] for r in records], m.digits)}"
                      for m in COMPARED if records) or "no records yet"
+
+
+def _difference(ours: list[Record], theirs: list[Record]) -> str:
+    """Ours minus the other runs' means, each with its noise (seeds, and sentences where both
+    keep evidence): how far a fresh base drifted from a committed one, say."""
+    parts = []
+    for m in COMPARED:
+        a, b = ([r["metrics"][m.key] for r in rs] for rs in (ours, theirs))
+        noise = change_noise(a, b, sentence_variance(ours, theirs, m)) if a and b else None
+        if noise is not None:
+            parts.append(f"Δ{m.short} {statistics.mean(a) - statistics.mean(b):+.2f} "
+                         f"(±{noise.half_width:.2f})")
+    return f"; ours minus theirs {', '.join(parts)}" if parts else ""
 
 
 def followup_section(spec: Spec, scale: str, runs: dict[str, list[Record]],
@@ -65,7 +80,8 @@ def followup_section(spec: Spec, scale: str, runs: dict[str, list[Record]],
         for other in q["against"]:
             label, records = _against(spec, other, scale, runs)
             if other != "base":
-                out.append(f"  - {label} ({len(records)} seed(s)): {_means(records)}")
+                out.append(f"  - {label} ({len(records)} seed(s)): {_means(records)}"
+                           + _difference(ours, records))
         out.append(f"  - settled if: {q['settled_if']}")
     return out + ["", *head_grid(spec, scale, runs)]
 

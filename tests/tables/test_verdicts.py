@@ -271,6 +271,7 @@ def test_the_follow_ups_render_their_questions_beside_the_records(results):
     assert "  - ours (3 seed(s)): dev PPL 35.10 ± 0.10 (n=3)" in page
     assert "  - against this spec's base: ΔPPL -2.00 (±" in page and ": better" in page
     assert "  - table3's A2 (2 seed(s)): dev PPL 35.25 ± 0.07 (n=2)" in page
+    assert "; ours minus theirs ΔPPL -0.15 (±" in page  # W2's 35.10 against A2's 35.25
     assert "  - table3's A1 (0 seed(s)): no records yet" in page
     assert "  - settled if: W2 and W8 are level" in page
     assert "| h \\ d_k | 16 | 32 | 64 |" in page
