@@ -24,6 +24,7 @@ class Metric:
     # The least difference of two of the paper's figures that a within-row pair counts
     # (tables/agreement.py): the paper prints PPL to 0.01 and BLEU to 0.1
     min_paper_gap: float = 0.0
+    paper_digits: int | None = None  # how a table prints the paper's figure (None: as written)
 
     @property
     def split(self) -> str:
@@ -31,7 +32,7 @@ class Metric:
         return self.key.split("_", 1)[0]
 
 
-DEV_PPL = Metric("dev_ppl", "dev PPL", "PPL", 2, True, "ppl", "ppl", 0.1)
+DEV_PPL = Metric("dev_ppl", "dev PPL", "PPL", 2, True, "ppl", "ppl", 0.1, 2)  # 5.00, not 5.0
 DEV_BLEU = Metric("dev_bleu", "dev BLEU", "BLEU", 1, False, "bleu", "sacrebleu", 0.3)
 TEST_BLEU = Metric("test_bleu", "test BLEU", "BLEU", 1, False, None, "sacrebleu")
 TEST_BLEU_TOKENIZED = Metric("test_bleu_tokenized", "test BLEU (tokenized)", "BLEU", 2, False,

@@ -7,7 +7,7 @@ import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
-from reproduce.records.metrics import COMPARED, DEV_BLEU, DEV_PPL, TEST_BLEU, Metric
+from reproduce.records.metrics import COMPARED, TEST_BLEU, Metric
 from reproduce.records.schema import MetricName, Record, config_of
 from reproduce.records.sweep import Spec
 from reproduce.tables.agreement import agreement_lines
@@ -107,9 +107,11 @@ def _scale_table(spec: Spec, scale: str, records: list[Record],
     signatures = sorted({r["bleu"]["dev"]["sacrebleu"]["signature"] for r in records})
     out = [f"## Scale `{scale}`", "", scale_note(sc, "the configurations below are the paper's"),
            ""]
-    header = ["", "configuration (paper's sizes)", "PPL paper", "PPL ours", "ΔPPL paper / ours",
-              "BLEU paper", "BLEU ours", "ΔBLEU paper / ours", "verdict PPL; BLEU",
-              "noise of Δ PPL; BLEU"]
+    shorts = "; ".join(m.short for m in COMPARED)
+    header = ["", "configuration (paper's sizes)",
+              *(h for m in COMPARED for h in (f"{m.short} paper", f"{m.short} ours",
+                                              f"Δ{m.short} paper / ours")),
+              f"verdict {shorts}", f"noise of Δ {shorts}"]
     out += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     details = ["| | seeds | BLEU (test) ours | params ×10⁶ paper / ours | our d_model, d_ff, h, "
                "d_k, d_v | training hours (each; on a CPU unless named) |", "|---|---|---|---|---|---|"]
@@ -120,15 +122,17 @@ def _scale_table(spec: Spec, scale: str, records: list[Record],
             paper, ours = spec.variants[name].paper, runs.get(name, [])
             label = name if row == "base" or i else f"({row}) {name}"
             metric = [[r["metrics"][m.key] for r in ours] for m in (*COMPARED, TEST_BLEU)]
+            test_bleu = metric[-1]
             verdicts = [compare_to_base(spec, runs, name, m) for m in COMPARED]
             apart = other_data(ours, runs.get("base", [])) if name != "base" else None
             for v in verdicts:
                 tally[v.metric][v.verdict] += name != "base" and not apart
             delta = ["" if name == "base" else f"{v.paper_cell or '–'} / {v.ours_cell or '–'}"
                      for v in verdicts]
-            cells = [label, configuration(spec, name), fmt(paper.get(DEV_PPL.paper_key or ""), 2),
-                     mean_std(metric[0], DEV_PPL.digits), delta[0], fmt(paper.get(DEV_BLEU.paper_key or "")),
-                     mean_std(metric[1], DEV_BLEU.digits), delta[1],
+            cells = [label, configuration(spec, name),
+                     *(c for m, values, d in zip(COMPARED, metric[:-1], delta, strict=True)
+                       for c in (fmt(paper.get(m.paper_key or ""), m.paper_digits),
+                                 mean_std(values, m.digits), d)),
                      "" if name == "base" else apart or verdict_cell(
                          spec, runs_by_scale, scale, name,
                          [(m, v.verdict) for m, v in zip(COMPARED, verdicts, strict=True)]),
@@ -139,7 +143,7 @@ def _scale_table(spec: Spec, scale: str, records: list[Record],
                 m = config_of(ours[0]).model
                 details.append(
                     f"| {name} | {', '.join(str(r['seed']) for r in ours)} | "
-                    f"{mean_std(metric[2], TEST_BLEU.digits)} | {fmt(paper.get('params_m')) or '–'} / "
+                    f"{mean_std(test_bleu, TEST_BLEU.digits)} | {fmt(paper.get('params_m')) or '–'} / "
                     f"{_params([r['metrics']['params'] for r in ours])} | "
                     f"{m.d_model}, {m.d_ff}, {m.h}, {m.d_k}, {m.d_v} | "
                     + ", ".join(f"{r['metrics']['train_seconds'] / 3600:.2f}" + hours_note(r)

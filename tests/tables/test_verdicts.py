@@ -276,3 +276,30 @@ def test_the_follow_ups_render_their_questions_beside_the_records(results):
     assert "  - settled if: W2 and W8 are level" in page
     assert "| h \\ d_k | 16 | 32 | 64 |" in page
     assert "| 2 |  |  | 35.10 (n=3) |" in page and "| 4 |  | 35.25 (n=2) |  |" in page
+
+
+def test_table3_s_columns_come_from_the_metric_table(monkeypatch):
+    """A metric added to COMPARED (here chrF, which new records hold) gets its paper / ours / Δ
+    columns, a verdict and a noise cell, with no other change to the renderer."""
+    from reproduce.records.metrics import DEV_CHRF
+    from reproduce.tables import table3
+
+    monkeypatch.setattr(table3, "COMPARED", (DEV_PPL, DEV_BLEU, DEV_CHRF))
+
+    def rec(variant: str, seed: int, ppl: float, chrf: float) -> dict:
+        return {"run_id": f"table3-{variant}-smoke-seed{seed}", "table": "table3",
+                "variant": variant, "scale": "smoke", "seed": seed,
+                "data": {"corpus": "bible-en-de"},
+                "metrics": {"dev_ppl": ppl, "dev_bleu": 3.0, "dev_chrf": chrf, "test_bleu": 3.0,
+                            "params": 1, "train_seconds": 1.0},
+                "config": {"model": {"d_model": 32, "d_ff": 128, "h": 8, "d_k": 4, "d_v": 4}},
+                "bleu": {"dev": {"sacrebleu": {"signature": "s"}}},
+                "hardware": {"cpu": "test CPU", "gpus": []}}
+
+    records = [rec("base", s, 10 + s / 10, 30 + s / 10) for s in (0, 1)]
+    records += [rec("A1", s, 12 + s / 10, 25 + s / 10) for s in (0, 1)]
+    page = table3.render_table3(load_spec("table3"), records)
+    assert ("| PPL paper | PPL ours | ΔPPL paper / ours | BLEU paper | BLEU ours | ΔBLEU paper / "
+            "ours | chrF paper | chrF ours | ΔchrF paper / ours | verdict PPL; BLEU; chrF |") in page
+    row = next(line for line in page.splitlines() if line.startswith("| (A) A1 |"))
+    assert "| 25.1 ± 0.1 (n=2) | – / -5.00 (±" in row and "; worse" in row
