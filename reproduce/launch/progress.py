@@ -61,7 +61,7 @@ def table_status(table: str, results: Path, runs: Path,
     everything = every_table_records(results) if seen else []  # donors, cost model: all scales
     by_scale: dict[str, dict[str, list[Record]]] = defaultdict(lambda: defaultdict(list))
     for r in records.values():  # Table 3's marks compare scales (tables.marks)
-        by_scale[r["scale"]][r["variant"]].append(r)
+        by_scale[r.get("scale", "")][r.get("variant", "")].append(r)
     rows = []
     for scale in sorted(seen):
         if scale not in spec.scales:

@@ -149,7 +149,40 @@ def _scale_table(spec: Spec, scale: str, records: list[Record],
                     + ", ".join(f"{r['metrics']['train_seconds'] / 3600:.2f}" + hours_note(r)
                                 for r in ours)
                     + " |")
-    out += [""]
+    out += ["", *_tally_lines(tally), "", LEGEND, "",
+            "Corpus: " + corpus_note(records),
+            f"BLEU: sacreBLEU on detokenized output, beam search as the paper; signature "
+            f"`{'`, `'.join(signatures)}`. PPL: per word-piece on the dev split, our BPE "
+            "vocabulary.", *reference_line(records), *devices_line(records),
+            cost_line(records), "", *agreement_lines(spec, runs, scale),
+            f"Details of our {sum(len(v) for v in runs.values())} runs (commands and configs are "
+            "in each record):", "", *details, "", *gap_over_training(spec, runs, scale),
+            *followup_section(spec, scale, runs, compare_to_base)]
+    return out
+
+
+# What the main table's cells mean: printed under every scale's table
+LEGEND = ("PPL and BLEU are on the dev split; ours are mean ± std (n seeds). Δ: change from "
+          "base (variant − base), the paper's / ours, with our noise (±: half-width of the "
+          "95% confidence interval of the difference of means: seeds, Welch's t, and, where "
+          "both arms' records keep per-sentence evidence, the dev sentences resampled 1,000 "
+          "times alike for every run, the two variances added, Satterthwaite's degrees of "
+          "freedom). *noise*: each source's half-width alone, the larger first by `>`/`<`; "
+          "`seed noise only` where a record keeps no per-sentence evidence. *verdict*: `yes` "
+          "when our change has the paper's sign and exceeds that noise; `no` when it exceeds "
+          "it with the other sign, or where the paper's change is zero; `better` or `worse` "
+          "(than base) for a variant without the paper's figure; `no effect` when it is within "
+          "the noise; `n/a` with fewer than 2 seeds of either. *Marks* (from the records): "
+          "`unsettled` where the same comparison calls otherwise (by sign beyond the seed "
+          "noise, or inside it) at a dev evaluation in the last 40% of training (PPL) or at "
+          "another scale with records of the variant and base; `outside the paper's range` "
+          "where the scale puts a setting the variant changes outside the range the paper's "
+          "variants span, while base's is inside (`reproduce/tables/marks.py`).")
+
+
+def _tally_lines(tally: dict[str, Counter[str]]) -> list[str]:
+    """A line per compared metric: how many verdicts of each kind the table holds."""
+    out = []
     for name, counts in tally.items():
         judged = sum(counts[k] for k in ("yes", "no", "no effect", "better", "worse"))
         own = (f", `better` {counts['better']} and `worse` {counts['worse']} (no paper figure: "
@@ -159,30 +192,6 @@ def _scale_table(spec: Spec, scale: str, records: list[Record],
                    f"{counts['no effect']} (within our noise){own}; `n/a` {counts['n/a']} (no "
                    "record of them or of base at this scale, or fewer than 2 seeds on a side, "
                    "which gives no seed-noise estimate).")
-    out += ["", "PPL and BLEU are on the dev split; ours are mean ± std (n seeds). Δ: change from "
-            "base (variant − base), the paper's / ours, with our noise (±: half-width of the "
-            "95% confidence interval of the difference of means: seeds, Welch's t, and, where "
-            "both arms' records keep per-sentence evidence, the dev sentences resampled 1,000 "
-            "times alike for every run, the two variances added, Satterthwaite's degrees of "
-            "freedom). *noise*: each source's half-width alone, the larger first by `>`/`<`; "
-            "`seed noise only` where a record keeps no per-sentence evidence. *verdict*: `yes` "
-            "when our change has the paper's sign and exceeds that noise; `no` when it exceeds "
-            "it with the other sign, or where the paper's change is zero; `better` or `worse` "
-            "(than base) for a variant without the paper's figure; `no effect` when it is within "
-            "the noise; `n/a` with fewer than 2 seeds of either. *Marks* (from the records): "
-            "`unsettled` where the same comparison calls otherwise (by sign beyond the seed "
-            "noise, or inside it) at a dev evaluation in the last 40% of training (PPL) or at "
-            "another scale with records of the variant and base; `outside the paper's range` "
-            "where the scale puts a setting the variant changes outside the range the paper's "
-            "variants span, while base's is inside (`reproduce/tables/marks.py`).", "",
-            "Corpus: " + corpus_note(records),
-            f"BLEU: sacreBLEU on detokenized output, beam search as the paper; signature "
-            f"`{'`, `'.join(signatures)}`. PPL: per word-piece on the dev split, our BPE "
-            "vocabulary.", *reference_line(records), *devices_line(records),
-            cost_line(records), "", *agreement_lines(spec, runs, scale),
-            f"Details of our {sum(len(v) for v in runs.values())} runs (commands and configs are "
-            "in each record):", "", *details, "", *gap_over_training(spec, runs, scale),
-            *followup_section(spec, scale, runs, compare_to_base)]
     return out
 
 

@@ -66,7 +66,7 @@ def test_the_first_steps_work_as_written(page):
     assert "the same training as table3-base-smoke-seed0" in own_row
     page_md = (mine / "attention-dropout.md").read_text()
     row = next(line for line in page_md.splitlines() if line.startswith("| (P_attn) P1"))
-    assert row.endswith("n/a |"), row  # no paper figures, no verdict
+    assert row.endswith("| n/a; n/a |  |"), row  # one seed a side: no noise, no verdict
 
 
 # The same row A, read by the CLI's end-to-end tests: records, rendering, skipping, resuming and

@@ -38,7 +38,7 @@ def test_the_wheel_carries_every_package_and_the_specs_and_runs_a_variant_from_a
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
                     str(target), str(wheel)], check=True, capture_output=True)
     assert sorted(p.name for p in (target / "reproduce" / "sweeps").glob("*.yaml")) == [
-        "scales.yaml", "table2.yaml", "table3.yaml", "table4.yaml"]
+        "scales.yaml", "table2.yaml", "table3-followups.yaml", "table3.yaml", "table4.yaml"]
     env = {**_own_env(tmp_path), **WANDB_OFFLINE, "PYTHONPATH": str(target)}
 
     def run(*args: str) -> subprocess.CompletedProcess:
