@@ -19,6 +19,7 @@ from reproduce.records.schema import Record, config_of
 from reproduce.records.store import load_records
 from reproduce.records.sweep import Spec
 from reproduce.tables.common import mean_std
+from reproduce.tables.marks import field_of
 from reproduce.tables.noise import change_noise
 from reproduce.tables.sentence_noise import sentence_variance
 
@@ -86,17 +87,21 @@ def followup_section(spec: Spec, scale: str, runs: dict[str, list[Record]],
     return out + ["", *head_grid(spec, scale, runs)]
 
 
+# What a record must share with base to sit in the grid: all but h, d_k and d_v of what a row
+# of Table 3 varies, and the data it trained on
+SAME = ("N", "d_model", "d_ff", "p_drop", "eps_ls", "train_steps", "positions", "positions_init",
+        "corpus", "train_every", "max_train_pairs")
+
+
 def head_grid(spec: Spec, scale: str, runs: dict[str, list[Record]]) -> list[str]:
     """Dev PPL (mean over seeds) by heads h and head width d_k, at ``scale``, over this table's
     records and Table 3's, where a variant changes nothing but h, d_k and d_v."""
     cells: dict[tuple[int, int], list[float]] = defaultdict(list)
     others = [r for r in load_records("table3", results_dir(), move=False) if r["scale"] == scale]
+    base = spec.resolve("base", scale)
     for r in [r for rs in runs.values() for r in rs] + (others if spec.table != "table3" else []):
         c = config_of(r)
-        base = spec.resolve("base", scale)
-        if c.model.d_model != base.model.d_model or c.model.N != base.model.N or \
-                c.model.d_ff != base.model.d_ff or c.model.positions != base.model.positions or \
-                c.model.p_drop != base.model.p_drop or c.train.train_steps != base.train.train_steps:
+        if any(field_of(c, name) != field_of(base, name) for name in SAME):
             continue
         cells[(c.model.h, c.model.d_k)].append(r["metrics"][DEV_PPL.key])
     if len(cells) < 2:

@@ -74,8 +74,8 @@ def outside_range(spec: Spec, scale: str, variant: str) -> list[str]:
     out = []
     for key in spec.variants[variant].overrides:
         name = key.rsplit(".", 1)[-1]
-        paper = [_field(spec.resolve(v, "paper"), name) for v in spec.variants]
-        here, base = (_field(spec.resolve(v, scale), name) for v in (variant, "base"))
+        paper = [field_of(spec.resolve(v, "paper"), name) for v in spec.variants]
+        here, base = (field_of(spec.resolve(v, scale), name) for v in (variant, "base"))
         numbers = [p for p in paper if isinstance(p, (int, float)) and not isinstance(p, bool)]
         if numbers and all(isinstance(v, (int, float)) for v in (here, base)):
             low, high = min(numbers), max(numbers)
@@ -84,7 +84,7 @@ def outside_range(spec: Spec, scale: str, variant: str) -> list[str]:
     return out
 
 
-def _field(config, name: str):
+def field_of(config, name: str):
     return next((getattr(section, name) for section in (config.model, config.train, config.decode,
                                                         config.data) if hasattr(section, name)),
                 None)
