@@ -16,7 +16,7 @@ from typing import Any
 from reproduce.paths import results_dir
 from reproduce.records.metrics import COMPARED, DEV_PPL
 from reproduce.records.schema import Record, config_of
-from reproduce.records.store import load_records
+from reproduce.records.store import load_records, read_evidence
 from reproduce.records.sweep import Spec
 from reproduce.tables.common import mean_std
 from reproduce.tables.marks import field_of
@@ -56,6 +56,23 @@ def _difference(ours: list[Record], theirs: list[Record]) -> str:
     return f"; ours minus theirs {', '.join(parts)}" if parts else ""
 
 
+def _past_training(records: list[Record]) -> str:
+    """For learned positions: the share of decoded dev pieces beyond the longest sentence
+    training saw (``max_tokens_per_sentence``), whose rows of the table never trained; from each
+    record's evidence (``decoded_pieces``). Empty for sinusoids or without evidence."""
+    if not records or config_of(records[0]).model.positions != "learned":
+        return ""
+    kept = [read_evidence(results_dir() / r["table"], r, "dev") for r in records]
+    pieces = [p for k in kept if k and "decoded_pieces" in k for p in k["decoded_pieces"]]
+    if not pieces:
+        return ""
+    limit = config_of(records[0]).train.max_tokens_per_sentence
+    past = sum(max(0, p - limit) for p in pieces)
+    return (f"decoded dev pieces beyond position {limit} (rows of the table no training sentence "
+            f"reached): {100 * past / max(sum(pieces), 1):.2f}% of {sum(pieces)}, over "
+            f"{len(records)} run(s); the longest output {max(pieces)} pieces")
+
+
 def followup_section(spec: Spec, scale: str, runs: dict[str, list[Record]],
                      compare: Callable[..., Any]) -> list[str]:
     """The section for ``scale``'s rows: one entry per variant with a question and records here
@@ -83,6 +100,8 @@ def followup_section(spec: Spec, scale: str, runs: dict[str, list[Record]],
             if other != "base":
                 out.append(f"  - {label} ({len(records)} seed(s)): {_means(records)}"
                            + _difference(ours, records))
+        if reach := _past_training(ours):
+            out.append(f"  - {reach}")
         out.append(f"  - settled if: {q['settled_if']}")
     return out + ["", *head_grid(spec, scale, runs)]
 

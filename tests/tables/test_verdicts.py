@@ -303,3 +303,28 @@ def test_table3_s_columns_come_from_the_metric_table(monkeypatch):
             "ours | chrF paper | chrF ours | ΔchrF paper / ours | verdict PPL; BLEU; chrF |") in page
     row = next(line for line in page.splitlines() if line.startswith("| (A) A1 |"))
     assert "| 25.1 ± 0.1 (n=2) | – / -5.00 (±" in row and "; worse" in row
+
+
+def test_the_follow_ups_say_how_far_decoding_reached_past_the_trained_positions(results):
+    """E-sin's runs keep each dev output's decoded pieces: the section gives the share beyond
+    max_tokens_per_sentence (128 at `cpu`), the rows of a learned table training never reached."""
+    spec = load_spec("table3-followups")
+    records = []
+    for variant, pieces in (("base", [40, 50]), ("E-sin", [100, 130, 200])):
+        run_id = f"table3-followups-{variant}-cpu-seed0"
+        kept = {"sentences": len(pieces), "nll": [1.0] * len(pieces), "tokens": [10] * len(pieces),
+                "stats": {}, "decoded_pieces": pieces}
+        path = write_evidence(results / "table3-followups", run_id, "dev", kept)
+        config = spec.resolve(variant, "cpu").to_dict()
+        records.append({"run_id": run_id, "table": "table3-followups", "variant": variant,
+                        "scale": "cpu", "seed": 0, "data": {"corpus": "bible-en-de"},
+                        "metrics": {"dev_ppl": 40.0, "dev_bleu": 10.0, "test_bleu": 9.0,
+                                    "params": 1, "train_seconds": 1.0}, "config": config,
+                        "bleu": {"dev": {"outputs": {"evidence": path},
+                                         "sacrebleu": {"signature": "s"}}},
+                        "hardware": {"cpu": "test CPU", "gpus": []}})
+    page = render_table3(spec, records)
+    # (130 - 128) + (200 - 128) = 74 of 430 pieces
+    assert ("  - decoded dev pieces beyond position 128 (rows of the table no training sentence "
+            "reached): 17.21% of 430, over 1 run(s); the longest output 200 pieces") in page
+    assert page.count("decoded dev pieces beyond") == 1  # not for base's sinusoids
