@@ -252,6 +252,11 @@ class Config:
         """A copy with flat ``field=value`` overrides applied; unknown fields and bad types fail."""
         return apply_overrides(self, flat)
 
+    def value(self, name: str) -> Any:
+        """A field's value by its flat name (``h``, ``warmup_steps``): names are unique across
+        sections (``FIELDS``)."""
+        return getattr(getattr(self, FIELDS[name][0]), name)
+
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return dataclasses.asdict(self)
 

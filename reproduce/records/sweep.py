@@ -507,7 +507,7 @@ def sets_line(runs: list[PlannedRun], sets: dict[str, Any]) -> str:
     """The plan's line for ``--set``, from the runs before it applies: each key's value in the
     spec and scale (several: they differ between runs) and the value set."""
     def was(key: str) -> str:
-        values = sorted({repr(getattr(getattr(r.config, FIELDS[key][0]), key)) for r in runs})
+        values = sorted({repr(r.config.value(key)) for r in runs})
         return values[0] if len(values) == 1 else "/".join(values)
     return "  --set, for every run: " + ", ".join(f"{k} {was(k)} -> {v!r}" for k, v in sets.items()) \
         + " (recorded as `set`)"

@@ -19,7 +19,6 @@ from reproduce.records.schema import Record, config_of
 from reproduce.records.store import load_records, read_evidence
 from reproduce.records.sweep import Spec
 from reproduce.tables.common import mean_std
-from reproduce.tables.marks import field_of
 from reproduce.tables.noise import change_noise
 from reproduce.tables.sentence_noise import sentence_variance
 
@@ -120,7 +119,7 @@ def head_grid(spec: Spec, scale: str, runs: dict[str, list[Record]]) -> list[str
     base = spec.resolve("base", scale)
     for r in [r for rs in runs.values() for r in rs] + (others if spec.table != "table3" else []):
         c = config_of(r)
-        if any(field_of(c, name) != field_of(base, name) for name in SAME):
+        if any(c.value(name) != base.value(name) for name in SAME):
             continue
         cells[(c.model.h, c.model.d_k)].append(r["metrics"][DEV_PPL.key])
     if len(cells) < 2:

@@ -74,20 +74,14 @@ def outside_range(spec: Spec, scale: str, variant: str) -> list[str]:
     out = []
     for key in spec.variants[variant].overrides:
         name = key.rsplit(".", 1)[-1]
-        paper = [field_of(spec.resolve(v, "paper"), name) for v in spec.variants]
-        here, base = (field_of(spec.resolve(v, scale), name) for v in (variant, "base"))
+        paper = [spec.resolve(v, "paper").value(name) for v in spec.variants]
+        here, base = (spec.resolve(v, scale).value(name) for v in (variant, "base"))
         numbers = [p for p in paper if isinstance(p, (int, float)) and not isinstance(p, bool)]
         if numbers and all(isinstance(v, (int, float)) for v in (here, base)):
             low, high = min(numbers), max(numbers)
             if low <= base <= high and not low <= here <= high:
                 out.append(f"{name} {here}")
     return out
-
-
-def field_of(config, name: str):
-    return next((getattr(section, name) for section in (config.model, config.train, config.decode,
-                                                        config.data) if hasattr(section, name)),
-                None)
 
 
 def verdict_cell(spec: Spec, runs_by_scale: Mapping[str, Mapping[str, list[Record]]], scale: str,
