@@ -10,7 +10,6 @@ same: the NLL summed over a resample's target tokens, over their count.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -51,9 +50,12 @@ def corpus_score(kind: str, stats: Sequence[Sequence[int]],
                  index: Sequence[int] | None = None) -> float:
     """The corpus score of metric ``kind`` over the sentences at ``index`` (repeats count
     again; None: all), from their statistics: what the metric scores on those sentences."""
-    rows = stats if index is None else [stats[i] for i in index]
-    total = [sum(column) for column in zip(*rows, strict=True)]
-    return float(METRICS[kind]()._compute_score_from_stats(total).score)
+    return float(resampled_scores(kind, stats, _one(len(stats), index))[0])
+
+
+def _one(sentences: int, index: Sequence[int] | None) -> np.ndarray:
+    """``index`` (None: every sentence) as the one row of a resample array."""
+    return np.asarray(range(sentences) if index is None else index, dtype=np.int64)[None]
 
 
 def resampled_scores(kind: str, stats: Sequence[Sequence[int]], index: np.ndarray) -> np.ndarray:
@@ -75,5 +77,4 @@ def resampled_perplexity(nll: Sequence[float], tokens: Sequence[int],
 def perplexity(nll: Sequence[float], tokens: Sequence[int],
                index: Sequence[int] | None = None) -> float:
     """exp(summed NLL / summed target tokens) over the sentences at ``index`` (None: all)."""
-    pick = range(len(nll)) if index is None else index
-    return math.exp(min(sum(nll[i] for i in pick) / max(sum(tokens[i] for i in pick), 1), 50.0))
+    return float(resampled_perplexity(nll, tokens, _one(len(nll), index))[0])
