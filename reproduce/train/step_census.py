@@ -18,6 +18,7 @@ start (another profiler running), the record says so instead."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytorch_lightning as pl
@@ -92,6 +93,10 @@ class StepCensus(pl.Callback):
             return
         self._cuda = pl_module.device.type == "cuda"
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self._cuda else [])
+        # Kineto prints "profiler_start" / "profiler_stop" (its USDT level, 5) to stderr at every
+        # profile: 6, past its last level, keeps them out of the user's terminal. Kineto reads it
+        # when it first starts, in this process; a KINETO_LOG_LEVEL of the user's own is kept.
+        os.environ.setdefault("KINETO_LOG_LEVEL", "6")
         try:
             self._profile = profile(activities=activities)
             self._profile.__enter__()

@@ -60,6 +60,7 @@ def test_the_first_steps_work_as_written(page):
     assert sorted(p.stem for p in (mine / "table3").glob("*.json")) == [
         f"table3-{v}-smoke-seed0" for v in ("A1", "A2", "A3", "A4", "base")]
     assert (mine / "table3.md").is_file() and "table3-A4-smoke-seed0: " in train
+    assert "profiler_st" not in train  # Kineto's lines at each run's step census (issue 82)
     assert "table3 at `smoke` (seeds [0]): 5 done, 0 stale, 0 running, 0 stopped, 15 missing" \
         in status  # the other rows are the missing ones
     # your row: base's training is the folder's table3 base, evaluated again, not retrained
