@@ -22,14 +22,15 @@ class Table(Command):
                        "runs base and the row's variants")
         t.add_argument("--variant", action="append", help="one variant (repeatable)")
         t.add_argument("--scale", help="a scale of sweeps/scales.yaml or of the spec: paper, "
-                       "cpu, smoke, ... (default: fits this machine)")
+                       "cpu, smoke, ... (default: paper with --on GPU, else what fits this machine)")
         t.add_argument("--seeds", type=int, nargs="+", action="extend",
                        help="seeds (default 0)")
         t.add_argument("--dry-run", action="store_true", help="print the plan and what each run "
                        "should take, from counted FLOPs and a cached probe, and exit")
         t.add_argument("--on", help="with --dry-run: plan for other hardware, e.g. 8xH100, "
                        "A100, or cpu (this machine, the default); with --launcher slurm: the GPU "
-                       "the nodes hold (e.g. H100): each run's time limit from its estimate")
+                       "the nodes hold (e.g. H100): each run's time limit from its estimate. A GPU "
+                       "named makes `paper` the default scale")
         t.add_argument("--render", action="store_true", help="train nothing: render "
                        f"results/{self.name}.md (and its figures) from the records there and exit")
         t.add_argument("--spec", help=f"a sweep spec file instead of sweeps/{self.name}.yaml")
@@ -81,10 +82,12 @@ class Table(Command):
 
         if args.skip_disk_check:  # in the environment: workers and ranks see it too
             os.environ[SKIP_ENV] = "1"
+        from reproduce.plan.gpu_prices import names_gpu
         from reproduce.util.machine import default_scale
 
         spec = load_spec(args.spec or self.name, kind=self.name)
-        scale = args.scale or default_scale()
+        # runs planned or submitted --on GPUs are the paper's, wherever the command is typed
+        scale = args.scale or ("paper" if names_gpu(args.on) else default_scale())
         sets = _sets(args.set)
         runs = self.planned(spec, scale, args)
         set_line = sets_line(runs, sets) if sets else ""
@@ -94,8 +97,9 @@ class Table(Command):
         if tuning:
             from reproduce.train.tuning import check_trials
             check_trials(args.trials)
+        where = f"--on {args.on}" if names_gpu(args.on) else "this machine"
         print(f"{spec.table}: {len(runs)} run(s) at scale `{scale}`"
-              f"{'' if args.scale else ' (default for this machine; --scale to change)'}: "
+              f"{'' if args.scale else f' (default for {where}; --scale to change)'}: "
               f"{spec.scale(scale).about}")
         _overridden_line(spec, scale)
         if set_line:

@@ -47,9 +47,7 @@ def translation_dataset(
             raise DataError(f"{path}: not valid JSON lines ({exc.__cause__ or exc})") from exc
         return dataset, str(path)
     if spec.hub is None:
-        raise DataError(f"corpus {corpus!r} reads local files: set data_dir to a folder with "
-                        "train.jsonl, validation.jsonl and test.jsonl whose rows are "
-                        f'{{"translation": {{"{spec.source}": ..., "{spec.target}": ...}}}}')
+        raise _no_data_dir(corpus)
     name, config = spec.hub
     origin = f"{name} ({config}, {file_split})"
     with _hub_access() as offline:
@@ -63,6 +61,37 @@ def translation_dataset(
                 f' whose rows are {{"translation": {{"{spec.source}": ..., "{spec.target}": ...}}}}'
             ) from exc
     return dataset, origin
+
+
+def check_files(corpus: str, data_dir: str | None) -> None:
+    """Raise the one-line ``DataError`` reading would, where a corpus read from local files
+    lacks them (``data_dir`` missing, a split's file missing, or no ``data_dir`` where the corpus
+    has no Hub name): a dry run and a sweep's start find it before anything runs. Treebanks, the
+    Bible and the Hub's corpora without ``data_dir`` are their readers' to check."""
+    spec = corpus_spec(corpus)
+    if spec.treebank or (not data_dir and (spec.hub or spec.bible) is not None):
+        return
+    if not data_dir:
+        raise _no_data_dir(corpus)
+    snapshot = hub_snapshot(corpus, data_dir)
+    for file_split in FILE_SPLITS.values():
+        if snapshot is None:
+            local_file(corpus, data_dir, file_split)
+        else:
+            snapshot.shards(file_split)
+
+
+def check_data(configs) -> None:
+    """``check_files`` for each corpus the run configs ``configs`` read, once each."""
+    for corpus, data_dir in {(c.data.corpus, c.data.data_dir) for c in configs}:
+        check_files(corpus, data_dir)
+
+
+def _no_data_dir(corpus: str) -> DataError:
+    spec = corpus_spec(corpus)
+    return DataError(f"corpus {corpus!r} reads local files: set data_dir to a folder with "
+                     "train.jsonl, validation.jsonl and test.jsonl whose rows are "
+                     f'{{"translation": {{"{spec.source}": ..., "{spec.target}": ...}}}}')
 
 
 def _blank(path: Path) -> bool:

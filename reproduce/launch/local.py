@@ -19,6 +19,7 @@ def train_here(options: Options, argv: list[str], spec, runs: list, layout: Layo
     """Train ``runs`` (tuned first with ``tuning``) here or in ``--workers`` processes, then
     render ``out`` from the records (logged to W&B with ``log``); ``report`` makes a finished
     run's line. Whether a run failed (diverged)."""
+    from reproduce.data.hub import check_data
     from reproduce.records.store import plan_state, recorded_command
     from reproduce.tables.render import render
     from reproduce.train import runner
@@ -28,6 +29,8 @@ def train_here(options: Options, argv: list[str], spec, runs: list, layout: Layo
 
     quiet_libraries()
     _check_writable()
+    # before any run starts, and before a table is rendered
+    check_data(run.config for run in runs if plan_state(run) != "done")
     if wandb_mode() == "online":
         init_timeout()  # a bad WANDB_INIT_TIMEOUT is found now, not when the first run logs
     command = recorded_command(argv)

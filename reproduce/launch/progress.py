@@ -145,7 +145,7 @@ def _time_left(left: list, to_go: dict[str, int], records: list[Record],
                runs: Path, settled: str | None = None) -> dict[str, Any]:
     """What the runs not yet finished (``to_go``: steps left after their checkpoints) should take
     on this CPU, with the worker layout ``--workers auto`` would pick (``estimates``: counted
-    FLOPs, the cached probe, the fit to this CPU's records of every table). ``settled``: the
+    FLOPs, the cached probe, the fit to this CPU's records of every table at the runs' scale). ``settled``: the
     precision the scale's finished runs trained in, which ``auto`` runs follow; fp32 steps are
     estimated as fp32 whatever this machine timed."""
     if not left:
@@ -155,7 +155,7 @@ def _time_left(left: list, to_go: dict[str, int], records: list[Record],
     here = estimates.plan_here(records, left, runs)
     hours = sum(here.estimate(run, threads, to_go[run.run_id], settled).hours for run in left)
     return {"device_hours": hours, "wall_hours": hours / n, "workers": n,
-            "source": here.model.source}
+            "source": here.model_for(left[0]).source}
 
 
 def _counts(precisions: dict[str, int]) -> str:

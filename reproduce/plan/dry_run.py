@@ -9,6 +9,7 @@ import dataclasses
 import torch
 
 from reproduce import paths
+from reproduce.data.hub import check_data
 from reproduce.paths import results_dir, runs_dir
 from reproduce.plan import estimates, gpu_prices, worker_count
 from reproduce.records import disk, footprint
@@ -38,6 +39,7 @@ def print_plan(spec, runs: list, layout: Layout, on: str | None = None,
                           if states[run.run_id] == "train" and steps_left(run)],
                          records=everything)
     todo = [run for run in runs if states[run.run_id] != "done" and run.run_id not in reuses]
+    check_data(run.config for run in todo)  # a missing folder is one line, not ~0 pairs below
     # steps each still needs on a CPU, after the checkpoint it would resume from (read once: the
     # worker count and each run's estimate both come from it)
     to_go = ({run.run_id: steps_left(run) for run in todo} if target.kind == "cpu"
@@ -52,12 +54,14 @@ def print_plan(spec, runs: list, layout: Layout, on: str | None = None,
     # per scale, the precision its records trained in, which `auto` runs follow
     settled = {scale: most_common(trained_in(records.values(), scale))
                for scale in {run.scale for run in runs}}
-    # Fitted to every table's records of this CPU: one model code, one training step.
+    # Fitted to every table's records of this CPU at each scale: one model code, one training step.
     here = estimates.plan_here(everything, runs, runs_dir()) if target.kind == "cpu" else None
     where = (f"this CPU ({machine.cpu_name()}), {n} worker(s) x {ranks} rank(s) of {threads} "
              "thread(s)" if target.kind == "cpu" else target.label)
     print(f"each run on {layout.describe() if target.kind == 'cpu' else target.label}; plan on "
           f"{where}; counted FLOPs per step, no model built:")
+    for line in here.warnings(todo) if here else []:
+        print(f"  {line}")
     if layout.world > 1 or target.devices > 1:
         print(f"  ranks give up on a collective (or on a rank that never joins) after "
               f"{timeout_seconds():.0f} s ({TIMEOUT_ENV} sets it; a rank that dies is noticed at "
@@ -95,7 +99,7 @@ def print_plan(spec, runs: list, layout: Layout, on: str | None = None,
         print(f"disk: {run_id}'s {need.describe()}; {runs_dir()} has {disk.size(disk.free(runs_dir()))}"
               f" free (a run is not started without room for its own; --skip-disk-check)")
     if here is not None:
-        checked = estimates.check_against_records(runs, records, here.model, here.rate)
+        checked = estimates.check_against_records(runs, records, here.model_for, here.rate)
         print("  " + estimates.error_line(checked))
     return {"device_hours": total, "wall_hours": wall}
 

@@ -7,8 +7,12 @@ seconds:
 
 * this CPU: a short matmul probe (cached per CPU in ``runs/cost_probe.json``), scaled to the
   thread count the run will really use (``THREAD_EXPONENT``), times two coefficients fitted to
-  the finished records of the same CPU by least squares (seconds x probe rate = a x FLOPs + b x
-  blocks). With no record to fit, the coefficients are a stated default. Records keep what their
+  the finished records of the same CPU and scale by least squares (seconds x probe rate = a x
+  FLOPs + b x blocks). One fit per scale: a step's time away from its counted work (Python, the
+  optimizer, the evaluations and saves inside ``train_seconds``) is most of a ``smoke`` step and
+  little of a ``cpu`` one: fitted to a folder's five smoke records alone, one fit priced a ``cpu``
+  step of row A at 5.6 s, where the ``cpu`` records of the same CPU took 0.7 to 1.9 s. With fewer than 2 records of the scale, the coefficients are a stated
+  default. Records keep what their
   steps took when they ran: under older, slower code, or beside a test suite on a shared core, and
   "AMD EPYC" names more than one machine. So the fit gives the shape (what a config costs against
   another) and, where ``precision.choose`` has timed fp32 steps of the planned runs' models on
@@ -103,12 +107,21 @@ class CpuModel:
     def seconds(self, flops: float, blocks: float, rate: float) -> float:
         return self.level * (self.a * flops + self.b * blocks) / (rate * 1e9)
 
+    scale: str | None = None  # the records' scale (None: records of every scale)
+
     @property
     def source(self) -> str:
-        fit = (f"fitted to {self.fitted_on} record(s) of this CPU" if self.fitted_on else
-               f"GUESS: no record of this CPU to fit; {DEFAULT_CPU_UTILIZATION:.0%} of the probe")
+        at = f" at `{self.scale}`" if self.scale else ""
+        fit = (f"fitted to {self.fitted_on} record(s) of this CPU{at}" if self.fitted_on else
+               f"GUESS: no record of this CPU{at} to fit; {DEFAULT_CPU_UTILIZATION:.0%} of the "
+               "probe")
         return fit + (f", x{self.level:.2f} to match {self.timed_on} fp32 step time(s) measured "
                       "here" if self.timed_on else "")
+
+    def against_guess(self, flops: float, blocks: float) -> float:
+        """A step's price by this model over the default's (``DEFAULT_CPU_UTILIZATION`` of the
+        probe, whatever the rate): how far the records moved the price from the probe's."""
+        return self.seconds(flops, blocks, 1.0) * DEFAULT_CPU_UTILIZATION / flops * 1e9
 
 
 def _record_work(record: Record) -> tuple[float, float, int] | None:
@@ -125,14 +138,17 @@ def _record_work(record: Record) -> tuple[float, float, int] | None:
     return flops, blocks, int(h.get("torch_threads") or 1)
 
 
-def fit_cpu(records: list[Record], rate_at) -> CpuModel:
-    """Least squares over this CPU's fp32 records: seconds/step x rate(threads) = a F + b A,
-    a, b >= 0. ``rate_at(threads)`` is the probe. Falls back to the default with fewer than 2
-    records. A bf16-mixed run is estimated as fp32 times its timed ratio (``estimate``)."""
+def fit_cpu(records: list[Record], rate_at, scale: str | None = None) -> CpuModel:
+    """Least squares over this CPU's fp32 records (of ``scale`` where given): seconds/step x
+    rate(threads) = a F + b A, a, b >= 0. ``rate_at(threads)`` is the probe. Falls back to the
+    default with fewer than 2 records. A bf16-mixed run is estimated as fp32 times its timed
+    ratio (``estimate``)."""
     rows, target, here = [], [], cpu_name()
     for r in records:
         if r.get("hardware", {}).get("cpu") != here or not r["metrics"].get("train_steps") \
                 or r.get("trained_by"):  # another run's training, already counted
+            continue
+        if scale is not None and r.get("scale") != scale:
             continue
         if r.get("precision", "32-true") != "32-true":  # fp32 steps; bf16 is a ratio of them
             continue
@@ -144,11 +160,11 @@ def fit_cpu(records: list[Record], rate_at) -> CpuModel:
         target.append(r["metrics"]["train_seconds"] / r["metrics"]["train_steps"]
                       * rate_at(threads) * 1e9)
     if len(rows) < 2:
-        return CpuModel(1 / DEFAULT_CPU_UTILIZATION, 0.0, 0)
+        return CpuModel(1 / DEFAULT_CPU_UTILIZATION, 0.0, 0, scale=scale)
     x, y = np.array(rows), np.array(target)
-    scale = x.max(axis=0)  # columns of very different magnitude
-    coef, *_ = np.linalg.lstsq(x / scale, y, rcond=None)
-    coef = coef / scale
+    norm = x.max(axis=0)  # columns of very different magnitude
+    coef, *_ = np.linalg.lstsq(x / norm, y, rcond=None)
+    coef = coef / norm
     if (coef < 0).any():  # one term alone, the better of the two
         fits = []
         for j in range(2):
@@ -157,7 +173,7 @@ def fit_cpu(records: list[Record], rate_at) -> CpuModel:
         _, j, c = min(fits)
         coef = np.zeros(2)
         coef[j] = c
-    return CpuModel(float(coef[0]), float(coef[1]), len(rows))
+    return CpuModel(float(coef[0]), float(coef[1]), len(rows), scale=scale)
 
 
 def level_from_timings(model: CpuModel, runs, rate_at, threads: Sequence[int],
@@ -258,10 +274,10 @@ def paper_method_flops(e: Estimate, target: Target) -> float | None:
     return None if tflops is None else e.hours * 3600 * e.devices * tflops * 1e12
 
 
-def check_against_records(runs, records: dict[str, Record], model: CpuModel,
+def check_against_records(runs, records: dict[str, Record], model_for,
                           rate_at) -> list[tuple[str, float, float]]:
     """(run id, estimated hours, recorded hours) for planned runs that have a record from this CPU
-    on one device, the estimate taken at the record's own thread count."""
+    on one device, the estimate taken at the record's own thread count with ``model_for(run)``."""
     out, here = [], cpu_name()
     for run in runs:
         r = records.get(run.run_id)
@@ -269,7 +285,7 @@ def check_against_records(runs, records: dict[str, Record], model: CpuModel,
                 or r.get("trained_by"):
             continue
         threads = int(r["hardware"].get("torch_threads") or 1)
-        e = estimate(run, Target("cpu"), model, rate_at(threads),
+        e = estimate(run, Target("cpu"), model_for(run), rate_at(threads),
                      steps=r["metrics"]["train_steps"], ratio=step_ratio(r.get("precision_choice")))
         out.append((run.run_id, e.hours, r["metrics"]["train_seconds"] / 3600))
     return out
@@ -286,32 +302,64 @@ def error_line(checked: list[tuple[str, float, float]]) -> str:
             f"{worst[1]} {worst[0]:.0%} ({worst[2]:.2f} h estimated, {worst[3]:.2f} h taken)")
 
 
+# A fit whose price of a step is this far from the probe's default either way is said so: its
+# records ran something else than the counted work (a smoke step is mostly evaluation and
+# saves), under older code, or beside other jobs.
+FAR_FROM_PROBE = 3.0
+
+
 @dataclass(frozen=True)
 class CpuPlan:
-    """This CPU's cost model (fitted to every table's records of this CPU, scaled to the steps
-    timed here) and the folder whose probe and timing caches it reads (``runs``): what a dry run
-    and ``status`` both estimate with."""
+    """This CPU's cost model for each scale planned (each fitted to every table's records of
+    this CPU at that scale, scaled to the steps timed here) and the folder whose probe and timing
+    caches it reads (``runs``): what a dry run and ``status`` both estimate with."""
 
-    model: CpuModel
+    models: dict[str, CpuModel]
     runs: Path
 
     def rate(self, threads: int) -> float:
         return rate_at(threads, self.runs / "cost_probe.json")
+
+    def model_for(self, run) -> CpuModel:
+        return self.models[run.scale]
 
     def estimate(self, run, threads: int, steps: int, settled: str | None = None,
                  target: Target | None = None) -> Estimate:
         """``run``'s ``steps`` at ``threads`` threads (on ``target``: several CPU processes for
         a DDP run), in the precision its table's records settled on (``settled``) or ``auto``
         would take here."""
-        return estimate(run, target or Target("cpu"), self.model, self.rate(threads), steps,
-                        cpu_step_ratio(run, threads, self.runs / "precision.json", settled))
+        return estimate(run, target or Target("cpu"), self.model_for(run), self.rate(threads),
+                        steps, cpu_step_ratio(run, threads, self.runs / "precision.json", settled))
+
+    def warnings(self, runs) -> list[str]:
+        """A line for each scale whose fit prices the first of ``runs`` at that scale more than
+        ``FAR_FROM_PROBE`` times above or below the probe's default."""
+        lines, seen = [], set()
+        for run in runs:
+            model = self.models[run.scale]
+            if run.scale in seen or not model.fitted_on:
+                continue
+            seen.add(run.scale)
+            far = model.against_guess(*step_work(run.config))
+            if not 1 / FAR_FROM_PROBE <= far <= FAR_FROM_PROBE:
+                lines.append(
+                    f"WARNING: at `{run.scale}` the {model.fitted_on} record(s) fitted price "
+                    f"{run.run_id}'s step at {far:.2g}x what the probe gives it "
+                    f"({DEFAULT_CPU_UTILIZATION:.0%} of its rate): their steps spent their time "
+                    "on more than the counted work (a smoke step is mostly evaluation and saves),"
+                    " ran older code, or shared the CPU; the estimates below follow the records")
+        return lines
 
 
 def plan_here(records: list[Record], planned: list, runs: Path) -> CpuPlan:
-    """The cost model of this CPU for ``planned`` runs, from ``records`` (every table's)."""
+    """The cost models of this CPU for ``planned`` runs, one per scale, from ``records`` (every
+    table's)."""
     def rate(threads: int) -> float:
         return rate_at(threads, runs / "cost_probe.json")
 
-    model = level_from_timings(fit_cpu(records, rate), planned, rate,
-                               range(1, machine.cores() + 1), runs / "precision.json")
-    return CpuPlan(model, runs)
+    models = {}
+    for scale in {run.scale for run in planned}:
+        at = [run for run in planned if run.scale == scale]
+        models[scale] = level_from_timings(fit_cpu(records, rate, scale), at, rate,
+                                           range(1, machine.cores() + 1), runs / "precision.json")
+    return CpuPlan(models, runs)

@@ -300,9 +300,14 @@ def gpu(name: str, results: Path | None = None) -> Gpu:
         f"the phases around the steps as on {m.source}"), False)
 
 
+def names_gpu(on: str | None) -> bool:
+    """Whether ``--on`` names GPUs (``8xH100``, ``H100``), not this machine (``cpu``, absent)."""
+    return bool(on) and on.lower() not in ("cpu", "here")  # type: ignore[union-attr]
+
+
 def parse_on(value: str | None, results: Path | None = None) -> Target:
     """``--on``: ``8xH100``, ``H100`` or ``cpu``/absent (this machine)."""
-    if not value or value.lower() in ("cpu", "here"):
+    if value is None or not names_gpu(value):
         return Target("cpu")
     match = re.fullmatch(r"(?:(\d+)\s*[xX]\s*)?(.+)", value.strip())
     assert match is not None  # `.+` matches any non-empty value

@@ -27,9 +27,11 @@ def test_missing_corpus_fails_cleanly(tmp_path):
     spec = tmp_path / "local.yaml"
     spec.write_text(f"base: {{corpus: wmt14-en-de, data_dir: {tmp_path / 'nowhere'}}}\n"
                     "variants: {base: {}}\n")
-    out = cli(env, "table3", "--spec", str(spec), "--scale", "smoke", check=False)
-    assert out.returncode == 2 and "nowhere" in out.stderr
-    assert len(out.stderr.strip().splitlines()) == 1
+    for dry in (["--dry-run"], []):  # the plan finds it too, not "~0 pairs in ~0 s"
+        out = cli(env, "table3", "--spec", str(spec), "--scale", "smoke", *dry, check=False)
+        assert out.returncode == 2 and "nowhere" in out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "results" / "local.md").exists()  # no empty table before it fails
 
 
 def test_repo_readme_and_ci_run_the_same_test_command():

@@ -208,6 +208,15 @@ def test_counts_follow_the_config():
     assert "8 GPUs' gradient all-reduce not priced" in eight.source
 
 
+def test_a_gpu_named_without_a_scale_plans_the_papers_and_says_so(capsys):
+    assert main(["table2", "--variant", "base-en-de", "--dry-run", "--on", "8xH100"]) == 0
+    out = capsys.readouterr().out
+    assert "at scale `paper` (default for --on 8xH100; --scale to change)" in out
+    assert "table2-base-en-de-paper-seed0: 100000 steps" in out
+    assert main(["table2", "--variant", "base-en-de", "--dry-run", "--on", "cpu"]) == 0
+    assert "(default for this machine; --scale to change)" in capsys.readouterr().out
+
+
 def test_the_dry_run_on_a_gpu_names_its_source_and_every_phase(capsys):
     assert main(["table2", "--variant", "base-en-de", "--scale", "paper", "--dry-run", "--on",
                  "H100"]) == 0
