@@ -5,6 +5,7 @@ tasks before each, and the render job that writes the table once the arrays have
 from __future__ import annotations
 
 import os
+import time
 
 from reproduce.launch import queue, slurm
 from reproduce.launch.options import Options
@@ -37,11 +38,13 @@ def submit_sweep(options: Options, argv: list[str], spec, runs: list, scale: str
                           f" takes {n} (--nodes x --gpus-per-node); tune with --gpus-per-node 1 "
                           "(the batch is kept by accumulation), or locally")
     groups = slurm.arrays(todo, cluster)
+    # the time: a scheduled sweep's log (docs/cluster.md: cron) tells its firings apart
+    now = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     if not todo:
-        print(f"submission plan: none of the {len(runs)} run(s) needs a task (each has a record "
-              "or a task in the queue): nothing to submit")
+        print(f"submission plan, {now}: none of the {len(runs)} run(s) needs a task (each has a "
+              "record or a task in the queue): nothing to submit")
         return
-    print(f"submission plan: {len(todo)} of {len(runs)} run(s) have no record and no task in the "
+    print(f"submission plan, {now}: {len(todo)} of {len(runs)} run(s) have no record and no task in the "
           f"queue; one SLURM array task each, in {len(groups)} array(s)"
           + (f", each after an array of {trials} trial task(s) per run (--tune)" if trials else "")
           + ":")

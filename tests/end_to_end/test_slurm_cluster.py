@@ -9,6 +9,7 @@ import os
 import pwd
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import time
@@ -401,32 +402,109 @@ def _check_download(argv: list[str], hf_home: Path) -> None:
         hub.hub_download.cache_clear()
 
 
+def _need_cron() -> None:
+    """cron as on a login node (``cluster.sh up`` starts Debian's beside the cluster)."""
+    running = shutil.which("crontab") and subprocess.run(["pgrep", "-x", "cron"],
+                                                         capture_output=True).returncode == 0
+    if not running:
+        why = "no cron running (`tools/slurm/cluster.sh up` starts Debian's)"
+        if os.environ.get("REPRODUCE_SLURM_REQUIRED"):
+            pytest.fail(why)
+        pytest.skip(why)
+
+
+# a fault for ``inject``: the array's task 4 fails at its first training step, a run that fails
+# between two firings of a scheduled sweep (the login node's commands run in no array task)
+FAILS_TASK_4 = '''
+import os
+if os.environ.get("SLURM_ARRAY_TASK_ID") == "4":
+    import reproduce.train.lit as lit
+
+    def failing_step(self, batch, batch_idx):
+        raise RuntimeError("injected: this task fails")
+
+    lit.TranslationModule.training_step = failing_step
+'''
+
+
+def _fire_by_cron(line: str, home: Path, log: Path, timeout: float = 100) -> str:
+    """The command ``line`` in the user's crontab, every minute (the page's schedule is every 6
+    hours), until cron has fired it once and it has ended: what it appended to ``log``. The
+    crontab as it was before, after."""
+    before = subprocess.run(["crontab", "-l"], capture_output=True, text=True)
+    size = log.stat().st_size if log.exists() else 0
+    subprocess.run(["crontab", "-"], input=f"HOME={home}\n* * * * * {line}\n", text=True,
+                   check=True)
+    try:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            fired = log.read_text()[size:] if log.exists() else ""
+            if " renders " in fired or "nothing to submit" in fired or "error" in fired:
+                time.sleep(1)  # its last lines
+                return log.read_text()[size:]
+            time.sleep(1)
+        pytest.fail(f"cron did not fire `{line}` within {timeout:.0f} s (log {log})")
+    finally:
+        if before.returncode == 0:
+            subprocess.run(["crontab", "-"], input=before.stdout, text=True, check=True)
+        else:
+            subprocess.run(["crontab", "-r"], capture_output=True)
+
+
 def test_the_cluster_recipe_runs_as_written_at_smoke(slurm_env, tmp_path):
     """docs/cluster.md's recipe, line by line, with SHARED a folder both nodes see and SCALE
     smoke, as a user with a GPU-less SLURM follows it: the install lines stand for this checkout
     and its venv (`.ci/run` installs from nothing as the README says), the downloads are checked
-    against the Hub's layout, the exports set, and every `python -m reproduce` line runs: the
-    plan (an array task per run), the array and its render job, status while they run, and once
-    the queue is empty a second submit that submits nothing, and the table. Every record is
-    there, and the render job wrote the table before the recipe's own render."""
-    shared = tmp_path / "shared"
+    against the Hub's layout, the settings file written and sourced, and every `python -m
+    reproduce` line runs: the plan (an array task per run), the array and its render job, status
+    while they run. One task of the array fails (an injected fault). Then the crontab line,
+    fired by the real cron: it submits the failed run and a render job, status shows its task,
+    and the log the page names shows the firing; once the queue is empty the same line, run as
+    cron runs it, submits nothing. Every record is there, and the render jobs wrote the table
+    before the recipe's own render."""
+    _need_cron()
+    shared, home = tmp_path / "shared", tmp_path / "home"
     shared.mkdir()
+    home.mkdir()
+    (shared / "reproduce").symlink_to(ROOT)  # the clone: this checkout, with its venv
     env = {k: v for k, v in slurm_env.items() if not k.startswith("REPRODUCE_")}
     user = env.get("USER") or pwd.getpwuid(os.getuid()).pw_name  # whose tasks status asks squeue
-    env.update(SHARED=str(shared), SCALE="smoke", USER=user,
+    env.update(SHARED=str(shared), SCALE="smoke", USER=user, HOME=str(home),
                WANDB_MODE="disabled")
-    submitted, ran = "", []
+    submitted, ran, lines = "", [], iter(_recipe())
 
-    def expand(text: str) -> str:  # $NAME and ${NAME} from the recipe's own exports
+    def expand(text: str) -> str:  # ~/, $NAME and ${NAME}, from the recipe's own settings
+        text = re.sub(r"(?<![\w/])~/", env["HOME"] + "/", text)
         return re.sub(r"\$\{?(\w+)\}?", lambda m: env.get(m.group(1), m.group(0)), text)
 
-    for line in _recipe():
+    def export(argv: list[str]) -> None:
+        for pair in argv[1:]:
+            key, _, value = pair.partition("=")
+            if key not in ("SHARED", "SCALE"):  # where, and at what scale, the test says
+                env[key] = value
+
+    for line in lines:
+        if line.startswith("(crontab -l"):
+            cron = re.fullmatch(r"\(crontab -l 2>/dev/null; echo '(.+)'\) \| crontab -", line)
+            assert cron, line
+            schedule, command = cron.group(1).split(None, 5)[:5], cron.group(1).split(None, 5)[5]
+            assert schedule == ["0", "*/6", "*", "*", "*"], line  # every 6 hours
+            failed = _scheduled(slurm_env, env, shared / "results", submitted, command)
+            continue
+        if line.startswith("cat > "):  # the settings file, a here-document
+            path, end = Path(expand(line.split()[2])), line.split("<<")[1]
+            path.write_text("".join(expand(body) + "\n" for body in iter(lines.__next__, end)))
+            continue
         argv = shlex.split(expand(line))
+        local = {}
+        while re.fullmatch(r"\w+=.*", argv[0]):  # NAME=VALUE before a command: for it alone
+            key, _, local[key] = argv.pop(0).partition("=")
         if argv[0] == "export":
-            for pair in argv[1:]:
-                key, _, value = pair.partition("=")
-                if key not in ("SHARED", "SCALE"):  # where, and at what scale, the test says
-                    env[key] = value
+            export(argv)
+            continue
+        if argv[0] in (".", "source"):  # the settings file, in this shell
+            for setting in Path(argv[1]).read_text().splitlines():
+                export(shlex.split(setting))
             continue
         if argv[0] == "cd":
             continue  # the checkout's root is where every command below runs
@@ -434,33 +512,66 @@ def test_the_cluster_recipe_runs_as_written_at_smoke(slurm_env, tmp_path):
                 or argv[:2] == ["python3", "-m"]:
             continue  # the install: this checkout, its venv
         if argv[0] == "hf" or argv[0].endswith("/hf"):
-            _check_download([os.path.basename(argv[0]), *argv[1:]], Path(env["HF_HOME"]))
+            _check_download([os.path.basename(argv[0]), *argv[1:]],
+                            Path({**env, **local}["HF_HOME"]))
             continue
         assert argv[0].endswith("python") and argv[1:3] == ["-m", "reproduce"], line
         args = argv[3:]
         submits = "--launcher" in args and "--dry-run" not in args
         results = Path(args[args.index("--results") + 1]) if "--results" in args else None
-        if submitted and (submits or "--render" in args):
-            _wait_for_queue(slurm_env, submitted)  # the render job's too
+        if "--render" in args:
+            _wait_for_queue(slurm_env, submitted)  # the render jobs' too
             page = (results / "table3.md").read_text()  # rendered by the render job
             assert all(f"\n| {v} | " in page for v in ("A1", "A2", "A3", "A4")), page
-        out = cli(env, *args, cwd=ROOT, check=False)
+        out = cli(inject(env, tmp_path / "inject", FAILS_TASK_4) if submits else env, *args,
+                  cwd=ROOT, check=False)
         assert out.returncode == 0, f"{line}\n{out.stdout}\n{out.stderr}"
         if "--dry-run" in args:
             assert "#SBATCH --array=0-4%5" in out.stdout, out.stdout
-        elif submits and not submitted:
+        elif submits:
             submitted = out.stdout
-            assert "submission plan: 5 of 5 run(s)" in submitted, submitted
+            assert "5 of 5 run(s)" in submitted, submitted
             assert submitted.count("-seed0: job ") == 5
             assert "table3: job " in submitted and " renders " in submitted  # waits on the array
-        elif submits:
-            assert "nothing to submit" in out.stdout, out.stdout
         elif args[0] == "status":
             assert "  queued   table3-" in out.stdout or "  running  table3-" in out.stdout
         ran.append(args)
-    assert [a[0] for a in ran] == ["table3", "table3", "status", "table3", "table3"], ran
-    assert "--dry-run" in ran[0] and "--render" in ran[-1] and "--launcher" in ran[3]
+    assert [a[0] for a in ran] == ["table3", "table3", "status", "table3"], ran
+    assert "--dry-run" in ran[0] and "--render" in ran[-1] and "--launcher" in ran[1]
     records = sorted(p.name for p in (results / "table3").glob("*.json"))
     assert records == [f"table3-{v}-smoke-seed0.json" for v in ("A1", "A2", "A3", "A4", "base")]
+    assert f"table3-{failed}-smoke-seed0.json" in records  # failed once, then trained by cron
     page = (results / "table3.md").read_text()
     assert all(f"\n| {variant} | " in page for variant in ("A1", "A2", "A3", "A4")), page
+
+
+def _scheduled(slurm_env: dict[str, str], env: dict[str, str], results: Path, submitted: str,
+               line: str) -> str:
+    """The recipe's crontab command ``line`` after its first array, whose task 4 failed: fired by
+    cron, it submits that run and a render job; run again as cron runs it once the queue is empty, it
+    submits nothing. Returns the failed run's variant."""
+    _wait_for_queue(slurm_env, submitted)
+    run, job = re.search(r"(table3-(\S+)-smoke-seed0): job (\d+_4)\b", submitted).group(1, 3)
+    def status() -> str:
+        return cli(env, "status", "--results", str(results)).stdout
+
+    told = status()  # ended FAILED, once the cluster's accounting has it
+    assert f"ended    {run}: its SLURM task {job} " in told, told
+    home = Path(env["HOME"])
+    settings = home / "reproduce.env"  # what the tasks need beside the recipe's, as the page says
+    settings.write_text(settings.read_text() + f"export SLURM_CONF={CONF} WANDB_MODE=disabled\n")
+    log = results / "cron.log"
+    fired = _fire_by_cron(line, home, log)
+    assert "submission plan, " in fired and "1 of 5 run(s)" in fired, fired
+    again = re.search(rf"  {run}: job (\d+)\n", fired)  # an array of one task
+    assert again and " renders " in fired, fired
+    told = status()  # the task cron's firing queued, or ran
+    assert re.search(rf"{run} .*\(SLURM job {again.group(1)}\)", told) or "5 done" in told, told
+    _wait_for_queue(slurm_env, fired)
+    cron_env = {"HOME": str(home), "LOGNAME": env["USER"], "SHELL": "/bin/sh",
+                "PATH": "/usr/bin:/bin"}  # what cron gives a job
+    subprocess.run(["/bin/sh", "-c", line], env=cron_env, cwd=home, check=True, timeout=120)
+    second = log.read_text()[log.read_text().index(fired) + len(fired):]
+    assert "nothing to submit" in second and ": job " not in second, second
+    assert "5 done" in status()
+    return run.split("-")[1]

@@ -19,7 +19,7 @@ def test_slurm_dry_run_prints_the_plan_and_the_sbatch_header(capsys, tmp_path, m
     assert main(["table3", "--row", "A", "--scale", "paper", "--launcher", "slurm", "--dry-run",
                  "--partition", "gpu"]) == 0
     out = capsys.readouterr().out
-    assert "submission plan: 5 of 5 run(s) have no record" in out
+    assert "5 of 5 run(s) have no record" in out
     assert out.count("8 task(s) x 8 CPUs, 8 GPU(s)") == 5
     for line in ("#SBATCH --array=0-4%5", "#SBATCH --gpus-per-node=8", "#SBATCH --ntasks-per-node=8",
                  "#SBATCH --partition=gpu", "#SBATCH --time=4320"):

@@ -4,7 +4,8 @@
 # through %n) on the loopback, with a private SLURM_CONF, state folder, munge socket and ports
 # outside 15000-24999 (where Lightning picks its DDP port from the job id). Accounting as real
 # clusters keep it: slurmdbd over a private MariaDB (its own data folder, socket and port), so
-# sacct answers. It never touches a cluster or a database it did not start.
+# sacct answers. Debian's cron beside it, as on a login node, for scheduled sweeps. It never
+# touches a cluster, a database or a cron it did not start.
 #
 #   tools/slurm/cluster.sh up      # install what is missing (as root), start, wait until both
 #                                  # nodes are idle; prints the SLURM_CONF line to export
@@ -29,18 +30,37 @@ running() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
 install() {
     if command -v slurmctld >/dev/null && command -v munged >/dev/null \
-            && command -v slurmdbd >/dev/null && command -v mariadbd >/dev/null; then
+            && command -v slurmdbd >/dev/null && command -v mariadbd >/dev/null \
+            && command -v cron >/dev/null; then
         return
     fi
     if [ "$(id -u)" != 0 ]; then
-        say "slurm-wlm, slurmdbd, munge and mariadb-server are not all installed, and installing" \
-            "them needs root"
+        say "slurm-wlm, slurmdbd, munge, mariadb-server and cron are not all installed, and" \
+            "installing them needs root"
         exit 1
     fi
-    say "installing slurm-wlm, slurmdbd, munge and mariadb-server (Debian's packages)"
+    say "installing slurm-wlm, slurmdbd, munge, mariadb-server and cron (Debian's packages)"
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm slurmdbd munge mariadb-server \
-        >/dev/null
+        cron >/dev/null
+}
+
+# cron, as on a login node, for scheduled sweeps (docs/cluster.md): the machine's own if one
+# runs (left alone by `down`), else Debian's cron started here, its pid kept for `down`
+start_cron() {
+    local pid
+    pid=$(pgrep -x cron | head -1) || true
+    if [ -n "$pid" ]; then  # ours from an earlier `up`, or the machine's: not ours to stop
+        [ "$(cat "$DIR/cron.pid" 2>/dev/null)" = "$pid" ] || rm -f "$DIR/cron.pid"
+        return
+    fi
+    cron
+    for _ in $(seq 10); do
+        if [ -f /run/crond.pid ]; then cp /run/crond.pid "$DIR/cron.pid"; return; fi
+        sleep 0.5
+    done
+    say "cron did not start (no /run/crond.pid after 5 s)"
+    exit 1
 }
 
 write_conf() {
@@ -204,6 +224,7 @@ up() {
             slurmd -f "$CONF" -N "$n"
         fi
     done
+    start_cron
     for _ in $(seq 60); do
         if idle; then
             say "up: nodes ${NODES[*]} idle"
@@ -230,7 +251,7 @@ stop() {
 down() {
     local failed=0
     for pid in "$DIR"/slurmd-*.pid "$DIR/slurmctld.pid" "$DIR/slurmdbd.pid" \
-            "$DIR/mysql/mariadbd.pid" "$DIR/munge/munged.pid"; do
+            "$DIR/mysql/mariadbd.pid" "$DIR/munge/munged.pid" "$DIR/cron.pid"; do
         stop "$pid" || failed=1
     done
     [ "$failed" = 0 ] || exit 1
