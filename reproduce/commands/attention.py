@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from reproduce.commands.base import Command
+from reproduce.commands.base import Command, add_results_option
 
 
 class Attention(Command):
@@ -17,6 +17,7 @@ class Attention(Command):
         parser.add_argument("--sentence", help="the English source sentence (default: John 1:1)")
         parser.add_argument("--layer", type=int, help="encoder layer, 1-based (default: the next "
                             "to last)")
+        add_results_option(parser)
 
     def run(self, args: argparse.Namespace, argv: list[str]) -> int:
         from reproduce.paths import results_dir, runs_dir

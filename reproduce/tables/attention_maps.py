@@ -13,6 +13,7 @@ projections: softmax(Q K^T / sqrt(d_k)) with the same masks.
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -75,12 +76,28 @@ def attention_weights(model: Transformer, src: Tensor, tgt_in: Tensor) -> dict[s
     return out
 
 
+def _no_checkpoint(run_id: str, ckpt: Path, results: Path) -> str:
+    """Why there is nothing to draw, in one line: where a record of the run exists (a clone holds
+    records, never checkpoints), how to train it into a folder of one's own and draw from there."""
+    record = next(results.glob(f"*/{run_id}.json"), None)
+    if record is None:
+        return f"{ckpt}: no checkpoint and no record of run {run_id!r} (runs are under {ckpt.parents[3]})"
+    r = json.loads(record.read_text())
+    table = r["table"] if r["table"] in ("table2", "table3", "table4") else \
+        f"table3 --spec sweeps/{r['table']}.yaml"
+    return (f"{run_id}: its record is here ({record}), its checkpoints are not ({ckpt}): records "
+            "are committed, checkpoints are not. Train it into a folder of your own, then draw "
+            f"from there: python -m reproduce {table} --variant {r['variant']} --scale "
+            f"{r['scale']} --seeds {r['seed']} --results mine && python -m reproduce attention "
+            f"--run {run_id} --results mine")
+
+
 def draw(run_id: str, sentence: str | None, layer: int | None, results: Path, runs: Path) -> Path:
     """Load a finished or running run's last checkpoint and write its attention figure."""
     table = run_id.split("-", 1)[0]
     ckpt = runs / table / run_id / "checkpoints" / "last.ckpt"
     if not ckpt.is_file():
-        raise DataError(f"{ckpt}: no checkpoint for run {run_id!r} (runs are under {runs})")
+        raise DataError(_no_checkpoint(run_id, ckpt, results))
     module = TranslationModule.load_from_checkpoint(ckpt, map_location="cpu")
     c = module.config
     source = CorpusSource(c.data.corpus, c.data.data_dir or None, c.data.extra_trees or None,

@@ -33,16 +33,27 @@ def summary(results: Path) -> str:
              "| row | variant (paper's sizes) | ΔPPL paper | ΔPPL ours | ΔBLEU paper | "
              "ΔBLEU ours | verdict PPL; BLEU | seeds |",
              "|---|---|---|---|---|---|---|---|"]
+    called: dict[str, dict[str, list[str]]] = {m.short: defaultdict(list) for m in COMPARED}
     for row, names in spec.rows_at(SCALE).items():
         for name in (n for n in names if runs.get(n)):
             ppl, bleu = (compare_to_base(spec, runs, name, metric) for metric in COMPARED)
             cell = verdict_cell(spec, by_scale, SCALE, name,
                                 [(ppl_metric, ppl.verdict), (bleu_metric, bleu.verdict)], short=True)
+            for metric, c in zip(COMPARED, (ppl, bleu), strict=True):
+                marks = verdict_cell(spec, by_scale, SCALE, name, [(metric, c.verdict)], short=True)
+                called[metric.short][c.verdict].append(name + marks[len(c.verdict):])
             lines.append(f"| {row} | {name}: {configuration(spec, name)} | {ppl.paper_cell or '–'} "
                          f"| {ppl.ours_cell} | {bleu.paper_cell or '–'} | {bleu.ours_cell} | "
                          f"{cell} | {len(runs[name])} |")
     within = row_agreement(spec, runs, SCALE)
-    lines += ["", "Within rows, pairs of variants the paper tells apart: "
+    corpora = {r["config"]["data"]["corpus"] for records in runs.values() for r in records}
+    lines += ["", "**What agrees:** " + " ".join(_tally(short, by) for short, by in called.items())
+              + f" **Their limits:** every verdict is at `{SCALE}` ({spec.scale(SCALE).about}), "
+              f"on {', '.join(sorted(corpora))}; † marks one that the run's later dev evaluations or "
+              "another scale do not hold to, ‡ a variant whose settings here leave the range the "
+              "paper's variants span. What each disagreement means: "
+              "[docs/table3.md](docs/table3.md).", "",
+              "Within rows, pairs of variants the paper tells apart: "
               + "; ".join(f"{name} {counts(sum(rows.values(), Counter()))}"
                           for name, rows in within.items()) + "."]
     table2 = load_spec("table2")
@@ -54,6 +65,15 @@ def summary(results: Path) -> str:
     lines += ["", f"Table 2 at `{SCALE}`, test BLEU paper / ours (the paper's tokenized "
               "convention; `results/table2.md`): " + "; ".join(cells) + "."]
     return "\n".join(lines)
+
+
+def _tally(short: str, by_verdict: dict[str, list[str]]) -> str:
+    """One metric's verdicts in a sentence: how many go the paper's way, and which do not."""
+    n = sum(map(len, by_verdict.values()))
+    said = {"no": "against it", "no effect": "inside our noise", "n/a": "without a verdict"}
+    rest = [f"{what}: {', '.join(by_verdict[v])}" for v, what in said.items() if by_verdict.get(v)]
+    return (f"{short}: {len(by_verdict.get('yes', []))} of {n} go the paper's way beyond our "
+            "noise" + (f"; {'; '.join(rest)}" if rest else "") + ".")
 
 
 def update_readme(readme: Path, results: Path) -> bool:

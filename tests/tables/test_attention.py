@@ -1,10 +1,16 @@
 """Attention maps (Figures 3-5): weights recomputed from each module's inputs."""
 
+from pathlib import Path
+
+import pytest
 import torch
 
 from reproduce.config import ModelConfig
+from reproduce.errors import DataError
 from reproduce.paper.model import Transformer
 from reproduce.tables.attention_maps import attention_weights, plot_attention
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_weights_are_distributions_that_respect_masks_and_reproduce_the_output(tmp_path):
@@ -29,3 +35,19 @@ def test_weights_are_distributions_that_respect_masks_and_reproduce_the_output(t
     torch.testing.assert_close(by_hand, layer(x, x, model.src_mask(src)), atol=1e-5, rtol=1e-5)
     path = plot_attention([("enc", enc, list("abcdefg"), list("abcdefg"))], tmp_path / "a.png")
     assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_committed_run_without_its_checkpoints_says_why_and_how_in_one_line(tmp_path):
+    """A fresh clone holds records, not checkpoints: `attention --run` on one of ours names the
+    record, says checkpoints are not committed, and gives the commands that make them."""
+    from reproduce.__main__ import main
+    from reproduce.tables.attention_maps import draw
+
+    with pytest.raises(DataError) as raised:
+        draw("table3-base-cpu-seed0", None, None, ROOT / "results", tmp_path / "runs")
+    said = str(raised.value)
+    assert "\n" not in said and "its record is here" in said and "checkpoints are not" in said
+    assert said.endswith("python -m reproduce table3 --variant base --scale cpu --seeds 0 "
+                         "--results mine && python -m reproduce attention --run "
+                         "table3-base-cpu-seed0 --results mine")
+    assert main(["attention", "--run", "nothing-like-it", "--results", str(tmp_path)]) == 2

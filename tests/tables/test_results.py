@@ -378,6 +378,27 @@ def test_the_front_page_quotes_the_committed_records():
     assert len(readme.splitlines()) <= 130  # a front page; details live in docs/
 
 
+def test_the_front_page_says_which_verdicts_agree_as_its_table_calls_them():
+    """The line under README's Table 3 counts the table's own verdicts: for each metric, how many
+    go the paper's way, and names every other variant with its marks."""
+    import re
+
+    from reproduce import paths
+    from reproduce.tables.summary import summary
+
+    block = summary(paths.REPO / "results")
+    rows = [line.split(" | ") for line in block.splitlines() if re.match(r"\| [A-Ebig]+ \| ", line)]
+    said = block.split("**What agrees:** ", 1)[1].split(" **Their limits:**")[0]
+    for i, short in enumerate(("PPL", "BLEU")):
+        calls = {row[1].split(":")[0]: row[6].split("; ")[i].rstrip("‡") for row in rows}
+        sentence = said.split(f"{short}: ", 1)[1].split(". ", 1)[0].rstrip(".")
+        yes = [v for v, c in calls.items() if c.rstrip("†") == "yes"]
+        assert sentence.startswith(f"{len(yes)} of {len(calls)} go the paper's way"), sentence
+        for variant, call in calls.items():
+            if variant not in yes:
+                assert re.search(rf"\b{re.escape(variant)}†?‡?([,;]|$)", sentence), (variant, call)
+
+
 def test_verify_says_when_a_record_keeps_no_hypotheses():
     from reproduce.train.replay import _without_outputs
 
