@@ -19,16 +19,18 @@ pytestmark = pytest.mark.slow
 
 
 def _commands() -> list[list[str]]:
-    """The page's commands, in order: each `python -m reproduce ...` line of its bash blocks."""
+    """The page's commands, in order: each `.venv/bin/python -m reproduce ...` line of its bash
+    blocks (the install lines stand for this checkout's venv)."""
     blocks = PAGE.read_text().split("```bash\n")[1:]
     lines = [line.split("#")[0].strip() for block in blocks for line in block.split("```")[0]
              .splitlines()]
-    return [shlex.split(line)[3:] for line in lines if line.startswith("python -m reproduce ")]
+    return [shlex.split(line)[3:] for line in lines
+            if line.startswith(".venv/bin/python -m reproduce ")]
 
 
 def _run(args: list[str], cwd: Path) -> str:
-    if args[0].startswith("table"):
-        args = [*args, "--scale", "smoke", "--workers", "1"]
+    if args[0].startswith("table"):  # at smoke, where the page has not chosen it already
+        args = [*args, *(["--scale", "smoke"] if "--scale" not in args else []), "--workers", "1"]
     out = cli(_env(cwd), *args, cwd=cwd, check=False)
     assert out.returncode == 0, f"{args}\n{out.stdout}\n{out.stderr}"
     return out.stdout + out.stderr
@@ -55,8 +57,9 @@ def page(tmp_path_factory):
 
 
 def test_the_first_steps_work_as_written(page):
-    _, mine, (plan, train, status, own_row) = page
-    assert "GUESS: no record of this CPU to fit; 30% of the probe" in plan  # as the page explains
+    _, mine, (smoke, plan, train, status, own_row) = page
+    assert "table3-base-smoke-seed0: dev PPL" in smoke  # the plumbing, in its own folder
+    assert "GUESS: no record of this CPU at `smoke` to fit; 30% of the probe" in plan  # the page
     assert sorted(p.stem for p in (mine / "table3").glob("*.json")) == [
         f"table3-{v}-smoke-seed0" for v in ("A1", "A2", "A3", "A4", "base")]
     assert (mine / "table3.md").is_file() and "table3-A4-smoke-seed0: " in train
