@@ -247,10 +247,6 @@ def test_empty_data_files_and_a_local_corpus_without_files_are_one_line(tmp_path
     (data / "train.jsonl").write_text("")
     out = cli(env, "table3", "--spec", str(spec), "--scale", "smoke", check=False)
     assert out.stderr.strip().splitlines()[-1].startswith(f"error: {data / 'train.jsonl'}: empty")
-    spec = _spec(tmp_path / "mine.yaml", {"corpus": "local-en-xx"})
-    out = cli(env, "table3", "--spec", str(spec), "--scale", "smoke", check=False)
-    assert out.returncode == 2
-    assert "error: corpus 'local-en-xx' reads local files: set data_dir" in out.stderr
     # The table cannot be written either (its path is a folder): the data's error is still the one
     # reported, with its exit status; the render's failure is one warning line before it.
     (tmp_path / "results" / "mine.md").unlink(missing_ok=True)
@@ -258,9 +254,16 @@ def test_empty_data_files_and_a_local_corpus_without_files_are_one_line(tmp_path
     out = cli(env, "table3", "--spec", str(spec), "--scale", "smoke", check=False)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     lines = out.stderr.strip().splitlines()
-    assert lines[-1].startswith("error: corpus 'local-en-xx' reads local files: set data_dir")
+    assert lines[-1].startswith(f"error: {data / 'train.jsonl'}: empty")
     assert lines[-2].startswith("warning: mine: the table was not rendered either (")
     assert not (tmp_path / "results" / "mine").exists()
+    # a corpus without files is found before anything runs or renders: its one line alone
+    spec = _spec(tmp_path / "mine.yaml", {"corpus": "local-en-xx"})
+    out = cli(env, "table3", "--spec", str(spec), "--scale", "smoke", check=False)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        "error: corpus 'local-en-xx' reads local files: set data_dir to a folder with train.jsonl, "
+        'validation.jsonl and test.jsonl whose rows are {"translation": {"en": ..., "xx": ...}}']
 
 
 def test_a_variant_varying_what_a_scale_sets_is_blamed_on_the_variant(tmp_path):

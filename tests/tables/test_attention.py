@@ -37,7 +37,8 @@ def test_weights_are_distributions_that_respect_masks_and_reproduce_the_output(t
     assert path.read_bytes()[:4] == b"\x89PNG"
 
 
-def test_a_committed_run_without_its_checkpoints_says_why_and_how_in_one_line(tmp_path):
+def test_a_committed_run_without_its_checkpoints_says_why_and_how_in_one_line(tmp_path,
+                                                                              monkeypatch):
     """A fresh clone holds records, not checkpoints: `attention --run` on one of ours names the
     record, says checkpoints are not committed, and gives the commands that make them."""
     from reproduce.__main__ import main
@@ -50,4 +51,6 @@ def test_a_committed_run_without_its_checkpoints_says_why_and_how_in_one_line(tm
     assert said.endswith("python -m reproduce table3 --variant base --scale cpu --seeds 0 "
                          "--results mine && python -m reproduce attention --run "
                          "table3-base-cpu-seed0 --results mine")
+    for name in ("REPRODUCE_RESULTS", "REPRODUCE_RUNS"):  # --results sets them: undone after
+        monkeypatch.setenv(name, str(tmp_path / name))
     assert main(["attention", "--run", "nothing-like-it", "--results", str(tmp_path)]) == 2
