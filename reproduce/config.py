@@ -45,26 +45,57 @@ def _check(ok: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+# What a model field is to the places that tell models apart (timing caches, plans, the parameter
+# column, speed reports: ``model_identity``), declared once on the field: "shape" changes what a
+# step computes (its time, FLOPs and parameters), "dropout" only what it drops, "size" parameters
+# but not the step (a learned table's rows), "start" only the weights a run starts from, "id"
+# nothing a step computes. A field that declares no kind counts as a shape: a new knob is told
+# apart everywhere until it says otherwise. ``key`` is its short name in an identity ("d512").
+KINDS = ("shape", "dropout", "size", "start", "id")
+
+
+def _knob(default: Any, kind: str, key: str | None = None) -> Any:
+    return field(default=default, metadata={"kind": kind, "key": key})
+
+
+def kind_of(f: dataclasses.Field) -> str:
+    return f.metadata.get("kind", "shape")
+
+
+def model_items(m: Any, kinds: tuple[str, ...] = ("shape",)) -> list[tuple[str, Any]]:
+    """(field name, value) of ``m``'s model fields of ``kinds``, in declaration order: every
+    field of its class, its own knobs included."""
+    return [(f.name, getattr(m, f.name)) for f in fields(m) if kind_of(f) in kinds]
+
+
+def model_identity(m: Any, kinds: tuple[str, ...] = ("shape",)) -> str:
+    """The model's fields of ``kinds`` as one key, e.g. ``V37000-N6-d512-ff2048-h8-k64-v64-
+    sinusoidal``: equal for two models exactly when those fields are."""
+    keys = {f.name: f"{f.name}=" if f.metadata.get("key") is None else f.metadata["key"]
+            for f in fields(m)}
+    return "-".join(f"{keys[name]}{value}" for name, value in model_items(m, kinds))
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """The Transformer's shape (section 3; Table 3's columns N, d_model, d_ff, h, d_k, d_v, P_drop)."""
 
-    vocab_size: int = 37000  # shared source-target BPE vocabulary (section 5.1)
-    N: int = 6  # layers per stack
-    d_model: int = 512
-    d_ff: int = 2048
-    h: int = 8
-    d_k: int = 64  # per-head query/key size; free, not d_model/h (rows A, B, C)
-    d_v: int = 64  # per-head value size
-    p_drop: float = 0.1  # residual and embedding dropout (section 5.4)
+    vocab_size: int = _knob(37000, "shape", "V")  # shared source-target BPE vocabulary (5.1)
+    N: int = _knob(6, "shape", "N")  # layers per stack
+    d_model: int = _knob(512, "shape", "d")
+    d_ff: int = _knob(2048, "shape", "ff")
+    h: int = _knob(8, "shape", "h")
+    d_k: int = _knob(64, "shape", "k")  # per-head query/key size; free, not d_model/h (rows A-C)
+    d_v: int = _knob(64, "shape", "v")  # per-head value size
+    p_drop: float = _knob(0.1, "dropout")  # residual and embedding dropout (section 5.4)
     # Attention-weight dropout is not specified for translation; 0 keeps to the paper's text.
     # Table 4's parser tunes it.
-    p_attn: float = 0.0
-    positions: str = "sinusoidal"  # "learned" is Table 3 row E
-    positions_init: str = "xavier"  # a learned table's start (POSITION_INITS)
-    max_positions: int = 1024  # size of the learned position table / sinusoid cache
-    pad_id: int = 0
-    init: str = "xavier"  # a nuisance setting: scales may choose "depth-scaled" (INITS)
+    p_attn: float = _knob(0.0, "dropout")
+    positions: str = _knob("sinusoidal", "shape", "")  # "learned" is Table 3 row E
+    positions_init: str = _knob("xavier", "start")  # a learned table's start (POSITION_INITS)
+    max_positions: int = _knob(1024, "size")  # the learned position table / sinusoid cache
+    pad_id: int = _knob(0, "id")
+    init: str = _knob("xavier", "start")  # a nuisance setting: "depth-scaled" by scales (INITS)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "N", "d_model", "d_ff", "h", "d_k", "d_v", "max_positions"):

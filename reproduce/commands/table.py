@@ -219,6 +219,7 @@ def _sets(items: list[str]) -> dict:
 def _print_params(table: str, vocab_size: int, as_json: bool) -> None:
     import json
 
+    from reproduce.config import ModelConfig, model_items
     from reproduce.records.sweep import load_spec
     from reproduce.tables.params import parameter_rows
 
@@ -230,13 +231,15 @@ def _print_params(table: str, vocab_size: int, as_json: bool) -> None:
           "(tied source/target/softmax embedding; biases and LayerNorms included).")
     print("The paper's column fits a tied vocabulary of about 41000 better than 37000 "
           "(--vocab-size 41000 to compare).\n")
-    header = f"{'variant':8} {'N':>2} {'d_model':>7} {'d_ff':>5} {'h':>3} {'d_k':>4} {'d_v':>4} "
-    print(header + f"{'positions':>10} {'ours (M)':>9} {'paper (M)':>9}")
+    # the model's shape fields (config.model_items), the vocabulary said above
+    shape = [name for name, _ in model_items(ModelConfig(), ("shape",)) if name != "vocab_size"]
+    width = {k: max(len(k), *(len(str(r[k])) for r in rows)) for k in shape}
+    print(f"{'variant':8} " + " ".join(f"{k:>{width[k]}}" for k in shape)
+          + f" {'ours (M)':>9} {'paper (M)':>9}")
     for r in rows:
         paper = "" if r["paper_params_m"] is None else f"{r['paper_params_m']:>9}"
-        print(f"{r['variant']:8} {r['N']:>2} {r['d_model']:>7} {r['d_ff']:>5} {r['h']:>3} "
-              f"{r['d_k']:>4} {r['d_v']:>4} {r['positions']:>10} {r['params'] / 1e6:>9.1f} "
-              f"{paper:>9}")
+        print(f"{r['variant']:8} " + " ".join(f"{r[k]:>{width[k]}}" for k in shape)
+              + f" {r['params'] / 1e6:>9.1f} {paper:>9}")
 
 
 def _overridden_line(spec, scale: str) -> None:

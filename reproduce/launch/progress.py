@@ -145,9 +145,9 @@ def _time_left(left: list, to_go: dict[str, int], records: list[Record],
                runs: Path, settled: str | None = None) -> dict[str, Any]:
     """What the runs not yet finished (``to_go``: steps left after their checkpoints) should take
     on this CPU, with the worker layout ``--workers auto`` would pick (``estimates``: counted
-    FLOPs, the cached probe, the fit to this CPU's records of every table at the runs' scale). ``settled``: the
-    precision the scale's finished runs trained in, which ``auto`` runs follow; fp32 steps are
-    estimated as fp32 whatever this machine timed."""
+    FLOPs, the cached probe, the fit to this CPU's records of every table at the runs' scale).
+    ``settled``: the precision the scale's finished runs trained in, which ``auto`` runs follow;
+    fp32 steps are estimated as fp32 whatever this machine timed."""
     if not left:
         return {"device_hours": 0.0, "wall_hours": 0.0, "workers": 0, "source": ""}
     n = auto_count(left, to_go=to_go)

@@ -11,9 +11,10 @@ seconds:
   FLOPs + b x blocks). One fit per scale: a step's time away from its counted work (Python, the
   optimizer, the evaluations and saves inside ``train_seconds``) is most of a ``smoke`` step and
   little of a ``cpu`` one: fitted to a folder's five smoke records alone, one fit priced a ``cpu``
-  step of row A at 5.6 s, where the ``cpu`` records of the same CPU took 0.7 to 1.9 s. With fewer than 2 records of the scale, the coefficients are a stated
-  default. Records keep what their
-  steps took when they ran: under older, slower code, or beside a test suite on a shared core, and
+  step of row A at 5.6 s, where the ``cpu`` records of the same CPU took 0.7 to 1.9 s. With
+  fewer than 2 records of the scale, the coefficients are a stated default. Records keep what
+  their steps took when they ran: under older, slower code, or beside a test suite on a shared
+  core, and
   "AMD EPYC" names more than one machine. So the fit gives the shape (what a config costs against
   another) and, where ``precision.choose`` has timed fp32 steps of the planned runs' models on
   this machine (at any thread count, each against the probe at its own), those timings give the

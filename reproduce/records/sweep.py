@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from reproduce.config import BASE, FIELDS, PRESETS, Config, apply_overrides
+from reproduce.config import BASE, FIELDS, PRESETS, Config, apply_overrides, model_items
 from reproduce.errors import ConfigError, SpecError
 from reproduce.paths import SWEEPS
 
@@ -470,10 +470,11 @@ def shipped_specs() -> list[Path]:
 
 def planned_summary(run: PlannedRun, overrides: dict[str, Any]) -> str:
     """One line of the plan: the run, the overrides its variant names and what they resolve to."""
-    m, t = run.config.model, run.config.train
-    return (f"{run.run_id}: overrides {overrides or '{}'} -> N={m.N} d_model={m.d_model} "
-            f"d_ff={m.d_ff} h={m.h} d_k={m.d_k} d_v={m.d_v} P_drop={m.p_drop} eps_ls={t.eps_ls} "
-            f"positions={m.positions} steps={t.train_steps} batch_tokens={t.batch_tokens} "
+    t = run.config.train
+    model = " ".join(f"{name}={value}" for name, value in model_items(run.config.model,
+                                                                      ("shape", "dropout")))
+    return (f"{run.run_id}: overrides {overrides or '{}'} -> {model} eps_ls={t.eps_ls} "
+            f"steps={t.train_steps} batch_tokens={t.batch_tokens} "
             f"corpus={run.config.data.corpus}")
 
 

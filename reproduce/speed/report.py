@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from reproduce.config import model_items
 from reproduce.speed.inputs import OURS
 from reproduce.util.machine import cpu_flags, cpu_name
 
@@ -68,6 +69,12 @@ def _training(s: dict[str, Any], peak: dict[str, float]) -> list[str]:
     return lines
 
 
+def scale_heading(scale: str, config) -> str:
+    """A scale's heading: its name and the model's shape fields (``config.model_items``)."""
+    return f"## Scale `{scale}`: " + ", ".join(f"{name}={value}" for name, value in
+                                               model_items(config.model))
+
+
 def performance_page(info: dict[str, Any], sections: list[dict[str, Any]], command: str) -> str:
     """The Markdown report (results/performance.md)."""
     m = info["machine"]
@@ -99,9 +106,7 @@ def performance_page(info: dict[str, Any], sections: list[dict[str, Any]], comma
         lines.append(f"| {dtype} | {n} | {rate:.1f} |")
     peak = {"32-true": info["peaks"]["float32"][1], "bf16-mixed": info["peaks"]["bfloat16"][1]}
     for s in sections:
-        c = s["config"].model
-        lines += ["", f"## Scale `{s['scale']}`: N={c.N}, d_model={c.d_model}, d_ff={c.d_ff}, "
-                  f"h={c.h}, d_k=d_v={c.d_k}, vocabulary {c.vocab_size}", ""]
+        lines += ["", scale_heading(s["scale"], s["config"]), ""]
         lines += _training(s, peak)
         lines += _decoding(s)
     lines += ["", "## Notes", ""] + NOTES

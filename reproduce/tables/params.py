@@ -5,8 +5,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from reproduce.config import ModelConfig, model_items
 from reproduce.paper.model import build_on_meta, count_parameters
 from reproduce.records.sweep import Spec
+
+
+def shape_row(m: ModelConfig) -> dict[str, Any]:
+    """A model's fields that change its parameters (``config.model_items``: shapes and sizes) and
+    its exact parameter count, the model built on the meta device."""
+    return {**dict(model_items(m, ("shape", "size"))),
+            "params": count_parameters(build_on_meta(m))}
 
 
 def parameter_rows(spec: Spec, vocab_size: int, scale: str = "paper") -> list[dict[str, Any]]:
@@ -15,11 +23,6 @@ def parameter_rows(spec: Spec, vocab_size: int, scale: str = "paper") -> list[di
     rows = []
     for name in spec.variants:
         config = spec.resolve(name, scale).overrides(vocab_size=vocab_size)
-        m = config.model
-        rows.append({
-            "variant": name, "N": m.N, "d_model": m.d_model, "d_ff": m.d_ff, "h": m.h,
-            "d_k": m.d_k, "d_v": m.d_v, "positions": m.positions, "vocab_size": vocab_size,
-            "params": count_parameters(build_on_meta(m)),
-            "paper_params_m": spec.variants[name].paper.get("params_m"),
-        })
+        rows.append({"variant": name, **shape_row(config.model)})
+        rows[-1]["paper_params_m"] = spec.variants[name].paper.get("params_m")
     return rows

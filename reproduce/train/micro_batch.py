@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from reproduce.config import Config
+from reproduce.config import Config, model_identity
 from reproduce.errors import ConfigError
 from reproduce.paths import runs_dir
 from reproduce.records.sweep import PlannedRun
@@ -113,6 +113,16 @@ def free_bytes() -> int:
     return int(torch.cuda.mem_get_info()[0]) + int(torch.cuda.memory_reserved())
 
 
+def cache_key(config: Config, tokens: int, precision: str, device: str) -> str:
+    """What a measured micro-batch is of: the device, torch, precision, the model's shapes and
+    dropouts (what a step keeps in memory) at ``tokens``, the widest sentence and the method."""
+    from reproduce.train import step_time
+
+    return (f"{device}|torch {torch.__version__}|{precision}|"
+            f"{step_time.shape_key(config, tokens, ('shape', 'dropout'))}|"
+            f"width {config.train.max_tokens_per_sentence}|method {METHOD}")
+
+
 def choose(config: Config, devices: int, precision: str, accelerator: str, cache: Path | None,
            peak: Callable[[int], int | None] | None = None, total: int | None = None
            ) -> tuple[int, dict[str, Any]]:
@@ -128,10 +138,7 @@ def choose(config: Config, devices: int, precision: str, accelerator: str, cache
     from reproduce.train import step_time
 
     device = torch.cuda.get_device_name() if peak is None else "given"
-    m = config.model
-    key = (f"{device}|torch {torch.__version__}|{precision}|"
-           f"{step_time.shape_key(config, per_device)}|p_drop {m.p_drop}|p_attn {m.p_attn}|"
-           f"width {config.train.max_tokens_per_sentence}|method {METHOD}")
+    key = cache_key(config, per_device, precision, device)
     known = step_time.read_timings(cache).get(key) if cache else None
     cached = known is not None
     if known is None:
@@ -140,7 +147,7 @@ def choose(config: Config, devices: int, precision: str, accelerator: str, cache
                                               total)
         known = {"passes": passes, "tokens": tokens, "free_bytes": total,
                  "peak_bytes": {str(k): v for k, v in tried.items()}, "device": device,
-                 "model": f"N{m.N} d_model {m.d_model}"}
+                 "model": model_identity(config.model)}
         if cache:
             write_atomic(cache, (json.dumps({**step_time.read_timings(cache), key: known},
                                             indent=1) + "\n").encode())

@@ -13,19 +13,18 @@ from typing import Any
 
 import torch
 
-from reproduce.config import Config
+from reproduce.config import Config, model_identity
 from reproduce.paper.model import Transformer
 from reproduce.paper.optim import adam_with_schedule, output_loss, padded_output_loss
 
 CHOICES = ("32-true", "bf16-mixed")  # what ``precision: auto`` chooses between
 
 
-def shape_key(config: Config, tokens: int) -> str:
-    """The model's shape and the tokens of its timed micro-batch: what a timing cache entry is of
-    (``precision.json``, ``compile.json``), beside the machine."""
-    m = config.model
-    return (f"N{m.N}-d{m.d_model}-ff{m.d_ff}-h{m.h}-k{m.d_k}-v{m.d_v}-V{m.vocab_size}"
-            f"-{m.positions}-tok{tokens}")
+def shape_key(config: Config, tokens: int, kinds: tuple[str, ...] = ("shape",)) -> str:
+    """The model's identity (its fields of ``kinds``, ``config.model_identity``) and the tokens of
+    its timed micro-batch: what a timing cache entry is of (``precision.json``, ``compile.json``,
+    ``micro_batch.json``), beside the machine."""
+    return f"{model_identity(config.model, kinds)}-tok{tokens}"
 
 
 def read_timings(cache: Path) -> dict[str, Any]:

@@ -124,7 +124,7 @@ def test_paper_dry_run_prints_the_plan_without_network_or_training(tmp_path, mon
     assert sum("100000 steps x 25000 tokens/step" in line for line in plan) == 2
     assert sum("300000 steps x 25000 tokens/step" in line for line in plan) == 2
     assert "corpus=wmt14-en-de" in out and "corpus=wmt14-en-fr" in out
-    assert "p_drop" in out and "P_drop=0.1" in out
+    assert "p_drop=0.1" in out and "p_drop=0.3" in out  # base and big
     # one run after another: the wall clock is the sum of the runs' hours (not of device-hours)
     hours = [float(m[1]) for line in plan if (m := re.search(r"-> ([\d.]+) h,", line))]
     total = re.search(r"about ([\d.]+) h of wall clock", out)

@@ -320,7 +320,7 @@ def test_dry_run_prints_the_plan_tuning_and_what_cannot_run(monkeypatch, capsys)
     monkeypatch.setattr(cost, "measure_step_seconds", lambda config, tokens, **kw: 0.01)
     assert main(["table4", "--scale", "paper", "--dry-run", "--tune", "--trials", "5"]) == 0
     out = capsys.readouterr().out
-    assert "table4-wsj_only-paper-seed0: overrides {} -> N=4 d_model=1024" in out
+    assert "table4-wsj_only-paper-seed0: overrides {} -> vocab_size=16000 N=4 d_model=1024" in out
     assert "not run: corpus 'wsj-parse-semi' needs a semi-supervised corpus: pass --silver" in out
     assert "tuning: 5 more trial(s) per run, maximising dev_f1 on dev" in out
     assert "beam: one of [4, 10, 21]" in out and "lr_scale: 0.25 .. 2 (log scale)" in out
