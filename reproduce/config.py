@@ -52,6 +52,8 @@ def _check(ok: bool, message: str) -> None:
 # nothing a step computes. A field that declares no kind counts as a shape: a new knob is told
 # apart everywhere until it says otherwise. ``key`` is its short name in an identity ("d512").
 KINDS = ("shape", "dropout", "size", "start", "id")
+# The model fields that name a part of paper/slots.py's registry (checked where a spec is read)
+PART_SLOTS = ("feed_forward", "wiring")
 
 
 def _knob(default: Any, kind: str, key: str | None = None) -> Any:
@@ -92,6 +94,9 @@ class ModelConfig:
     # Table 4's parser tunes it.
     p_attn: float = _knob(0.0, "dropout")
     positions: str = _knob("sinusoidal", "shape", "")  # "learned" is Table 3 row E
+    # the feed-forward sublayer and where each LayerNorm sits: names in paper/slots.py's registry
+    feed_forward: str = _knob("relu", "shape", "")  # "relu": equation 2
+    wiring: str = _knob("post-norm", "shape", "")  # "pre-norm": a LayerNorm before each sublayer
     positions_init: str = _knob("xavier", "start")  # a learned table's start (POSITION_INITS)
     max_positions: int = _knob(1024, "size")  # the learned position table / sinusoid cache
     pad_id: int = _knob(0, "id")

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from reproduce.config import ModelConfig
+from reproduce.paper import slots
 
 # --- 3.2 Attention -----------------------------------------------------------------------------
 
@@ -91,16 +92,8 @@ class MultiHeadAttention(nn.Module):
 # --- 3.3 Position-wise feed-forward -------------------------------------------------------------
 
 
-class PositionwiseFeedForward(nn.Module):
-    """FFN(x) = max(0, x W1 + b1) W2 + b2 (equation 2)."""
-
-    def __init__(self, d_model: int, d_ff: int):
-        super().__init__()
-        self.w_1 = nn.Linear(d_model, d_ff)
-        self.w_2 = nn.Linear(d_ff, d_model)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.w_2(F.relu(self.w_1(x)))
+# The position-wise feed-forward network (3.3) is ``slots.PositionwiseFeedForward``, the
+# ``model.feed_forward`` slot's ``relu``; where each LayerNorm sits is ``model.wiring`` (3.1).
 
 
 # --- 3.5 Positional encoding --------------------------------------------------------------------
@@ -160,19 +153,23 @@ class LearnedPositions(nn.Module):
 
 
 class EncoderLayer(nn.Module):
-    """Self-attention then FFN, each as LayerNorm(x + Dropout(Sublayer(x))) (post-norm)."""
+    """Self-attention then FFN, each joined to the residual stream as ``model.wiring`` says: the
+    paper's LayerNorm(x + Dropout(Sublayer(x))) (post-norm) by default (``slots``)."""
 
     def __init__(self, c: ModelConfig):
         super().__init__()
         self.self_attn = MultiHeadAttention(c.d_model, c.h, c.d_k, c.d_v, c.p_attn)
-        self.ffn = PositionwiseFeedForward(c.d_model, c.d_ff)
+        self.ffn = slots.build("feed_forward", c)
         self.norm_1 = nn.LayerNorm(c.d_model)
         self.norm_2 = nn.LayerNorm(c.d_model)
         self.drop = nn.Dropout(c.p_drop)
+        self.wiring = slots.build("wiring", c)
 
     def forward(self, x: Tensor, src_mask: Tensor, fused: bool = False) -> Tensor:
-        x = self.norm_1(x + self.drop(self.self_attn.self_attend(x, src_mask, fused=fused)))
-        return self.norm_2(x + self.drop(self.ffn(x)))
+        w = self.wiring
+        a = self.self_attn.self_attend(w.before(x, self.norm_1), src_mask, fused=fused)
+        x = w.after(x, a, self.norm_1, self.drop)
+        return w.after(x, self.ffn(w.before(x, self.norm_2)), self.norm_2, self.drop)
 
 
 class LayerCache:
@@ -206,17 +203,19 @@ class LayerCache:
 
 
 class DecoderLayer(nn.Module):
-    """Masked self-attention, encoder-decoder attention, FFN; each post-norm residual."""
+    """Masked self-attention, encoder-decoder attention, FFN; each joined to the residual stream
+    as ``model.wiring`` says (post-norm by default)."""
 
     def __init__(self, c: ModelConfig):
         super().__init__()
         self.self_attn = MultiHeadAttention(c.d_model, c.h, c.d_k, c.d_v, c.p_attn)
         self.cross_attn = MultiHeadAttention(c.d_model, c.h, c.d_k, c.d_v, c.p_attn)
-        self.ffn = PositionwiseFeedForward(c.d_model, c.d_ff)
+        self.ffn = slots.build("feed_forward", c)
         self.norm_1 = nn.LayerNorm(c.d_model)
         self.norm_2 = nn.LayerNorm(c.d_model)
         self.norm_3 = nn.LayerNorm(c.d_model)
         self.drop = nn.Dropout(c.p_drop)
+        self.wiring = slots.build("wiring", c)
 
     def forward(self, y: Tensor, memory: Tensor, src_mask: Tensor,
                 cache: LayerCache | None = None,
@@ -224,23 +223,27 @@ class DecoderLayer(nn.Module):
         """``cross_kv``: the source's keys and values for the encoder-decoder attention, projected
         with every layer's at once (``Transformer.decode``, fused); then self-attention's Q, K and
         V are one matmul too."""
+        w = self.wiring
         if cache is None:  # whole target at once; the causal mask hides the future
-            a = self.self_attn.self_attend(y, is_causal=True, fused=cross_kv is not None)
-            y = self.norm_1(y + self.drop(a))
+            h = w.before(y, self.norm_1)
+            a = self.self_attn.self_attend(h, is_causal=True, fused=cross_kv is not None)
+            y = w.after(y, a, self.norm_1, self.drop)
+            h = w.before(y, self.norm_2)
             if cross_kv is None:
-                c = self.cross_attn(y, memory, src_mask)
+                c = self.cross_attn(h, memory, src_mask)
             else:
-                q = self.cross_attn.project_q(y)
+                q = self.cross_attn.project_q(h)
                 c = self.cross_attn.attend(q, *self.cross_attn.heads_kv(*cross_kv), src_mask)
         else:  # one new position per call; earlier positions come from the cache
-            cache.append(*self.self_attn.project_kv(y))
-            q = self.self_attn.project_q(y)
+            h = w.before(y, self.norm_1)
+            cache.append(*self.self_attn.project_kv(h))
+            q = self.self_attn.project_q(h)
             a = self.self_attn.attend(q, cache.self_k, cache.self_v, is_causal=y.shape[1] > 1)
-            y = self.norm_1(y + self.drop(a))
-            q = self.cross_attn.project_q(y)  # memory and src_mask: one row per sentence
+            y = w.after(y, a, self.norm_1, self.drop)
+            q = self.cross_attn.project_q(w.before(y, self.norm_2))  # one row per sentence
             c = self.cross_attn.attend_beams(q, cache.cross_k, cache.cross_v, src_mask, cache.beam)
-        y = self.norm_2(y + self.drop(c))
-        return self.norm_3(y + self.drop(self.ffn(y)))
+        y = w.after(y, c, self.norm_2, self.drop)
+        return w.after(y, self.ffn(w.before(y, self.norm_3)), self.norm_3, self.drop)
 
 
 class Transformer(nn.Module):
@@ -262,6 +265,10 @@ class Transformer(nn.Module):
         self.drop = nn.Dropout(c.p_drop)  # on the sums of embeddings and positions (5.4)
         self.encoder = nn.ModuleList(EncoderLayer(c) for _ in range(c.N))
         self.decoder = nn.ModuleList(DecoderLayer(c) for _ in range(c.N))
+        # a LayerNorm closing each stack where the wiring asks for one (pre-norm)
+        final = slots.build("wiring", c).final_norm
+        self.encoder_norm = nn.LayerNorm(c.d_model) if final else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(c.d_model) if final else nn.Identity()
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -304,7 +311,7 @@ class Transformer(nn.Module):
         x = self._embed(src, self.src_pos)
         for layer in self.encoder:
             x = layer(x, mask, fused)
-        return x, mask
+        return self.encoder_norm(x), mask
 
     def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor,
                fused: bool = False) -> Tensor:
@@ -320,7 +327,7 @@ class Transformer(nn.Module):
             cross = list(zip(kv[0::2], kv[1::2], strict=True))
         for layer, cross_kv in zip(layers, cross, strict=True):
             y = layer(y, memory, src_mask, cross_kv=cross_kv)
-        return y
+        return self.decoder_norm(y)
 
     def logits(self, hidden: Tensor) -> Tensor:
         return hidden @ self.embed.weight.t()  # tied pre-softmax projection, (.., d) -> (.., V)
@@ -363,7 +370,7 @@ class Transformer(nn.Module):
             y = self._embed(tokens[:, None], self.tgt_pos, offset=t)
             for layer, cache in zip(self.decoder, state.caches, strict=True):
                 y = layer(y, state.memory, state.mask, cache)
-            hidden = y[:, -1]
+            hidden = self.decoder_norm(y[:, -1])
         return F.log_softmax(self.logits(hidden).float(), dim=-1)
 
 

@@ -14,7 +14,15 @@ from typing import Any
 
 import yaml
 
-from reproduce.config import BASE, FIELDS, PRESETS, Config, apply_overrides, model_items
+from reproduce.config import (
+    BASE,
+    FIELDS,
+    PART_SLOTS,
+    PRESETS,
+    Config,
+    apply_overrides,
+    model_items,
+)
 from reproduce.errors import ConfigError, SpecError
 from reproduce.paths import SWEEPS
 
@@ -255,7 +263,11 @@ def _keys(data: dict[str, Any], allowed: set[str], where: str) -> None:
 def _overrides(values: Any, where: str) -> dict[str, Any]:
     values = _mapping(values, where)
     try:
-        apply_overrides(BASE, values)
+        config = apply_overrides(BASE, values)
+        if any(k.rsplit(".", 1)[-1] in PART_SLOTS for k in values):
+            from reproduce.paper import slots  # the model's parts: torch, only when named
+
+            slots.check_names(config.model)
     except ConfigError as e:
         raise SpecError(f"{where}: {e}") from None
     return values

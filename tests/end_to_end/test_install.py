@@ -99,6 +99,7 @@ def test_own_results_and_set_values_stay_apart_from_the_projects(tmp_path):
 # attention_dropout.yaml runs in tests/end_to_end/test_first_steps.py, as docs/first-steps.md uses it
 @pytest.mark.parametrize("spec, table, variants", [
     ("local_corpus", "local-tiny", ["N2", "N8", "base"]),
+    ("pre_norm", "pre-norm", ["base", "pre-LN"]),
 ])
 def test_the_example_specs_run_at_smoke_scale(tmp_path, spec, table, variants):
     # run from the repository root, as docs/specs.md says (local_corpus's data_dir is relative)
@@ -111,6 +112,10 @@ def test_the_example_specs_run_at_smoke_scale(tmp_path, spec, table, variants):
         f"{table}-{v}-smoke-seed0" for v in variants]
     page = (mine / f"{table}.md").read_text()
     assert f"`results/{table}/`" in page and (mine / f"{table}-smoke.png").is_file()
+    if spec == "pre_norm":  # a verdict-less row of one seed, its configuration named
+        assert "| (LN) pre-LN | wiring pre-norm |" in page, page
+        record = json.loads((mine / table / f"{table}-pre-LN-smoke-seed0.json").read_text())
+        assert record["config"]["model"]["wiring"] == "pre-norm"
     if spec == "local_corpus":
         record = json.loads((mine / table / f"{table}-base-smoke-seed0.json").read_text())
         assert record["data"]["corpus"] == "local-en-de"

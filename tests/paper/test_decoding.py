@@ -1,5 +1,7 @@
 """Greedy and beam search: beam 1 is greedy, the cache changes nothing, lengths are bounded."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -11,10 +13,10 @@ BOS, EOS = 2, 3
 CONFIG = ModelConfig(vocab_size=40, N=2, d_model=32, d_ff=64, h=4, d_k=8, d_v=8, p_drop=0.0)
 
 
-@pytest.fixture(scope="module")
-def model():
+@pytest.fixture(scope="module", params=["post-norm", "pre-norm"])
+def model(request):
     torch.manual_seed(0)
-    m = Transformer(CONFIG).double().eval()
+    m = Transformer(dataclasses.replace(CONFIG, wiring=request.param)).double().eval()
     # Make EOS likely enough that hypotheses end at different lengths.
     with torch.no_grad():
         m.embed.weight[EOS] *= 3

@@ -206,6 +206,39 @@ def test_decoder_layer_matches_torch():
     torch.testing.assert_close(out, ref)
 
 
+@torch.no_grad()
+def test_pre_norm_is_torch_s_norm_first_transformer_with_its_final_norms():
+    """``model.wiring: pre-norm`` (a LayerNorm before each sublayer, one closing each stack, as
+    fairseq's --encoder-normalize-before): the whole encoder-decoder against
+    ``nn.Transformer(norm_first=True)``, whose stacks end in their own norms, weights copied."""
+    c = dataclasses.replace(SMALL, wiring="pre-norm")
+    ours = Transformer(c).double().eval()
+    _randomize(ours)
+    theirs = nn.Transformer(16, 4, 2, 2, 32, dropout=0.0, batch_first=True,
+                            norm_first=True).double().eval()
+    for mine, their in zip(ours.encoder, theirs.encoder.layers, strict=True):
+        _copy_attention(mine.self_attn, their.self_attn)
+        _copy_common(mine, their, norms=2)
+    for mine, their in zip(ours.decoder, theirs.decoder.layers, strict=True):
+        _copy_attention(mine.self_attn, their.self_attn)
+        _copy_attention(mine.cross_attn, their.multihead_attn)
+        _copy_common(mine, their, norms=3)
+    theirs.encoder.norm.load_state_dict(ours.encoder_norm.state_dict())
+    theirs.decoder.norm.load_state_dict(ours.decoder_norm.state_dict())
+    src = torch.randint(1, 50, (3, 7))
+    src[0, 5:] = 0
+    tgt = torch.randint(1, 50, (3, 6))
+    memory, mask = ours.encode(src)
+    out = ours.decode(tgt, memory, mask)
+    pad = src == 0
+    causal = nn.Transformer.generate_square_subsequent_mask(6, dtype=torch.double)
+    ref = theirs(ours._embed(src, ours.src_pos), ours._embed(tgt, ours.tgt_pos), tgt_mask=causal,
+                 src_key_padding_mask=pad, memory_key_padding_mask=pad)
+    torch.testing.assert_close(out, ref)
+    # post-norm has no final norms: the committed checkpoints' parameters are unchanged
+    assert count_parameters(ours) - count_parameters(Transformer(SMALL)) == 2 * 2 * 16
+
+
 def independent_count(c: ModelConfig) -> int:
     """Parameter count from the paper's formulas, written without looking at the modules."""
     d, V = c.d_model, c.vocab_size
