@@ -97,6 +97,9 @@ class ModelConfig:
     # the feed-forward sublayer and where each LayerNorm sits: names in paper/slots.py's registry
     feed_forward: str = _knob("relu", "shape", "")  # "relu": equation 2
     wiring: str = _knob("post-norm", "shape", "")  # "pre-norm": a LayerNorm before each sublayer
+    # Modules of one's own that register parts (paper/slots.py), comma-separated: .py files or
+    # importable names; each planned run holds them as "<path or name>#<SHA-256 prefix>"
+    modules: str = _knob("", "id")
     positions_init: str = _knob("xavier", "start")  # a learned table's start (POSITION_INITS)
     max_positions: int = _knob(1024, "size")  # the learned position table / sinusoid cache
     pad_id: int = _knob(0, "id")

@@ -14,7 +14,12 @@ one's own is: ``register(slot, name)`` on a factory taking the ``ModelConfig``.
 
 from __future__ import annotations
 
+import hashlib
+import importlib
+import importlib.util
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch.nn.functional as F
@@ -36,7 +41,7 @@ def register(slot: str, name: str) -> Callable:
         known = _REGISTRY[slot].get(name)
         if known is not None and known is not factory:
             raise ConfigError(f"register({slot!r}, {name!r}): {name!r} is registered twice "
-                              f"(by {_origin(known)} and {_origin(factory)})")
+                              f"(by {_file(known)} and {_file(factory)})")
         _REGISTRY[slot][name] = factory
         return factory
     return decorate
@@ -53,16 +58,123 @@ def build(slot: str, config: ModelConfig) -> Any:
     return _REGISTRY[slot][getattr(config, slot)](config)
 
 
+# --- modules of one's own ---------------------------------------------------------------------
+
+_LOADED: dict[str, str] = {}  # a module's file -> its SHA-256, once imported in this process
+HASHED = 16  # hex digits of a module's SHA-256 kept in a planned run's config
+
+
+def module_file(ref: str) -> Path:
+    """The file of a module named in ``model.modules``: a .py path, or an importable name."""
+    if ref.endswith(".py") or "/" in ref:
+        path = Path(ref).expanduser().resolve()
+        if not path.is_file():
+            raise ConfigError(f"{ref}: no such file (model.modules)")
+        return path
+    try:
+        found = importlib.util.find_spec(ref)
+    except (ImportError, ValueError) as e:
+        raise ConfigError(f"{ref}: not importable (model.modules): {e}") from None
+    if found is None or not found.origin or not Path(found.origin).is_file():
+        raise ConfigError(f"{ref}: no such module (model.modules): a .py file's path, or a name "
+                          "Python can import")
+    return Path(found.origin)
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def resolve_modules(modules: str) -> str:
+    """``model.modules`` as a planned run holds it: each module as given (a path read from where
+    the command runs, as a corpus's ``data_dir``, or an import name) with the SHA-256 prefix of
+    its file now, so a run's config, and so its record, changes when its code does (the old
+    record is then stale, as after any change of config)."""
+    out = []
+    for ref in (r.strip() for r in modules.split(",") if r.strip()):
+        name = ref.split("#", 1)[0]
+        out.append(f"{name}#{sha256(module_file(name))[:HASHED]}")
+    return ",".join(out)
+
+
+def load_modules(modules: str) -> list[Path]:
+    """Import each module of ``model.modules`` once in this process (their ``register`` calls
+    fill the slots); one line naming the file where one is missing, fails to import, or changed
+    since its run was planned (its SHA-256 prefix). The files, in order."""
+    files = []
+    for ref in (r.strip() for r in modules.split(",") if r.strip()):
+        name, _, planned = ref.partition("#")
+        path = module_file(name)
+        files.append(path)
+        if str(path) in _LOADED:
+            continue
+        digest = sha256(path)
+        if planned and not digest.startswith(planned):
+            raise ConfigError(f"{path}: changed since its run was planned (SHA-256 {planned}..., "
+                              f"now {digest[:HASHED]}...): run the command again to plan it anew")
+        _LOADED[str(path)] = digest
+        try:
+            if name.endswith(".py") or "/" in name:
+                spec = importlib.util.spec_from_file_location(  # a name of its own per file
+                    f"reproduce_module_{hashlib.sha256(str(path).encode()).hexdigest()[:12]}", path)
+                assert spec is not None and spec.loader is not None
+                module = importlib.util.module_from_spec(spec)
+                sys.modules[spec.name] = module
+                spec.loader.exec_module(module)
+            else:
+                importlib.import_module(name)
+        except ConfigError as e:
+            del _LOADED[str(path)]
+            raise ConfigError(f"{path}: {e}") from None
+        except Exception as e:  # noqa: BLE001 - any failure of a user's module is one line
+            del _LOADED[str(path)]
+            raise ConfigError(f"{path}: failed to import: {type(e).__name__}: {e}") from None
+    return files
+
+
+def sources(modules: str) -> dict[str, dict[str, str]]:
+    """What a record keeps of a run's own modules, as of a user's corpus: each file's SHA-256 and
+    a copy of its source, by the name the config gives it."""
+    return {ref.split("#", 1)[0]: {"sha256": sha256(path), "source": path.read_text()}
+            for ref, path in zip([r.strip() for r in modules.split(",") if r.strip()],
+                                 load_modules(modules), strict=True)}
+
+
+def check_parts(config: ModelConfig) -> None:
+    """Before anything trains: the modules load, every slot's name is registered, and a part of
+    one's own maps (1, 2, d_model) to (1, 2, d_model); one line naming the file otherwise."""
+    load_modules(config.modules)
+    check_names(config)
+    factory = _REGISTRY["feed_forward"][config.feed_forward]
+    if factory is relu_feed_forward:
+        return
+    import torch
+
+    try:
+        with torch.device("meta"):
+            out = factory(config)(torch.zeros(1, 2, config.d_model))
+        shape = tuple(out.shape)
+    except Exception as e:  # noqa: BLE001
+        raise ConfigError(f"{_file(factory)}: model.feed_forward {config.feed_forward!r} fails on "
+                          f"a (1, 2, {config.d_model}) input: {type(e).__name__}: {e}") from None
+    if shape != (1, 2, config.d_model):
+        raise ConfigError(f"{_file(factory)}: model.feed_forward {config.feed_forward!r} maps a "
+                          f"(1, 2, {config.d_model}) input to {shape}; it must keep the shape")
+
+
+def _file(factory: Callable) -> str:
+    module = sys.modules.get(factory.__module__)
+    return str(getattr(module, "__file__", None) or factory.__module__)
+
+
 def check_names(config: ModelConfig) -> None:
-    """A one-line ``ConfigError`` where ``config`` names a part no one registered."""
+    """A one-line ``ConfigError`` where ``config`` names a part no one registered (its modules
+    loaded first)."""
+    load_modules(config.modules)
     for slot in SLOTS:
         if getattr(config, slot) not in _REGISTRY[slot]:
             raise ConfigError(f"model.{slot} = {getattr(config, slot)!r}: allowed values are "
                               f"{', '.join(names(slot))}")
-
-
-def _origin(factory: Callable) -> str:
-    return f"{factory.__module__}.{getattr(factory, '__qualname__', factory)}"
 
 
 # --- the paper's parts, and pre-LN --------------------------------------------------------------

@@ -188,6 +188,7 @@ class Record(_Required, total=False):
     """One finished run. Written once, atomically, by ``train.runner``; never edited."""
 
     schema: int  # SCHEMA_VERSION when written; absent: 1
+    modules: dict[str, dict[str, str]]  # model.modules: each file's sha256 and source
     table: str
     row: str
     variant: str

@@ -227,8 +227,8 @@ class Spec:
         reference = self.resolve(None, scale)
         return [
             PlannedRun(self.table, self.row_of(v), v, scale, seed,
-                       self.resolve(v, scale).overrides(seed=seed), self.variants[v].paper,
-                       overridden=overridden, precision_from=reference)
+                       with_modules(self.resolve(v, scale).overrides(seed=seed)),
+                       self.variants[v].paper, overridden=overridden, precision_from=reference)
             for v in variants for seed in seeds
         ]
 
@@ -264,7 +264,7 @@ def _overrides(values: Any, where: str) -> dict[str, Any]:
     values = _mapping(values, where)
     try:
         config = apply_overrides(BASE, values)
-        if any(k.rsplit(".", 1)[-1] in PART_SLOTS for k in values):
+        if any(k.rsplit(".", 1)[-1] in (*PART_SLOTS, "modules") for k in values):
             from reproduce.paper import slots  # the model's parts: torch, only when named
 
             slots.check_names(config.model)
@@ -513,7 +513,21 @@ def with_sets(runs: list[PlannedRun], spec: Spec, sets: dict[str, Any]) -> list[
             own = ", ".join(f"{k}={spec.variants[run.variant].overrides[k]}" for k in varied)
             raise ConfigError(f"--set {', '.join(varied)}: row {row} varies it ({run.variant} "
                               f"sets {own}); leave it to the row, or choose other rows")
-    return [replace(run, config=run.config.overrides(**sets), sets=dict(sets)) for run in runs]
+    return [replace(run, config=with_modules(run.config.overrides(**sets)), sets=dict(sets))
+            for run in runs]
+
+
+def with_modules(config: Config) -> Config:
+    """``config`` with its own modules (``model.modules``) pinned to their files' SHA-256 and
+    checked before anything trains: they import, the parts they name are registered and keep
+    their input's shape (``paper.slots``)."""
+    if not config.model.modules:
+        return config
+    from reproduce.paper import slots  # torch, only for a spec that names modules
+
+    config = config.overrides(modules=slots.resolve_modules(config.model.modules))
+    slots.check_parts(config.model)
+    return config
 
 
 def sets_line(runs: list[PlannedRun], sets: dict[str, Any]) -> str:

@@ -20,6 +20,7 @@ import torch
 from reproduce.config import Config
 from reproduce.data.module import TranslationData
 from reproduce.errors import DataError, DiskError, Diverged, OutOfMemory
+from reproduce.paper import slots
 from reproduce.paper.flops import analytic_flops, gpu_tflops, paper_cost
 from reproduce.paper.model import count_parameters
 from reproduce.paths import runs_dir
@@ -242,6 +243,8 @@ def run_here(run: PlannedRun, split: str, command: str, work: Path,
         record["trained_by"], record["evaluated_on"] = donor.describe(), cast(Hardware, hardware())
     if run.sets:  # --set on the command line, over the spec and scale
         record["set"] = run.sets
+    if c.model.modules:  # parts of the user's own: their files' SHA-256 and sources
+        record["modules"] = slots.sources(c.model.modules)
     cast(dict[str, Any], record).update(extra or {})  # e.g. tuning: keys of Record
     if trainer.is_global_zero:  # one record per run, however many processes trained it
         write_record(record_path(run), record)

@@ -1,0 +1,89 @@
+"""Parts of one's own (``reproduce/paper/slots.py``): a module named by a spec registers a part
+under a name, which is then an ordinary config value. Whatever is wrong with such a module is one
+line naming its file, before anything trains; a changed module is a changed config."""
+
+import dataclasses
+
+import pytest
+
+from reproduce.__main__ import main
+from reproduce.config import ModelConfig
+from reproduce.errors import ConfigError
+from reproduce.paper import slots
+
+PART = '''
+from torch import nn
+from reproduce.paper.slots import register
+
+@register("feed_forward", "{name}")
+def make(config):
+    return {body}
+'''
+
+
+def _module(folder, file: str, name: str, body: str = "nn.Linear(config.d_model, config.d_model)"):
+    path = folder / file
+    path.write_text(PART.format(name=name, body=body))
+    return path
+
+
+def _dry_run(tmp_path, capsys, modules: str, part: str) -> tuple[int, list[str]]:
+    spec = tmp_path / "mine.yaml"
+    spec.write_text(f"variants: {{base: {{}}, own: {{set: {{modules: '{modules}', "
+                    f"feed_forward: {part}}}}}}}\n")
+    code = main(["table3", "--spec", str(spec), "--scale", "smoke", "--dry-run",
+                 "--results", str(tmp_path / "mine")])
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+@pytest.fixture(autouse=True)
+def _own_results(monkeypatch, tmp_path):
+    for name in ("REPRODUCE_RESULTS", "REPRODUCE_RUNS"):  # --results sets them: undone after
+        monkeypatch.setenv(name, str(tmp_path / name))
+
+
+def test_a_part_of_ones_own_is_planned_with_its_file_pinned(tmp_path, capsys):
+    path = _module(tmp_path, "plain.py", "plain-test")
+    code, err = _dry_run(tmp_path, capsys, str(path), "plain-test")
+    assert code == 0, err
+    pinned = slots.resolve_modules(str(path))
+    assert pinned == f"{path}#{slots.sha256(path)[:slots.HASHED]}"
+    config = dataclasses.replace(ModelConfig(d_model=8, d_ff=16), modules=pinned,
+                                 feed_forward="plain-test")
+    slots.check_parts(config)
+    path.write_text(path.read_text() + "# edited\n")  # the run's code changed: another config
+    assert slots.resolve_modules(str(path)) != pinned
+
+
+@pytest.mark.parametrize("case", ["missing", "import", "twice", "unknown", "shape"])
+def test_a_broken_module_is_one_line_naming_its_file_before_anything_runs(tmp_path, capsys, case):
+    path, part = tmp_path / f"{case}.py", f"{case}-test"
+    if case == "missing":
+        said = f"{path}: no such file (model.modules)"
+    elif case == "import":
+        path.write_text("import not_a_module_anywhere\n")
+        said = f"{path}: failed to import: ModuleNotFoundError: "
+    elif case == "twice":
+        first = _module(tmp_path, "first.py", part)
+        _module(tmp_path, f"{case}.py", part)
+        code, err = _dry_run(tmp_path, capsys, f"{first},{path}", part)
+        assert code == 2 and len(err) == 1 and f"{path}: register(" in err[0], err
+        assert f"'{part}' is registered twice (by {first} and {path})" in err[0]
+        return
+    elif case == "unknown":
+        _module(tmp_path, f"{case}.py", "some-other-name")
+        said = f"model.feed_forward = '{part}': allowed values are relu"
+    else:
+        _module(tmp_path, f"{case}.py", part, "nn.Linear(config.d_model, 3)")
+        said = f"{path}: model.feed_forward '{part}' maps a (1, 2, 32) input to (1, 2, 3)"
+    code, err = _dry_run(tmp_path, capsys, str(path), part)
+    assert code == 2 and len(err) == 1 and said in err[0], err
+    assert err[0].startswith("error: mine.yaml: variants.own.set: ") or case == "shape"
+
+
+def test_a_module_changed_after_its_run_was_planned_is_refused(tmp_path):
+    path = _module(tmp_path, "later.py", "later-test")
+    pinned = slots.resolve_modules(str(path))
+    path.write_text(path.read_text() + "# edited before it was loaded\n")
+    with pytest.raises(ConfigError, match="changed since its run was planned"):
+        slots.load_modules(pinned)
