@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 
 from reproduce.config import ModelConfig
@@ -101,6 +102,38 @@ def paper_cost(train_hours: float, n_gpus: int, tflops_per_gpu: float) -> float:
 # Also outside the count: validation, beam search, and communication between devices.
 
 
+def feed_forward_macs(c: ModelConfig) -> float:
+    """Multiply-adds of the feed-forward per token: equation 2's two matmuls for ``relu``; for a
+    part the formulas do not know (a module of one's own), torch's FlopCounterMode over one token
+    through the part built on the meta device (no weights allocated), said by ``counted_how``."""
+    if c.feed_forward == "relu":
+        return 2 * c.d_model * c.d_ff
+    return _counted_macs(c)
+
+
+@functools.cache
+def _counted_macs(c: ModelConfig) -> float:
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from reproduce.paper import slots
+
+    with torch.device("meta"):
+        part = slots.build("feed_forward", c)
+        x = torch.zeros(1, 1, c.d_model)
+    with FlopCounterMode(display=False) as counter:
+        part(x)
+    return counter.get_total_flops() / 2
+
+
+def counted_how(c: ModelConfig) -> str:
+    """How a config's FLOPs were counted, where not by the paper's formulas alone ("" where so)."""
+    if c.feed_forward == "relu":
+        return ""
+    return (f"the feed-forward {c.feed_forward!r} counted by torch's FlopCounterMode: "
+            f"{_counted_macs(c):,.0f} multiply-adds a token")
+
+
 def forward_flops_per_token(c: ModelConfig) -> tuple[float, float]:
     """Forward FLOPs of the position-wise matmuls, per source token and per target token.
 
@@ -110,7 +143,7 @@ def forward_flops_per_token(c: ModelConfig) -> tuple[float, float]:
     Target token, each decoder layer: self-attention Q, K, V, O, cross-attention Q and O, the FFN;
     once: the tied pre-softmax projection (d_model x vocab_size)."""
     qk, v = c.d_model * c.h * c.d_k, c.d_model * c.h * c.d_v  # multiply-adds of one projection
-    ffn = 2 * c.d_model * c.d_ff
+    ffn = feed_forward_macs(c)
     attention = 2 * qk + 2 * v  # Q, K, V and O (O is h*d_v x d_model: as many as V)
     source = c.N * (attention + ffn) + c.N * (qk + v)
     target = c.N * (attention + (qk + v) + ffn) + c.d_model * c.vocab_size

@@ -10,6 +10,7 @@ import torch
 
 from reproduce import paths
 from reproduce.data.hub import check_data
+from reproduce.paper.flops import counted_how
 from reproduce.paths import results_dir, runs_dir
 from reproduce.plan import estimates, gpu_prices, worker_count
 from reproduce.records import disk, footprint
@@ -133,6 +134,7 @@ def _print_run(run: PlannedRun, e: estimates.Estimate, paper: float | None,
           f"{'; auto: measured at the start' if run.config.train.device_batch_tokens == 'auto' else ''}), "
           f"{e.seconds_per_step:.3g} s/step -> {hours(e.hours)}, {e.device_hours:.3g} "
           f"device-hours; {e.flops:.2g} FLOPs counted"
+          + (f" ({how})" if (how := counted_how(run.config.model)) else "")
           + (f", {paper:.2g} by the paper's method" if paper else "") + f" [{e.source}]; "
           f"checkpoints up to {disk.size(need.peak)} on disk")
     if e.around:

@@ -87,3 +87,20 @@ def test_a_module_changed_after_its_run_was_planned_is_refused(tmp_path):
     path.write_text(path.read_text() + "# edited before it was loaded\n")
     with pytest.raises(ConfigError, match="changed since its run was planned"):
         slots.load_modules(pinned)
+
+
+def test_the_flops_of_a_part_the_formulas_do_not_know_are_counted_and_said_so():
+    """GEGLU (sweeps/examples/glu_feed_forward.py) has three d_model x d_ff matrices where
+    equation 2 has two: torch's FlopCounterMode counts 1.5x, and the count says how it was made."""
+    from pathlib import Path
+
+    from reproduce.paper import flops
+
+    module = Path(__file__).resolve().parents[2] / "sweeps/examples/glu_feed_forward.py"
+    relu = ModelConfig(d_model=32, d_ff=128)
+    geglu = dataclasses.replace(relu, modules=slots.resolve_modules(str(module)),
+                                feed_forward="geglu")
+    slots.check_parts(geglu)
+    assert flops.feed_forward_macs(relu) == 2 * 32 * 128 and flops.counted_how(relu) == ""
+    assert flops.feed_forward_macs(geglu) == 1.5 * flops.feed_forward_macs(relu)
+    assert "'geglu' counted by torch's FlopCounterMode: 12,288" in flops.counted_how(geglu)
