@@ -248,6 +248,8 @@ def _overridden_line(spec, scale: str) -> None:
         print(f"  scale `{scale}` replaces the spec's base: " + ", ".join(
             f"{k} {v['spec']} -> {v['scale']}" for k, v in overridden.items())
             + " (a scale sets these for every run; recorded as scale_overrode)")
+    if line := spec.over_scale_line(scale):
+        print(line)
 
 
 def _check_cluster_options(args: argparse.Namespace) -> None:

@@ -202,7 +202,28 @@ class Spec:
         config = apply_overrides(config, {**resized, **sc.overrides, "corpus": corpus})
         if corpus in sc.vocab:  # e.g. the paper's 37000 for EN-DE, 32000 for EN-FR
             config = config.overrides(vocab_size=sc.vocab[corpus])
-        return config
+        return apply_overrides(config, self.variant_overrides(scale).get(variant or "", {}))
+
+    def variant_overrides(self, scale: str) -> dict[str, dict[str, Any]]:
+        """What each variant sets over the value ``scale`` sets for every run (a warm-up row of
+        one's own at `cpu`, whose scale sets warm-up): ``{variant: {key: value}}``; the variant's
+        value wins, and the plan says so (``over_scale_line``)."""
+        sets = {k.split(".", 1)[-1] for k in self.scale(scale).overrides}
+        out = {name: {k: v for k, v in variant.overrides.items() if k.split(".", 1)[-1] in sets}
+               for name, variant in self.variants.items()}
+        return {name: keys for name, keys in out.items() if keys}
+
+    def over_scale_line(self, scale: str) -> str:
+        """The plan's line for ``variant_overrides`` ("" where no variant sets what the scale
+        does)."""
+        over = self.variant_overrides(scale)
+        if not over:
+            return ""
+        sc = {k.split(".", 1)[-1]: v for k, v in self.scale(scale).overrides.items()}
+        return (f"  over scale `{scale}`, whose value every other run takes: " + "; ".join(
+            f"{name} sets " + ", ".join(f"{k.split('.', 1)[-1]} {v} (the scale's "
+                                        f"{sc[k.split('.', 1)[-1]]})" for k, v in keys.items())
+            for name, keys in over.items()))
 
     def scale_overrides(self, scale: str) -> dict[str, dict[str, Any]]:
         """What ``scale`` sets over a different value the spec's ``base`` gave:
@@ -293,22 +314,6 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     except yaml.YAMLError as e:
         raise SpecError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
     return _mapping(data, str(path))
-
-
-def _check_variants_against(scales: dict[str, Any], variants: dict[str, Variant],
-                            spec: Path) -> None:
-    """A variant may not vary what a shared scale sets for every run (the scale would silently
-    win): the error names the spec's variant and key, and the scale that sets it."""
-    for name, raw in scales.items():
-        sets = {k.split(".", 1)[-1] for k in (raw or {}).get("set") or {}}
-        for variant in variants.values():
-            clash = sorted(sets & {k.split(".", 1)[-1] for k in variant.overrides})
-            if clash:
-                raise SpecError(
-                    f"{spec.name}: variants.{variant.name}.set: {', '.join(clash)} is set by "
-                    f"scale `{name}` for every run (scales.yaml: scales.{name}.set), so no variant"
-                    f" may vary it; a row may vary any key no scale sets (scales set "
-                    f"{', '.join(sorted(sets))})")
 
 
 def load_scales(path: Path, data: dict[str, Any], varied: set[str],
@@ -455,8 +460,9 @@ def load_spec(table_or_path: str | Path, kind: str | None = None) -> Spec:
     own = _mapping(data.get("scales"), f"{path.name}: scales")
     # A spec's own scale replaces the shared one of the same name, which is then not checked.
     shared = {k: v for k, v in _read_yaml(SWEEPS / "scales.yaml").items() if k not in own}
-    _check_variants_against(shared, variants, path)
-    scales = load_scales(SWEEPS / "scales.yaml", shared, varied)
+    # a variant may set what a shared scale sets for every run: the variant's value wins, and
+    # the plan says so (``Spec.variant_overrides``); a spec's own scales may not set what it varies
+    scales = load_scales(SWEEPS / "scales.yaml", shared, set())
     scales.update(load_scales(path, own, varied, rows))
     cited = data.get("cited") or []
     if not isinstance(cited, list) or not all(isinstance(c, dict) for c in cited):
