@@ -16,7 +16,9 @@ class Publish(Command):
             "WANDB_API_KEY is set")
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--table", required=True, choices=sorted(TABLES))
+        which = parser.add_mutually_exclusive_group(required=True)
+        which.add_argument("--table", choices=sorted(TABLES))
+        which.add_argument("--spec", help="a spec of one's own: its table's records")
         parser.add_argument("--scale", help="only the records of this scale")
         add_results_option(parser)
 
@@ -35,7 +37,7 @@ class Publish(Command):
             raise ConfigError("publish: WANDB_MODE=disabled turns W&B off; unset it (offline "
                               "without WANDB_API_KEY, online with it)")
         quiet_libraries()
-        spec = load_spec(args.table)
+        spec = load_spec(args.spec or args.table)
         damaged: list[str] = []
         records = [r for r in load_records(spec.table, results_dir(), damaged)
                    if args.scale in (None, r["scale"])]

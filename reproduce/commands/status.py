@@ -14,6 +14,8 @@ class Status(Command):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--all", action="store_true", help="also list the missing runs")
+        parser.add_argument("--spec", action="append", help="a spec of one's own (repeatable): "
+                            "its table instead of the shipped ones")
         add_results_option(parser)
 
     def run(self, args: argparse.Namespace, argv: list[str]) -> int:
@@ -23,7 +25,8 @@ class Status(Command):
         from reproduce.util.cache_folders import cache_entries
 
         damaged: list[str] = []
-        print(report(results_dir(), runs_dir(), verbose=args.all, damaged=damaged))
+        print(report(results_dir(), runs_dir(), verbose=args.all, damaged=damaged,
+                     specs=args.spec))
         print(cache_summary(cache_entries(cache_dir()), cache_dir()))
         for line in damaged:
             print(f"warning: {line}", file=sys.stderr)

@@ -24,6 +24,9 @@ class Verify(Command):
                             "needs one (docs/devices.md)")
         parser.add_argument("--precision", choices=("32-true", "bf16-mixed"),
                             help="re-run in this precision instead of the record's")
+        parser.add_argument("--spec", help="the spec of one's own that planned the record, to "
+                            "say whether it still plans the recorded config (default: the "
+                            "shipped spec of its table)")
 
     def run(self, args: argparse.Namespace, argv: list[str]) -> int:
         from reproduce.train.replay import verify
@@ -31,4 +34,4 @@ class Verify(Command):
 
         quiet_libraries()
         return verify(Path(args.record), args.steps, Path(args.scratch) if args.scratch else None,
-                      args.tolerance, args.precision)
+                      args.tolerance, args.precision, args.spec)

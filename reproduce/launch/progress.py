@@ -166,12 +166,13 @@ def _counts(precisions: dict[str, int]) -> str:
 
 
 def report(results: Path, runs: Path, verbose: bool = False,
-           damaged: list[str] | None = None) -> str:
+           damaged: list[str] | None = None, specs: list[str] | None = None) -> str:
+    """Every table's lines: the shipped specs', or those of ``specs`` (files of one's own)."""
     lines = []
-    for path in shipped_specs():
-        rows = table_status(path.stem, results, runs, damaged)
+    for spec in specs or [str(p) for p in shipped_specs()]:
+        rows = table_status(spec, results, runs, damaged)
         if not rows:
-            lines.append(f"{path.stem}: nothing run yet")
+            lines.append(f"{load_spec(spec).table}: nothing run yet")
             continue
         for row in rows:
             counts = ", ".join(f"{len(row[k])} {k}" for k in (

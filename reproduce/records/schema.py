@@ -108,8 +108,10 @@ class Commit(TypedDict, total=False):
     also has the key "from" (``util.machine.COMMIT_ENV``; a keyword, so not declared here)."""
 
     sha: str | None  # None: not run from a git checkout
-    dirty: bool
+    dirty: bool | None  # None: not known (no git checkout)
     version: str  # the package's (reproduce.__version__); older records lack it
+    provenance: str  # without a git checkout: "unknown: not run from a git checkout"
+    source_sha256: str  # then: the package's Python files (util.machine.source_sha256)
 
 
 class TrainedBy(TypedDict):

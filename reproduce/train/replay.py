@@ -63,16 +63,19 @@ def _run_of(record: Record, config: Config) -> PlannedRun:
                       overridden=record.get("scale_overrode", {}), sets=record.get("set", {}))
 
 
-def _spec_line(record: Record) -> str:
-    """Whether the shipped spec still resolves this run to the recorded config."""
+def _spec_line(record: Record, spec_path: str | None = None) -> str:
+    """Whether the spec (``--spec``, else the shipped one) still resolves this run to the recorded
+    config."""
     try:
-        spec = load_spec(record["table"])
+        spec = load_spec(spec_path or record["table"])
         [run] = spec.plan([record["variant"]], record["scale"], [record["seed"]])
     except (SpecError, ConfigError, ValueError, KeyError):
-        return "config: no shipped spec plans this run; the record's own config is used"
+        return (f"config: {'no shipped spec' if spec_path is None else spec_path + ' does not'} "
+                "plan this run; the record's own config is used")
+    where = spec_path or "sweeps/"
     if records.same_config(record["config"], run.config):
-        return "config: the same as sweeps/ resolves it today"
-    return ("config: DIFFERENT from what sweeps/ resolves today (the sweep command would redo "
+        return f"config: the same as {where} resolves it today"
+    return (f"config: DIFFERENT from what {where} resolves today (the sweep command would redo "
             "this run); the record's own config is used")
 
 
@@ -144,7 +147,7 @@ def _curve_points(curve: Mapping[str, Any]) -> dict[tuple[str, int], float]:
 
 
 def verify(path: Path, steps: int | None = None, scratch: Path | None = None,
-           tolerance: float = 0.0, precision: str | None = None) -> int:
+           tolerance: float = 0.0, precision: str | None = None, spec: str | None = None) -> int:
     """Print the comparison; 0 if every compared number is equal (within ``tolerance``,
     relative, where one is given), else 1. ``precision``: re-run in this precision instead of
     the record's (to see what another precision changes, as a replay on other hardware does)."""
@@ -174,7 +177,7 @@ def verify(path: Path, steps: int | None = None, scratch: Path | None = None,
           + (f" (the record's: {record['precision']})" if precision else "")
           + f", {torch.get_num_threads()} thread(s)"
           + (f", equal within {tolerance:g} (relative)" if tolerance else ""))
-    print(_spec_line(record))
+    print(_spec_line(record, spec))
     evidence, consistent = _evidence_lines(record, path.parent)
     print("\n".join(([kept] if (kept := _without_outputs(record)) else []) + evidence))
     if carried := _record_tokenizer(record, folder / "cache" / "spm"):

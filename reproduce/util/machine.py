@@ -4,6 +4,7 @@ use (workers, devices), the GPUs, the commit, and this machine's sustained matmu
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import subprocess
@@ -78,12 +79,27 @@ def commit() -> dict[str, Any]:
         return {"sha": named, "dirty": dirty == "dirty", "from": COMMIT_ENV,
                 "version": __version__}
     sha = git("rev-parse", "HEAD")
+    if not sha:  # a copy, an unpacked archive: what ran is only known by its own hash
+        return {"sha": None, "dirty": None, "version": __version__,
+                "provenance": "unknown: not run from a git checkout",
+                "source_sha256": source_sha256()}
     # results/ is what runs write (records, rendered tables): a sweep's own output there is no
     # change to the code that made a record, so it does not make the tree dirty.
-    return {"sha": sha or None,
-            "dirty": bool(sha) and bool(git("status", "--porcelain", "--untracked-files=no", "--",
-                                            ".", ":(exclude)results")),
+    return {"sha": sha,
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                              ":(exclude)results")),
             "version": __version__}
+
+
+@cache
+def source_sha256() -> str:
+    """SHA-256 over the package's Python files, each by its path inside the package and its bytes:
+    what identifies the code of a record made outside git."""
+    root = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
 
 
 def hardware() -> dict[str, Any]:

@@ -58,7 +58,14 @@ def test_the_wheel_carries_every_package_and_the_specs_and_runs_a_variant_from_a
     records = sorted((elsewhere / "results" / "table3").glob("*.json"))
     assert len(records) == 1 and (elsewhere / "results" / "table3.md").is_file()
     record = json.loads(records[0].read_text())
-    assert record["commit"] == {"sha": None, "dirty": False, "version": __version__}
+    # outside git the code is known by its own hash, never called clean (the wheel's files)
+    source = hashlib.sha256()
+    for path in sorted((target / "reproduce").rglob("*.py")):
+        source.update(path.relative_to(target / "reproduce").as_posix().encode() + b"\0"
+                      + path.read_bytes())
+    assert record["commit"] == {"sha": None, "dirty": None, "version": __version__,
+                                "provenance": "unknown: not run from a git checkout",
+                                "source_sha256": source.hexdigest()}
     assert record["wandb"]["dir"].startswith("runs/table3/")  # relative to the runs root
     assert (elsewhere / "runs" / "table3").is_dir()
 
@@ -127,6 +134,9 @@ def test_the_example_specs_run_at_smoke_scale(tmp_path, spec, table, variants):
         assert record["config"]["model"]["modules"] == \
             f"{module}#{record['modules'][module]['sha256'][:16]}"
         assert record["config"]["model"]["feed_forward"] == "geglu"
+        status = cli(_own_env(tmp_path), "status", "--spec", f"sweeps/examples/{spec}.yaml",
+                     "--results", str(mine), cwd=paths.REPO).stdout  # a spec of one's own
+        assert status.startswith("glu at `smoke` (seeds [0]): 2 done, 0 stale"), status
     if spec == "local_corpus":
         record = json.loads((mine / table / f"{table}-base-smoke-seed0.json").read_text())
         assert record["data"]["corpus"] == "local-en-de"
