@@ -163,6 +163,18 @@ def test_a_task_that_fails_is_reported_with_its_log(slurm_env, tmp_path):
     assert "1 of 1 run(s) have no record and no task in the queue" in again
 
 
+def test_a_part_of_ones_own_trains_as_a_task_reading_its_module_where_it_was_submitted(
+        slurm_env, tmp_path):
+    """docs/own-ablation.md's example as a SLURM task: the module's path, read from where the
+    command ran (the checkout's root, which both nodes see), reaches the task, which loads it,
+    checks its pinned SHA-256 and records its source."""
+    out = _submit(slurm_env, tmp_path, "--spec", "sweeps/examples/glu.yaml", "--variant", "GEGLU")
+    _wait_for_queue(slurm_env, out)
+    record = json.loads((tmp_path / "mine" / "glu" / "glu-GEGLU-smoke-seed0.json").read_text())
+    assert list(record["modules"]) == ["sweeps/examples/glu_feed_forward.py"]
+    assert record["config"]["model"]["feed_forward"] == "geglu"
+
+
 def _wait_for_step(log: Path, at_least: int, after: str = "", timeout: float = 300) -> None:
     """Until the task's log shows training at ``at_least`` steps (after the last line ``after``)."""
     deadline = time.time() + timeout
