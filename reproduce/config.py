@@ -19,7 +19,6 @@ from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from reproduce.errors import ConfigError
 
-POSITIONS = ("sinusoidal", "learned")
 # How a learned position table starts (the paper does not say): "xavier" (Xavier-uniform, as every
 # matrix), "sinusoid" (the sinusoid itself: at step 0 the model is the sinusoidal one) or
 # "sinusoid-rms" (normal noise at the sinusoid's RMS, 1/sqrt(2): as loud, no order).
@@ -53,7 +52,7 @@ def _check(ok: bool, message: str) -> None:
 # apart everywhere until it says otherwise. ``key`` is its short name in an identity ("d512").
 KINDS = ("shape", "dropout", "size", "start", "id")
 # The model fields that name a part of paper/slots.py's registry (checked where a spec is read)
-PART_SLOTS = ("feed_forward", "wiring")
+PART_SLOTS = ("positions", "feed_forward", "wiring")
 
 
 def _knob(default: Any, kind: str, key: str | None = None) -> Any:
@@ -112,10 +111,6 @@ class ModelConfig:
         for name in ("p_drop", "p_attn"):
             value = getattr(self, name)
             _check(0.0 <= value < 1.0, f"model.{name} = {value}: must be in [0, 1)")
-        _check(
-            self.positions in POSITIONS,
-            f"model.positions = {self.positions!r}: allowed values are {', '.join(POSITIONS)}",
-        )
         _check(
             self.positions_init in POSITION_INITS,
             f"model.positions_init = {self.positions_init!r}: allowed values are "

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from reproduce.config import ModelConfig
 from reproduce.paper import slots
+from reproduce.paper.slots import sinusoid_table  # noqa: F401 - the paper's 3.5, used from here
 
 # --- 3.2 Attention -----------------------------------------------------------------------------
 
@@ -99,54 +100,8 @@ class MultiHeadAttention(nn.Module):
 # --- 3.5 Positional encoding --------------------------------------------------------------------
 
 
-def sinusoid_table(length: int, d_model: int) -> Tensor:
-    """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model))."""
-    pos = torch.arange(length, dtype=torch.float64)[:, None]
-    inv_freq = torch.pow(10000.0, -torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
-    table = torch.zeros(length, d_model, dtype=torch.float64)
-    table[:, 0::2] = torch.sin(pos * inv_freq)
-    table[:, 1::2] = torch.cos(pos * inv_freq)
-    return table.float()
-
-
-class SinusoidalPositions(nn.Module):
-    table: Tensor  # (positions, d_model): a buffer, grown when a longer sequence comes
-    def __init__(self, d_model: int, max_positions: int):
-        super().__init__()
-        self.d_model = d_model
-        self.register_buffer("table", sinusoid_table(max_positions, d_model), persistent=False)
-
-    def forward(self, length: int, offset: int = 0) -> Tensor:
-        if offset + length > self.table.shape[0]:  # longer than ever seen: extend, no hard limit
-            self.table = sinusoid_table(offset + length, self.d_model).to(self.table.device)
-        return self.table[offset:offset + length]
-
-
-class LearnedPositions(nn.Module):
-    """Table 3 row E: a learned embedding per position instead of the sinusoid."""
-
-    def __init__(self, d_model: int, max_positions: int, init: str = "xavier"):
-        super().__init__()
-        self.table = nn.Embedding(max_positions, d_model)
-        self.init = init  # config.POSITION_INITS: how reset_parameters starts the table
-
-    @torch.no_grad()
-    def reset_parameters(self) -> None:
-        """Xavier-uniform (as every matrix), the sinusoid itself, or normal noise at the
-        sinusoid's RMS (1/sqrt(2): each sin, cos pair has unit norm)."""
-        w = self.table.weight
-        if self.init == "sinusoid":
-            w.copy_(sinusoid_table(w.shape[0], w.shape[1]))
-        elif self.init == "sinusoid-rms":
-            nn.init.normal_(w, std=0.5 ** 0.5)
-        else:
-            nn.init.xavier_uniform_(w)
-
-    def forward(self, length: int, offset: int = 0) -> Tensor:
-        if offset + length > self.table.num_embeddings:
-            raise ValueError(f"position {offset + length - 1} is beyond the learned table's "
-                             f"{self.table.num_embeddings} positions (model.max_positions)")
-        return self.table.weight[offset:offset + length]
+# The positional encodings (3.5) are ``slots.SinusoidalPositions`` and, for Table 3 row E,
+# ``slots.LearnedPositions``: the ``model.positions`` slot's ``sinusoidal`` and ``learned``.
 
 
 # --- 3.1 Encoder and decoder stacks -------------------------------------------------------------
@@ -254,14 +209,8 @@ class Transformer(nn.Module):
         super().__init__()
         c = self.config = config
         self.embed = nn.Embedding(c.vocab_size, c.d_model)
-        self.src_pos: nn.Module
-        self.tgt_pos: nn.Module
-        if c.positions == "sinusoidal":
-            self.src_pos, self.tgt_pos = (SinusoidalPositions(c.d_model, c.max_positions)
-                                          for _ in range(2))
-        else:
-            self.src_pos, self.tgt_pos = (LearnedPositions(c.d_model, c.max_positions,
-                                                           c.positions_init) for _ in range(2))
+        self.src_pos: nn.Module = slots.build("positions", c)  # one table or encoding a stack
+        self.tgt_pos: nn.Module = slots.build("positions", c)
         self.drop = nn.Dropout(c.p_drop)  # on the sums of embeddings and positions (5.4)
         self.encoder = nn.ModuleList(EncoderLayer(c) for _ in range(c.N))
         self.decoder = nn.ModuleList(DecoderLayer(c) for _ in range(c.N))

@@ -1,7 +1,12 @@
-"""The parts of the model a config value picks by name: the feed-forward sublayer
-(``model.feed_forward``) and the sublayer wiring, where each LayerNorm sits
-(``model.wiring``). The paper's parts are registered here under their names, as a part of
-one's own is: ``register(slot, name)`` on a factory taking the ``ModelConfig``.
+"""The parts of the model a config value picks by name: the positional encoding
+(``model.positions``), the feed-forward sublayer (``model.feed_forward``) and the sublayer wiring,
+where each LayerNorm sits (``model.wiring``). The paper's parts are registered here under their
+names, as a part of one's own is: ``register(slot, name)`` on a factory taking the
+``ModelConfig``.
+
+* ``positions``: a module whose ``forward(length, offset=0)`` gives (length, d_model), added to
+  the scaled embeddings of each stack (one module a stack). ``sinusoidal`` is section 3.5;
+  ``learned`` is Table 3 row E (``model.positions_init`` starts its table).
 
 * ``feed_forward``: a module mapping (.., d_model) to (.., d_model). ``relu`` is equation 2.
 * ``wiring``: how a sublayer joins its residual stream, as ``before(x, norm)`` (the sublayer's
@@ -22,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -145,11 +151,20 @@ def check_parts(config: ModelConfig) -> None:
     one's own maps (1, 2, d_model) to (1, 2, d_model); one line naming the file otherwise."""
     load_modules(config.modules)
     check_names(config)
+    positions = _REGISTRY["positions"][config.positions]
+    if positions not in (sinusoidal, learned):
+        try:
+            with torch.device("meta"):
+                shape = tuple(positions(config)(2).shape)
+        except Exception as e:  # noqa: BLE001
+            raise ConfigError(f"{_file(positions)}: model.positions {config.positions!r} fails "
+                              f"for 2 positions: {type(e).__name__}: {e}") from None
+        if shape != (2, config.d_model):
+            raise ConfigError(f"{_file(positions)}: model.positions {config.positions!r} gives "
+                              f"{shape} for 2 positions; it must give (2, {config.d_model})")
     factory = _REGISTRY["feed_forward"][config.feed_forward]
     if factory is relu_feed_forward:
         return
-    import torch
-
     try:
         with torch.device("meta"):
             out = factory(config)(torch.zeros(1, 2, config.d_model))
@@ -195,6 +210,68 @@ class PositionwiseFeedForward(nn.Module):
 @register("feed_forward", "relu")
 def relu_feed_forward(config: ModelConfig) -> nn.Module:
     return PositionwiseFeedForward(config.d_model, config.d_ff)
+
+
+def sinusoid_table(length: int, d_model: int) -> Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model))."""
+    pos = torch.arange(length, dtype=torch.float64)[:, None]
+    inv_freq = torch.pow(10000.0, -torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    table = torch.zeros(length, d_model, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(pos * inv_freq)
+    table[:, 1::2] = torch.cos(pos * inv_freq)
+    return table.float()
+
+
+class SinusoidalPositions(nn.Module):
+    """The sinusoid of section 3.5, computed once and grown on demand."""
+
+    table: Tensor  # (positions, d_model): a buffer, grown when a longer sequence comes
+    def __init__(self, d_model: int, max_positions: int):
+        super().__init__()
+        self.d_model = d_model
+        self.register_buffer("table", sinusoid_table(max_positions, d_model), persistent=False)
+
+    def forward(self, length: int, offset: int = 0) -> Tensor:
+        if offset + length > self.table.shape[0]:  # longer than ever seen: extend, no hard limit
+            self.table = sinusoid_table(offset + length, self.d_model).to(self.table.device)
+        return self.table[offset:offset + length]
+
+
+class LearnedPositions(nn.Module):
+    """Table 3 row E: a learned embedding per position instead of the sinusoid."""
+
+    def __init__(self, d_model: int, max_positions: int, init: str = "xavier"):
+        super().__init__()
+        self.table = nn.Embedding(max_positions, d_model)
+        self.init = init  # config.POSITION_INITS: how reset_parameters starts the table
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Xavier-uniform (as every matrix), the sinusoid itself, or normal noise at the
+        sinusoid's RMS (1/sqrt(2): each sin, cos pair has unit norm)."""
+        w = self.table.weight
+        if self.init == "sinusoid":
+            w.copy_(sinusoid_table(w.shape[0], w.shape[1]))
+        elif self.init == "sinusoid-rms":
+            nn.init.normal_(w, std=0.5 ** 0.5)
+        else:
+            nn.init.xavier_uniform_(w)
+
+    def forward(self, length: int, offset: int = 0) -> Tensor:
+        if offset + length > self.table.num_embeddings:
+            raise ValueError(f"position {offset + length - 1} is beyond the learned table's "
+                             f"{self.table.num_embeddings} positions (model.max_positions)")
+        return self.table.weight[offset:offset + length]
+
+
+@register("positions", "sinusoidal")
+def sinusoidal(config: ModelConfig) -> nn.Module:
+    return SinusoidalPositions(config.d_model, config.max_positions)
+
+
+@register("positions", "learned")
+def learned(config: ModelConfig) -> nn.Module:
+    return LearnedPositions(config.d_model, config.max_positions, config.positions_init)
 
 
 class PostNorm:

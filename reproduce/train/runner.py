@@ -241,15 +241,21 @@ def run_here(run: PlannedRun, split: str, command: str, work: Path,
     if donor is not None:  # the training is the donor's: what it took is in its record
         take_training(record, donor)
         record["trained_by"], record["evaluated_on"] = donor.describe(), cast(Hardware, hardware())
-    if run.sets:  # --set on the command line, over the spec and scale
-        record["set"] = run.sets
-    if c.model.modules:  # parts of the user's own: their files' SHA-256 and sources
-        record["modules"] = slots.sources(c.model.modules)
+    cast(dict[str, Any], record).update(_own_entries(run))
     cast(dict[str, Any], record).update(extra or {})  # e.g. tuning: keys of Record
     if trainer.is_global_zero:  # one record per run, however many processes trained it
         write_record(record_path(run), record)
         log.info("%s: recorded %s", run.run_id, record_path(run))
     return record
+
+
+def _own_entries(run: PlannedRun) -> dict[str, Any]:
+    """What the user put over the spec and scale: ``set``, the command line's ``--set`` values,
+    and ``modules``, parts of their own (each file's SHA-256 and source)."""
+    own: dict[str, Any] = {"set": run.sets} if run.sets else {}
+    if run.config.model.modules:
+        own["modules"] = slots.sources(run.config.model.modules)
+    return own
 
 
 def _perplexities(trainer: pl.Trainer, module, data) -> tuple[Mapping[str, float], Mapping[str, float]]:

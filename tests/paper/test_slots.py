@@ -81,6 +81,17 @@ def test_a_broken_module_is_one_line_naming_its_file_before_anything_runs(tmp_pa
     assert err[0].startswith("error: mine.yaml: variants.own.set: ") or case == "shape"
 
 
+def test_a_part_no_one_registered_is_refused_where_the_spec_is_read(tmp_path):
+    from reproduce.errors import SpecError
+    from reproduce.records.sweep import load_spec
+
+    spec = tmp_path / "mine.yaml"
+    spec.write_text("variants: {base: {}, E: {set: {positions: rotary}}}\n")
+    with pytest.raises(SpecError, match="mine.yaml: variants.E.set: model.positions = 'rotary': "
+                       "allowed values are sinusoidal, learned"):
+        load_spec(str(spec))
+
+
 def test_a_module_changed_after_its_run_was_planned_is_refused(tmp_path):
     path = _module(tmp_path, "later.py", "later-test")
     pinned = slots.resolve_modules(str(path))
@@ -104,3 +115,25 @@ def test_the_flops_of_a_part_the_formulas_do_not_know_are_counted_and_said_so():
     assert flops.feed_forward_macs(relu) == 2 * 32 * 128 and flops.counted_how(relu) == ""
     assert flops.feed_forward_macs(geglu) == 1.5 * flops.feed_forward_macs(relu)
     assert "'geglu' counted by torch's FlopCounterMode: 12,288" in flops.counted_how(geglu)
+
+
+def test_positions_of_ones_own_are_checked_for_their_shape(tmp_path):
+    path = tmp_path / "positions.py"
+    path.write_text('''
+import torch
+from torch import nn
+from reproduce.paper.slots import register
+
+class Flat(nn.Module):
+    def forward(self, length, offset=0):
+        return torch.zeros(length)
+
+@register("positions", "flat-test")
+def flat(config):
+    return Flat()
+''')
+    config = dataclasses.replace(ModelConfig(d_model=8, d_ff=16),
+                                 modules=slots.resolve_modules(str(path)), positions="flat-test")
+    with pytest.raises(ConfigError, match=rf"{path}: model.positions 'flat-test' gives \(2,\) for "
+                       r"2 positions; it must give \(2, 8\)"):
+        slots.check_parts(config)

@@ -16,7 +16,6 @@ from tests.paper.test_model import independent_count
     ({"d_model": 0}, "model.d_model = 0: must be a positive integer"),
     ({"h": -1}, "model.h = -1"),
     ({"p_drop": 1.0}, r"model.p_drop = 1.0: must be in \[0, 1\)"),
-    ({"positions": "rotary"}, "allowed values are sinusoidal, learned"),
     ({"init": "orthogonal"}, "model.init = 'orthogonal': allowed values are xavier, depth-scaled"),
     ({"d_model": 511, "positions": "sinusoidal"}, "even d_model"),
     ({"eps_ls": -0.1}, "train.eps_ls"),
