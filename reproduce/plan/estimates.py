@@ -43,6 +43,7 @@ from reproduce.errors import ConfigError
 from reproduce.paper.flops import analytic_flops, gpu_tflops
 from reproduce.records.schema import Record
 from reproduce.train.precision import step_ratio, timed
+from reproduce.train.step_time import TIMINGS
 from reproduce.util import machine
 from reproduce.util.files import write_atomic
 from reproduce.util.machine import cpu_name, matmul_gflops
@@ -180,7 +181,7 @@ def fit_cpu(records: list[Record], rate_at, scale: str | None = None) -> CpuMode
 def level_from_timings(model: CpuModel, runs, rate_at, threads: Sequence[int],
                        cache: Path | None = None) -> CpuModel:
     """``model`` scaled to the fp32 steps ``precision.choose`` timed on this machine (``cache``,
-    default ``runs/precision.json``) for the runs' reference models, at any of ``threads``: the
+    default ``runs/timings.json``) for the runs' reference models, at any of ``threads``: the
     median of timed / predicted (at ``rate_at`` that thread count) over the distinct timings.
     Unchanged where none was timed (a fixed precision, or nothing trained here yet)."""
     levels: dict[str, float] = {}
@@ -239,7 +240,7 @@ class Estimate:
 def cpu_step_ratio(run, threads: int, cache: Path | None = None,
                    settled: str | None = None) -> float:
     """A step of ``run`` in the precision ``auto`` took here over an fp32 step, from the timing
-    cached (``cache``, default ``runs/precision.json``) for its table's base at ``threads`` (1.0
+    cached (``cache``, default ``runs/timings.json``) for its table's base at ``threads`` (1.0
     when fp32 or not timed yet). ``settled``: the precision the records of its table and scale
     trained in (``records.precision_history.settled``), which ``auto`` follows: fp32 there is an fp32 step."""
     if run.config.train.precision != "auto" or settled == "32-true":
@@ -330,7 +331,7 @@ class CpuPlan:
         a DDP run), in the precision its table's records settled on (``settled``) or ``auto``
         would take here."""
         return estimate(run, target or Target("cpu"), self.model_for(run), self.rate(threads),
-                        steps, cpu_step_ratio(run, threads, self.runs / "precision.json", settled))
+                        steps, cpu_step_ratio(run, threads, self.runs / TIMINGS, settled))
 
     def warnings(self, runs) -> list[str]:
         """A line for each scale whose fit prices the first of ``runs`` at that scale more than
@@ -362,5 +363,5 @@ def plan_here(records: list[Record], planned: list, runs: Path) -> CpuPlan:
     for scale in {run.scale for run in planned}:
         at = [run for run in planned if run.scale == scale]
         models[scale] = level_from_timings(fit_cpu(records, rate, scale), at, rate,
-                                           range(1, machine.cores() + 1), runs / "precision.json")
+                                           range(1, machine.cores() + 1), runs / TIMINGS)
     return CpuPlan(models, runs)

@@ -352,7 +352,7 @@ def price(config: Config, target: Target, steps: int, pairs: int | None = None,
     around = {
         "start-up": m.per["start-up"],
         "data": pairs * m.per["data per pair"],
-        # auto compiles to time it (once a machine: runs/compile.json) and again to train
+        # auto compiles to time it (once a machine: runs/timings.json) and again to train
         "compile": m.compile_s * {"on": 1, "auto": 2}.get(c.train.compile, 0),
         "fit's start": m.per["fit's start"],
         "averaging": (m.per["averaging per parameter"] * params * c.train.average_last

@@ -7,15 +7,14 @@ run trains on, each timed step on a batch shape new to both as a run's are
 (``step_time.seconds_compiled``). Compiling is taken where the compiled step is
 ``MARGIN`` faster *and* the seconds it saves over the run's steps exceed the seconds compiling
 took: a short run, or a small gain, stays eager. The timings are cached per device, torch
-version, precision and model shape (``runs/compile.json``), so every rank of a run and every
-later run on the machine read the same answer; the decision (which depends on the run's steps)
-and its timings go into the record (``compile_choice``). Where ``torch.compile`` fails, while
-timing or on a run's first step, the run trains eager and says so in one line
-(``lit.TranslationModule``)."""
+version, precision and model shape (``runs/timings.json``, ``step_time.measured``), so every
+rank of a run and every later run on the machine read the same answer; the decision (which
+depends on the run's steps) and its timings go into the record (``compile_choice``). Where
+``torch.compile`` fails, while timing or on a run's first step, the run trains eager and says so
+in one line (``lit.TranslationModule``)."""
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,6 @@ from reproduce.paths import runs_dir
 from reproduce.records.sweep import PlannedRun
 from reproduce.train import step_time
 from reproduce.train.devices import ONE_DEVICE, Layout, threads_of_one_rank
-from reproduce.util.files import write_atomic
 from reproduce.util.machine import cpu_flags, cpu_name
 
 log = logging.getLogger("reproduce")
@@ -35,7 +33,6 @@ log = logging.getLogger("reproduce")
 # The compiled step must be this much faster to be taken: a near tie stays eager, the kernels the
 # paper's numbers are checked against (and without a compile's minutes at every start).
 MARGIN = 1.1
-CACHE = "compile.json"
 
 
 # The oldest torch the fast path has trained on (a lent GPU's image: 2.11; this project's CPUs:
@@ -64,7 +61,7 @@ METHOD = 4
 
 
 def _key(config, tokens: int, precision: str, device: str) -> str:
-    return (f"{device}|torch {torch.__version__}|{precision}|"
+    return (f"compile|{device}|torch {torch.__version__}|{precision}|"
             f"{step_time.shape_key(config, tokens)}|timed {METHOD}")
 
 
@@ -101,21 +98,17 @@ def choose(config, micro_tokens: int, micro_steps: int, precision: str, accelera
     if asked != "auto":
         return asked == "on", {"asked": asked, "how": "set in the config"}
     device = _device(accelerator)
-    key = _key(config, micro_tokens, precision, device)
-    known = _read(cache).get(key) if cache else None
-    if known is None:
+
+    def measure() -> dict[str, Any]:
         try:
-            known = (timer or step_time.seconds_compiled)(
+            timed = (timer or step_time.seconds_compiled)(
                 config, micro_tokens, precision, "cuda" if accelerator == "gpu" else "cpu")
         except Exception as e:  # noqa: BLE001 - any compiler failure: eager, in one line
-            known = {"failed": one_line(e)}
-        known = {**known, "device": device, "timed_model": model, "tokens": micro_tokens}
-        if cache:
-            write_atomic(cache, (json.dumps({**_read(cache), key: known}, indent=1)
-                                 + "\n").encode())
-        cached = False
-    else:
-        cached = True
+            timed = {"failed": one_line(e)}
+        return {**timed, "device": device, "timed_model": model, "tokens": micro_tokens}
+
+    known, cached = step_time.measured(cache, _key(config, micro_tokens, precision, device),
+                                       measure)
     chosen, how = decide(known, micro_steps)
     return chosen, {"asked": asked, "chosen": chosen, "how": how, "seconds": known,
                     "micro_steps": micro_steps, "cached": cached}
@@ -134,7 +127,7 @@ def choose_compile(run: PlannedRun, precision: str, layout: Layout = ONE_DEVICE,
     accumulate, micro = reference.train.split_batch(layout.world)
     with threads_of_one_rank(layout):
         chosen, how = choose(reference, micro, c.train.train_steps * accumulate, precision,
-                             layout.accelerator, runs_dir() / CACHE, model=model)
+                             layout.accelerator, runs_dir() / step_time.TIMINGS, model=model)
     if say and c.train.compile != "off" and "cached" not in how and not chosen:  # torch too old
         log.warning("%s: compile %s -> off (%s)", run.run_id, c.train.compile, how["how"])
     elif say and c.train.compile == "auto":

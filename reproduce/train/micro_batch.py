@@ -10,9 +10,10 @@ model in its precision, at the widest batch a run can have (every pair
 the micro-batch tried, one pass first, then two, three, ... equal ones; the first whose peak
 (memory torch reserved) stays within ``HEADROOM`` of what the GPU had free is taken (a pass that
 runs out of memory counts as not fitting). Answers are cached per GPU, torch version, precision
-and model (shape and dropout, which keeps its masks) in ``runs/micro-batch.json``, and a run keeps
-its own in its folder (``RUN_FILE``): a resumed run, and a cluster's other ranks (which read it
-once rank 0 has decided), take the micro-batch it started with. A GPU shared with other
+and model (shape and dropout, which keeps its masks) in ``runs/timings.json``
+(``step_time.measured``), and a run keeps its own in its folder (``RUN_FILE``): a resumed run,
+and a cluster's other ranks (which read it once rank 0 has decided), take the micro-batch it
+started with. A GPU shared with other
 processes when measured gives a smaller answer; one shared later than measured can run out of
 memory (one line says what to lower). A CPU takes one pass (its memory is not what limits a step
 at the scales a CPU trains). The record keeps how (``batch.micro_batch_choice``)."""
@@ -39,7 +40,6 @@ from reproduce.util.files import write_atomic
 log = logging.getLogger("reproduce")
 
 AUTO = "auto"
-CACHE = "micro-batch.json"
 RUN_FILE = "micro-batch.json"  # in the run's folder: the micro-batch it started with
 # How the peaks were measured; a cache entry of another method is measured again
 METHOD = 1
@@ -118,7 +118,7 @@ def cache_key(config: Config, tokens: int, precision: str, device: str) -> str:
     dropouts (what a step keeps in memory) at ``tokens``, the widest sentence and the method."""
     from reproduce.train import step_time
 
-    return (f"{device}|torch {torch.__version__}|{precision}|"
+    return (f"micro-batch|{device}|torch {torch.__version__}|{precision}|"
             f"{step_time.shape_key(config, tokens, ('shape', 'dropout'))}|"
             f"width {config.train.max_tokens_per_sentence}|method {METHOD}")
 
@@ -138,24 +138,28 @@ def choose(config: Config, devices: int, precision: str, accelerator: str, cache
     from reproduce.train import step_time
 
     device = torch.cuda.get_device_name() if peak is None else "given"
-    key = cache_key(config, per_device, precision, device)
-    known = step_time.read_timings(cache).get(key) if cache else None
-    cached = known is not None
-    if known is None:
-        total = free_bytes() if total is None else total
+
+    def measure() -> dict[str, Any]:
+        free = free_bytes() if total is None else total
         passes, tokens, tried = fewest_passes(per_device, peak or cuda_peak(config, precision),
-                                              total)
-        known = {"passes": passes, "tokens": tokens, "free_bytes": total,
-                 "peak_bytes": {str(k): v for k, v in tried.items()}, "device": device,
-                 "model": model_identity(config.model)}
-        if cache:
-            write_atomic(cache, (json.dumps({**step_time.read_timings(cache), key: known},
-                                            indent=1) + "\n").encode())
+                                              free)
+        return {"passes": passes, "tokens": tokens, "free_bytes": free,
+                "peak_bytes": {str(k): v for k, v in tried.items()}, "device": device,
+                "model": model_identity(config.model)}
+
+    known, cached = step_time.measured(cache, cache_key(config, per_device, precision, device),
+                                       measure)
     peaks = known["peak_bytes"]
     how = (f"{known['passes']} pass(es) of {known['tokens']} tokens a step: peak "
            f"{peaks[str(known['tokens'])] / 2**30:.1f} GiB of {known['free_bytes'] / 2**30:.1f} "
            f"free (at most {HEADROOM:.0%}), measured on the widest batch")
     return known["tokens"], {"asked": AUTO, "how": how, "measured": known, "cached": cached}
+
+
+def timings_file() -> str:
+    from reproduce.train import step_time
+
+    return step_time.TIMINGS
 
 
 def resolve(run: PlannedRun, layout: Layout, precision: str, work: Path) -> PlannedRun:
@@ -174,7 +178,7 @@ def resolve(run: PlannedRun, layout: Layout, precision: str, work: Path) -> Plan
         tokens, how = earlier["tokens"], earlier["how"]
     else:
         tokens, how = choose(run.config, layout.world, precision, layout.accelerator,
-                             runs_dir() / CACHE)
+                             runs_dir() / timings_file())
         work.mkdir(parents=True, exist_ok=True)
         write_atomic(kept, json.dumps({"per_device": per_device, "tokens": tokens,
                                        "how": how}, indent=1).encode())

@@ -3,6 +3,7 @@
 by every place that keys, plans, counts or reports a model, without a second list to edit."""
 
 import dataclasses
+import json
 
 import pytest
 
@@ -58,3 +59,38 @@ def test_every_model_field_declares_a_kind(kind):
     declared = {f.name: f.metadata.get("kind") for f in dataclasses.fields(ModelConfig)}
     assert all(declared.values()), declared
     assert kind in declared.values()
+
+
+def test_the_three_auto_choosers_share_one_cache_keyed_by_the_identity(tmp_path, monkeypatch):
+    """precision, compile and the micro-batch follow one protocol (``step_time.measured``) into
+    one file: each entry named by its chooser and the model's identity, a new knob's value timed
+    anew, the same model read back without measuring."""
+    from reproduce.train import compiling, precision
+
+    monkeypatch.setattr(precision, "bf16_matmul_not_slower", lambda: True)
+    cache = tmp_path / step_time.TIMINGS
+    measured: list[str] = []
+
+    def choose_all(config: Config) -> list[bool]:
+        config = config.overrides(precision="auto", compile="auto", device_batch_tokens="auto")
+        _, p = precision.choose(config, 512, cache, timer=lambda c, t: measured.append("p") or {
+            "32-true": 1.0, "bf16-mixed": 2.0})
+        _, c = compiling.choose(config, 512, 100, "32-true", "cpu", cache,
+                                timer=lambda *a: measured.append("c") or {
+                                    "eager": 1.0, "compiled": 2.0, "compile_seconds": 1.0})
+        _, m = micro_batch.choose(config, 1, "32-true", "gpu", cache, total=2**40,
+                                  peak=lambda tokens: measured.append("m") or 2**20)
+        return [p["cached"], c["cached"], m["cached"]]
+
+    base, other = _pair()
+    assert choose_all(base) == [False] * 3 and measured == ["p", "c", "m"]
+    assert choose_all(base) == [True] * 3 and len(measured) == 3  # read back, not measured
+    assert choose_all(other) == [False] * 3 and len(measured) == 6  # the knob: timed anew
+    keys = sorted(json.loads(cache.read_text()))
+    assert [k.split("|")[0] for k in keys] == ["compile"] * 2 + ["micro-batch"] * 2 + \
+        ["precision"] * 2
+    for config in (base, other):  # the micro-batch's entries also know the dropouts (memory)
+        shape, memory = (model_identity(config.model, kinds) for kinds in (
+            ("shape",), ("shape", "dropout")))
+        assert sum(f"|{shape}-tok" in k for k in keys) == 2
+        assert sum(f"|{memory}-tok" in k for k in keys) == 1
