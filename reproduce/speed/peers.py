@@ -32,10 +32,19 @@ def trainable_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
+# The peers build the paper's parts only: another part (pre-norm, a feed-forward of one's own)
+# would be timed against a peer that is not the same model
+PAPER_PARTS = {"positions": "sinusoidal", "feed_forward": "relu", "wiring": "post-norm"}
+
+
 def _same_width(c: ModelConfig, who: str) -> None:
     if c.h * c.d_k != c.d_model or c.h * c.d_v != c.d_model:
         raise ValueError(f"{who} needs h * d_k == h * d_v == d_model; got h={c.h}, d_k={c.d_k}, "
                          f"d_v={c.d_v}, d_model={c.d_model}")
+    other = ", ".join(f"{k} {getattr(c, k)}" for k, v in PAPER_PARTS.items() if getattr(c, k) != v)
+    if other:
+        paper = ", ".join(f"{k} {v}" for k, v in PAPER_PARTS.items())
+        raise ValueError(f"{who} builds the paper's parts ({paper}); got {other}")
 
 
 # --- torch.nn.Transformer -------------------------------------------------------------------------

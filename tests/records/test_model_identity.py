@@ -94,3 +94,14 @@ def test_the_three_auto_choosers_share_one_cache_keyed_by_the_identity(tmp_path,
             ("shape",), ("shape", "dropout")))
         assert sum(f"|{shape}-tok" in k for k in keys) == 2
         assert sum(f"|{memory}-tok" in k for k in keys) == 1
+
+
+def test_the_speed_peers_refuse_a_part_they_do_not_build():
+    """nn.Transformer and MarianMT are built as the paper's model: timed beside pre-norm they
+    would be another model, so they say so instead."""
+    from reproduce.speed.peers import TorchTransformer
+
+    config = ModelConfig(vocab_size=50, N=1, d_model=16, d_ff=32, h=4, d_k=4, d_v=4)
+    TorchTransformer(config)
+    with pytest.raises(ValueError, match="builds the paper's parts .*; got wiring pre-norm"):
+        TorchTransformer(dataclasses.replace(config, wiring="pre-norm"))
