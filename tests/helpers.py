@@ -69,9 +69,10 @@ TIMEOUT = 600
 # inductor sets before each compiled library it loads reads it, which an in-process compile
 # leaves behind: without it, no later CLI call of that worker was forked; and the flag joblib sets
 # for Intel's OpenMP runtime, which torch here does not use, as a test first scores BLEU in its own
-# process: sacremoses imports joblib)
+# process: sacremoses imports joblib; and Kineto's log level, which a run's step census sets in
+# the process that trains and Kineto reads when it first profiles)
 READ_LATER = ("REPRODUCE_", "WANDB_", "PL_GLOBAL_SEED", "PL_SEED_WORKERS", "PYTEST_", "SLURM_",
-              "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR", "KMP_INIT_AT_FORK")
+              "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR", "KMP_INIT_AT_FORK", "KINETO_LOG_LEVEL")
 # read by torch once: a zygote for each value a test asks for (cli_env's threads)
 PER_ZYGOTE = ("OMP_NUM_THREADS",)
 # the environment the session's tests start from (conftest.py)

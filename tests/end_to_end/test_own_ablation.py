@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import cli
+from tests.helpers import WANDB_OFFLINE, cli
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "own-ablation.md"
@@ -44,6 +44,9 @@ def test_a_part_of_ones_own_trains_and_is_recorded_as_the_page_says(tmp_path):
     assert row.split(" | ")[-2].split("; ")[0] in ("better", "worse", "no effect"), row  # 2 seeds
     said = cli(env, *status, cwd=tmp_path).stdout
     assert said.startswith("glu at `smoke` (seeds [0, 1]): 4 done, 0 stale"), said
+    published = cli({**env, **WANDB_OFFLINE}, "publish", "--spec", "sweeps/examples/glu.yaml",
+                    "--results", "mine", cwd=tmp_path).stdout  # W&B offline, as without a key
+    assert published.startswith("glu: 4 record(s) logged to W&B (offline)"), published
     plan = cli(env, *train, "--seeds", "2", "--dry-run", cwd=tmp_path).stdout  # 0, 1 and 2
     assert "(the feed-forward 'geglu' counted by torch's FlopCounterMode: 12,288 multiply-adds " \
         "a token)" in plan.split("glu-GEGLU-smoke-seed2: 30 steps")[1].splitlines()[0]
