@@ -105,23 +105,25 @@ def test_own_results_and_set_values_stay_apart_from_the_projects(tmp_path):
 
 
 # attention_dropout.yaml runs in tests/end_to_end/test_first_steps.py, as docs/first-steps.md uses it
-@pytest.mark.parametrize("spec, table, variants", [
-    ("local_corpus", "local-tiny", ["N2", "N8", "base"]),
-    ("pre_norm", "pre-norm", ["base", "pre-LN"]),
+@pytest.mark.parametrize("spec, table, variants, seeds", [
+    ("local_corpus", "local-tiny", ["N2", "N8", "base"], ["0"]),
+    ("pre_norm", "pre-norm", ["base", "pre-LN"], ["0", "1"]),  # two seeds: a verdict
 ])
-def test_the_example_specs_run_at_smoke_scale(tmp_path, spec, table, variants):
+def test_the_example_specs_run_at_smoke_scale(tmp_path, spec, table, variants, seeds):
     # run from the repository root, as docs/specs.md says (local_corpus's data_dir is relative)
     out = cli(_own_env(tmp_path), "table3", "--spec", f"sweeps/examples/{spec}.yaml", "--scale",
-              "smoke", "--results", str(tmp_path / "mine"), "--workers", "1", cwd=paths.REPO,
-              check=False)
+              "smoke", "--seeds", *seeds, "--results", str(tmp_path / "mine"), "--workers", "1",
+              cwd=paths.REPO, check=False)
     assert out.returncode == 0, out.stdout + out.stderr
     mine = tmp_path / "mine"
     assert sorted(p.stem for p in (mine / table).glob("*.json")) == [
-        f"{table}-{v}-smoke-seed0" for v in variants]
+        f"{table}-{v}-smoke-seed{s}" for v in variants for s in seeds]
     page = (mine / f"{table}.md").read_text()
     assert f"`results/{table}/`" in page and (mine / f"{table}-smoke.png").is_file()
-    if spec == "pre_norm":  # a verdict-less row of one seed, its configuration named
-        assert "| (LN) pre-LN | wiring pre-norm |" in page, page
+    if spec == "pre_norm":  # its configuration named, and a verdict against base
+        row = next(line for line in page.splitlines() if line.startswith("| (LN) pre-LN | "))
+        assert row.startswith("| (LN) pre-LN | wiring pre-norm |"), row
+        assert row.split(" | ")[-2].split("; ")[0] in ("better", "worse", "no effect"), row
         record = json.loads((mine / table / f"{table}-pre-LN-smoke-seed0.json").read_text())
         assert record["config"]["model"]["wiring"] == "pre-norm"
     if spec == "local_corpus":
