@@ -29,14 +29,15 @@ def train_here(options: Options, argv: list[str], spec, runs: list, layout: Layo
 
     quiet_libraries()
     _check_writable()
+    done = [plan_state(run) == "done" for run in runs]  # read once: records on disk
     # before any run starts, and before a table is rendered
-    check_data(run.config for run in runs if plan_state(run) != "done")
+    check_data(run.config for run, finished in zip(runs, done, strict=True) if not finished)
     if wandb_mode() == "online":
         init_timeout()  # a bad WANDB_INIT_TIMEOUT is found now, not when the first run logs
     command = recorded_command(argv)
     planned = list(runs)  # workers take runs over; the closing lines speak of all of them
     failed = False
-    recorded = bool(runs) and all(plan_state(run) == "done" for run in runs)
+    recorded = bool(runs) and all(done)
     try:
         n = options.workers
         if n == "auto":

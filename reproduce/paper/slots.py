@@ -60,8 +60,16 @@ def names(slot: str) -> tuple[str, ...]:
 def build(slot: str, config: ModelConfig) -> Any:
     """The part ``config`` names in ``slot`` (``config.<slot>``), or a one-line ``ConfigError``
     naming the field and the values it may take."""
-    check_names(config)
-    return _REGISTRY[slot][getattr(config, slot)](config)
+    load_modules(config.modules)
+    return _factory(slot, config)(config)
+
+
+def _factory(slot: str, config: ModelConfig) -> Callable[[ModelConfig], Any]:
+    factory = _REGISTRY[slot].get(getattr(config, slot))
+    if factory is None:
+        raise ConfigError(f"model.{slot} = {getattr(config, slot)!r}: allowed values are "
+                          f"{', '.join(names(slot))}")
+    return factory
 
 
 # --- modules of one's own ---------------------------------------------------------------------
@@ -149,9 +157,8 @@ def sources(modules: str) -> dict[str, dict[str, str]]:
 def check_parts(config: ModelConfig) -> None:
     """Before anything trains: the modules load, every slot's name is registered, and a part of
     one's own maps (1, 2, d_model) to (1, 2, d_model); one line naming the file otherwise."""
-    load_modules(config.modules)
     check_names(config)
-    positions = _REGISTRY["positions"][config.positions]
+    positions = _factory("positions", config)
     if positions not in (sinusoidal, learned):
         try:
             with torch.device("meta"):
@@ -162,7 +169,7 @@ def check_parts(config: ModelConfig) -> None:
         if shape != (2, config.d_model):
             raise ConfigError(f"{_file(positions)}: model.positions {config.positions!r} gives "
                               f"{shape} for 2 positions; it must give (2, {config.d_model})")
-    factory = _REGISTRY["feed_forward"][config.feed_forward]
+    factory = _factory("feed_forward", config)
     if factory is relu_feed_forward:
         return
     try:
@@ -187,9 +194,7 @@ def check_names(config: ModelConfig) -> None:
     loaded first)."""
     load_modules(config.modules)
     for slot in SLOTS:
-        if getattr(config, slot) not in _REGISTRY[slot]:
-            raise ConfigError(f"model.{slot} = {getattr(config, slot)!r}: allowed values are "
-                              f"{', '.join(names(slot))}")
+        _factory(slot, config)
 
 
 # --- the paper's parts, and pre-LN --------------------------------------------------------------

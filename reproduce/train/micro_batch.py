@@ -34,6 +34,7 @@ from reproduce.config import Config, model_identity
 from reproduce.errors import ConfigError
 from reproduce.paths import runs_dir
 from reproduce.records.sweep import PlannedRun
+from reproduce.train import step_time
 from reproduce.train.devices import Layout
 from reproduce.util.files import write_atomic
 
@@ -71,7 +72,6 @@ def cuda_peak(config: Config, precision: str) -> Callable[[int], int | None]:
     where it ran out of memory. Everything it allocated is freed before it returns."""
     from reproduce.paper.model import Transformer
     from reproduce.paper.optim import adam_with_schedule
-    from reproduce.train.step_time import step_loss
 
     c, width = config, config.train.max_tokens_per_sentence
     dtype = torch.bfloat16 if precision.startswith("bf16") else torch.float16
@@ -86,7 +86,7 @@ def cuda_peak(config: Config, precision: str) -> Callable[[int], int | None]:
         ids = torch.randint(4, c.model.vocab_size, (3, max(1, tokens // width), width),
                             device="cuda")
         with torch.autocast("cuda", dtype=dtype, enabled=autocast):
-            loss = step_loss(model, {"src": ids[0], "tgt_in": ids[1], "tgt_out": ids[2]},
+            loss = step_time.step_loss(model, {"src": ids[0], "tgt_in": ids[1], "tgt_out": ids[2]},
                              c.train.eps_ls, c.model.pad_id)
         loss.backward()
         optimizer.step()
@@ -116,8 +116,6 @@ def free_bytes() -> int:
 def cache_key(config: Config, tokens: int, precision: str, device: str) -> str:
     """What a measured micro-batch is of: the device, torch, precision, the model's shapes and
     dropouts (what a step keeps in memory) at ``tokens``, the widest sentence and the method."""
-    from reproduce.train import step_time
-
     return (f"micro-batch|{device}|torch {torch.__version__}|{precision}|"
             f"{step_time.shape_key(config, tokens, ('shape', 'dropout'))}|"
             f"width {config.train.max_tokens_per_sentence}|method {METHOD}")
@@ -135,8 +133,6 @@ def choose(config: Config, devices: int, precision: str, accelerator: str, cache
         return per_device, {"asked": asked, "how": "set in the config"}
     if accelerator != "gpu" and peak is None:
         return per_device, {"asked": AUTO, "how": "one pass a step: a CPU's memory is not measured"}
-    from reproduce.train import step_time
-
     device = torch.cuda.get_device_name() if peak is None else "given"
 
     def measure() -> dict[str, Any]:
@@ -156,12 +152,6 @@ def choose(config: Config, devices: int, precision: str, accelerator: str, cache
     return known["tokens"], {"asked": AUTO, "how": how, "measured": known, "cached": cached}
 
 
-def timings_file() -> str:
-    from reproduce.train import step_time
-
-    return step_time.TIMINGS
-
-
 def resolve(run: PlannedRun, layout: Layout, precision: str, work: Path) -> PlannedRun:
     """``run`` with its micro-batch as a number where it asks ``auto``, and how in
     ``micro_batch_choice``: the one its folder ``work`` keeps (``RUN_FILE``: it started with it,
@@ -178,7 +168,7 @@ def resolve(run: PlannedRun, layout: Layout, precision: str, work: Path) -> Plan
         tokens, how = earlier["tokens"], earlier["how"]
     else:
         tokens, how = choose(run.config, layout.world, precision, layout.accelerator,
-                             runs_dir() / timings_file())
+                             runs_dir() / step_time.TIMINGS)
         work.mkdir(parents=True, exist_ok=True)
         write_atomic(kept, json.dumps({"per_device": per_device, "tokens": tokens,
                                        "how": how}, indent=1).encode())
