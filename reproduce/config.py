@@ -163,6 +163,10 @@ class TrainConfig:
     ckpt_every_minutes: float = 0.0
     ckpt_every_steps: int = 0
     average_last: int = 1
+    # Weights chosen on dev (Table 4): the last `pick_on_dev` step checkpoints are kept, each and
+    # their average decoded on the dev split, and the best by the task's dev metric is scored on
+    # test (reproduce.train.pick); 0: the final weights (or the average of `average_last`).
+    pick_on_dev: int = 0
     val_every_steps: int = 0  # 0: validate once, at the end
     seed: int = 0
     # torch.compile of the training loss (the model's forward and the loss, so the backward):
@@ -180,6 +184,10 @@ class TrainConfig:
         if self.ckpt_every_minutes:
             return "minutes", self.ckpt_every_minutes
         return "steps", self.ckpt_every_steps or max(1, self.train_steps // 10)
+
+    def kept_checkpoints(self) -> int:
+        """Step checkpoints a run keeps: those it averages, or those the dev pick weighs."""
+        return max(self.average_last, self.pick_on_dev)
 
     def split_batch(self, devices: int) -> tuple[int, int]:
         """(micro-batches accumulated per step, tokens per micro-batch per device) so that
@@ -204,7 +212,7 @@ class TrainConfig:
             and self.device_batch_tokens >= 0),
             f"train.device_batch_tokens = {self.device_batch_tokens!r}: allowed values are an "
             "integer >= 0 (0: one pass a step) or auto")
-        for name in ("ckpt_every_steps", "val_every_steps", "seed",
+        for name in ("ckpt_every_steps", "val_every_steps", "seed", "pick_on_dev",
                      "ckpt_every_minutes", "batch_shapes"):
             value = getattr(self, name)
             _check(value >= 0, f"train.{name} = {value}: must be >= 0")

@@ -61,13 +61,14 @@ def need(config: Config) -> Need:
     params = count_parameters(build_on_meta(config.model))
     weights = BYTES_PER_WEIGHT * params + OVERHEAD
     full = weights + 2 * BYTES_PER_WEIGHT * params  # Adam's exp_avg and exp_avg_sq
-    k = config.train.average_last
+    k = config.train.kept_checkpoints()
     return Need(full=full, step=weights if weights_only(config) else full, kept=k)
 
 
 def weights_only(config: Config) -> bool:
-    """Whether the run's step checkpoints hold weights alone: kept only for averaging."""
-    return config.train.average_last > 1
+    """Whether the run's step checkpoints hold weights alone: kept only to be averaged or
+    weighed on dev (``train.pick_on_dev``)."""
+    return config.train.kept_checkpoints() > 1
 
 
 def free(folder: Path) -> int:

@@ -53,13 +53,14 @@ class Donor:
 
 def same_training(stored: dict[str, Any] | None, config: Config) -> bool:
     """Whether a stored config (a record's) trains exactly the weights ``config`` trains: equal
-    but for decoding and ``average_last``, which act after training."""
+    but for decoding, ``average_last`` and ``pick_on_dev``, which act after training."""
     rebuilt = stored_config(stored)
     if rebuilt is None:
         return False
     rebuilt = as_asked(rebuilt, config)
     rebuilt = replace(rebuilt, decode=config.decode,
-                      train=replace(rebuilt.train, average_last=config.train.average_last))
+                      train=replace(rebuilt.train, average_last=config.train.average_last,
+                                    pick_on_dev=config.train.pick_on_dev))
     return rebuilt == config
 
 

@@ -246,7 +246,8 @@ def same_config(stored: dict[str, Any] | None, config: Config, training_only: bo
     schedule does not depend on it either, so a run given more steps continues exactly where it
     stopped; the caller checks that the checkpoint is not past the new step count) and
     ``device_batch_tokens`` (the micro-batch: the tokens per step are the same, accumulated, as
-    when a run resumes on another number of devices). A ``config`` that asks ``auto`` of it
+    when a run resumes on another number of devices) and ``pick_on_dev`` (which kept weights are
+    scored). A ``config`` that asks ``auto`` of it
     matches the number a run chose (``train.micro_batch``).
     """
     rebuilt = stored_config(stored)
@@ -256,7 +257,8 @@ def same_config(stored: dict[str, Any] | None, config: Config, training_only: bo
     if training_only:  # the micro-batch too: where it trains (lowered after running out of memory)
         rebuilt = replace(rebuilt, decode=config.decode,
                           train=replace(rebuilt.train, train_steps=config.train.train_steps,
-                                        device_batch_tokens=config.train.device_batch_tokens))
+                                        device_batch_tokens=config.train.device_batch_tokens,
+                                        pick_on_dev=config.train.pick_on_dev))
     return rebuilt == config
 
 

@@ -100,7 +100,7 @@ def fit(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=(),
     ckpt = StepCheckpoint(
         val_every_steps=c.train.val_every_steps, steps_weights_only=disk.weights_only(c),
         dirpath=work / "checkpoints", filename="step{step}", auto_insert_metric_name=False,
-        save_last=True, save_top_k=c.train.average_last, monitor="step", mode="max", **every)
+        save_last=True, save_top_k=c.train.kept_checkpoints(), monitor="step", mode="max", **every)
     trainer = pl.Trainer(
         max_steps=c.train.train_steps, max_epochs=-1, precision=precision,  # type: ignore[arg-type]
         accelerator=layout.accelerator, devices=layout.devices, num_nodes=layout.nodes,
