@@ -37,6 +37,9 @@ ACCELERATORS = ("auto", "cpu", "gpu")
 # Parse-tree targets (Table 4): POS tags kept, every tag normalized to XX, or the words themselves
 # in the tags' place (not the paper's; reproduce/paper/parsing.py).
 LINEARIZATIONS = ("tags", "xx", "words")
+# data.vocabulary: sentencepiece BPE pieces (the paper's, section 5.1) or one token a word
+# (paper.tokenizer.WordTokenizer: a small treebank's stand-in for the paper's 16K pieces on WSJ).
+VOCABULARIES = ("bpe", "words")
 
 
 def _check(ok: bool, message: str) -> None:
@@ -262,6 +265,9 @@ class DataConfig:
     # the default because runs recorded before this field existed used it), or the words themselves
     # ("words": not the paper's, see reproduce/paper/parsing.py).
     linearization: str = "xx"
+    # "bpe": pieces (section 5.1); "words": one token a word, `vocab_size` its budget: the most
+    # frequent training words seen at least twice, every other word its shape (``<unk-Cap-s>``).
+    vocabulary: str = "bpe"
     max_train_pairs: int = 0
     max_eval_pairs: int = 0
     # Every k-th training pair (1 = all): a corpus k times smaller, spread over all its books, for
@@ -279,6 +285,8 @@ class DataConfig:
         _check(bool(self.corpus), "data.corpus is empty: name a corpus")
         _check(self.linearization in LINEARIZATIONS,
                f"data.linearization = {self.linearization!r}: one of {', '.join(LINEARIZATIONS)}")
+        _check(self.vocabulary in VOCABULARIES,
+               f"data.vocabulary = {self.vocabulary!r}: one of {', '.join(VOCABULARIES)}")
 
 
 @dataclass(frozen=True)

@@ -18,29 +18,32 @@ from reproduce.util.files import exclusive
 logger = logging.getLogger(__name__)
 
 
-def tokenizer_path(source: CorpusSource, vocab_size: int, cache: str | Path | None = None) -> Path:
-    """Where the BPE model of ``source`` with ``vocab_size`` pieces is (or will be) cached."""
-    return model_path(source.tokenizer_name(), vocab_size, cache or cache_dir())
+def tokenizer_path(source: CorpusSource, vocab_size: int, cache: str | Path | None = None,
+                   kind: str = "bpe") -> Path:
+    """Where the vocabulary of ``kind`` (``config.VOCABULARIES``) of ``source`` with
+    ``vocab_size`` entries is (or will be) cached."""
+    return model_path(source.tokenizer_name(), vocab_size, cache or cache_dir(), kind)
 
 
 def corpus_tokenizer(source: CorpusSource, vocab_size: int,
-                     cache: str | Path | None = None) -> Tokenizer:
-    """The BPE model of ``source``'s training pairs (both sides), trained once and then loaded.
+                     cache: str | Path | None = None, kind: str = "bpe") -> Tokenizer:
+    """The vocabulary of ``source``'s training pairs (both sides), trained once and then loaded:
+    BPE pieces, or one token a word (``kind="words"``, ``paper.tokenizer.WordTokenizer``).
 
     Treebank corpora keep their tree tokens as whole pieces, and a small treebank may not fill
     ``vocab_size`` (the model's real size is ``Tokenizer.vocab_size``)."""
-    path = tokenizer_path(source, vocab_size, cache)
+    path = tokenizer_path(source, vocab_size, cache, kind)
     if path.is_file():
         return load_tokenizer(path)
     waiting = f"{source.corpus}: waiting for another process to train {path}"
     with exclusive(path.with_suffix(".lock"), waiting=waiting):  # one trainer among the ranks
         if path.is_file():
             return load_tokenizer(path)
-        return _train(source, vocab_size, path, cache)
+        return _train(source, vocab_size, path, cache, kind)
 
 
-def _train(source: CorpusSource, vocab_size: int, path: Path, cache: str | Path | None
-           ) -> Tokenizer:
+def _train(source: CorpusSource, vocab_size: int, path: Path, cache: str | Path | None,
+           kind: str) -> Tokenizer:
     trees = source.is_treebank
     symbols = tree_symbols(source.pairs("train"), source.linearization) if trees else ()
     count = [0]
@@ -53,9 +56,10 @@ def _train(source: CorpusSource, vocab_size: int, path: Path, cache: str | Path 
 
     started = time.perf_counter()
     tokenizer = train_tokenizer(source.tokenizer_name(), vocab_size, sentences(),
-                                cache or cache_dir(), symbols=symbols, hard_vocab_limit=not trees)
+                                cache or cache_dir(), symbols=symbols, hard_vocab_limit=not trees,
+                                kind=kind)
     seconds = time.perf_counter() - started
     if seconds > 2:
-        logger.info("%s: trained a %d-piece BPE vocabulary on %d sentences in %.0f s (%s)",
-                    source.corpus, tokenizer.vocab_size, 2 * count[0], seconds, path)
+        logger.info("%s: trained a %d-entry %s vocabulary on %d sentences in %.0f s (%s)",
+                    source.corpus, tokenizer.vocab_size, kind, 2 * count[0], seconds, path)
     return tokenizer

@@ -2,6 +2,13 @@
 
 One model is trained per (corpus content, vocabulary size) and kept under ``<cache>/spm/``; later runs load
 the file instead of retraining, so every experiment on a corpus sees the same segmentation.
+
+A second kind, one token a word (``WordTokenizer``, ``data.vocabulary: words``), is a small
+treebank's stand-in for the paper's 16K pieces on WSJ, nearly one piece a word there: on NLTK's
+sample a 4000-piece BPE splits a quarter of the dev words. Each training word seen at least twice
+(the most frequent, up to the budget) is its own token; every other word, seen once in training
+or never, is written as its shape (``word_shape``: ``<unk-Cap-s>``), whose tokens the words seen
+once train.
 """
 
 from __future__ import annotations
@@ -10,6 +17,7 @@ import hashlib
 import io
 import os
 import re
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -23,6 +31,9 @@ PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 # Past this many sentences sentencepiece trains on a seeded random sample: BPE training time and
 # memory grow with the input, and a few million sentences already give stable merges.
 MAX_TRAINING_SENTENCES = 2_000_000
+
+WORD_MODEL = 3  # sentencepiece's TrainerSpec.ModelType.WORD
+SHAPE_SUFFIXES = ("ing", "ed", "ly", "ion", "er", "est", "s")  # after Petrov et al.'s signatures
 
 _VOCAB_TOO_HIGH = re.compile(r"[Vv]ocabulary size (?:is )?too high.*?<=\s*(\d+)")
 
@@ -95,19 +106,79 @@ class Tokenizer:
         return f"Tokenizer(path={str(self.path)!r}, vocab_size={self.vocab_size})"
 
 
+class WordTokenizer(Tokenizer):
+    """One token a word: the word's own where the vocabulary has it, else its shape's."""
+
+    def __init__(self, processor: spm.SentencePieceProcessor, path: Path | None = None):
+        super().__init__(processor, path)
+        self.known = frozenset(p[1:] for p in self.pieces() if p.startswith("\u2581"))
+
+    def token(self, word: str) -> str:
+        """What ``word`` is written as: itself, or ``word_shape(word)``."""
+        return word if word in self.known else word_shape(word)
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        if isinstance(texts, str):
+            raise TypeError("Tokenizer.encode takes a list of strings, not a single string")
+        return super().encode([" ".join(map(self.token, text.split())) for text in texts])
+
+
+def word_shape(word: str) -> str:
+    """The token of a word the vocabulary lacks: what it looks like (digits, capitalized, all
+    capitals or lower case, a hyphen, a common suffix), ``<unk-Cap-s>`` for ``Mondays``. A shape
+    no training word had is sentencepiece's ``<unk>``, one token too."""
+    parts = ["unk"]
+    if any(ch.isdigit() for ch in word):
+        parts.append("num")
+    if word[:1].isupper():
+        parts.append("CAPS" if word.isupper() and len(word) > 1 else "Cap")
+    elif any(ch.isupper() for ch in word):
+        parts.append("mixed")
+    else:  # never bare: sentencepiece's own unknown piece is <unk>
+        parts.append("low")
+    if "-" in word:
+        parts.append("dash")
+    lower = word.lower()
+    parts += [s for s in SHAPE_SUFFIXES if lower.endswith(s) and len(lower) > len(s) + 2][:1]
+    return "<" + "-".join(parts) + ">"
+
+
+def words_text(texts: Iterable[str], budget: int, symbols: Sequence[str] = ()) -> list[str]:
+    """``texts`` as a word vocabulary is trained on: the ``budget`` most frequent words seen at
+    least twice kept (``symbols`` always), every other word written as its shape."""
+    texts = [t for t in texts if t]
+    counts = Counter(w for t in texts for w in t.split())
+    keep = {s.lstrip("\u2581") for s in symbols}
+    shapes = {word_shape(w) for w in counts if w not in keep}  # at most this many shape tokens
+    room = max(0, budget - 4 - len(keep) - len(shapes))  # 4: pad, unk, bos, eos
+    ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    keep |= set([w for w, n in ranked if n >= 2 and w not in keep][:room])
+    return [" ".join(w if w in keep else word_shape(w) for w in t.split()) for t in texts]
+
+
 def load_tokenizer(path: str | Path) -> Tokenizer:
-    """Load a sentencepiece ``.model`` file written by :func:`train_tokenizer`."""
+    """Load a sentencepiece ``.model`` file written by :func:`train_tokenizer`: a
+    ``WordTokenizer`` where it is a word model."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"tokenizer model not found: {path}")
     processor = spm.SentencePieceProcessor(model_file=str(path))
-    return Tokenizer(processor, path)
+    return (WordTokenizer if _model_type(processor) == WORD_MODEL else Tokenizer)(processor, path)
 
 
-def model_path(corpus: str, vocab_size: int, cache_dir: str | Path) -> Path:
-    """Where the BPE model for ``corpus`` and ``vocab_size`` is cached."""
+def _model_type(processor: spm.SentencePieceProcessor) -> int:
+    from sentencepiece import sentencepiece_model_pb2
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(processor.serialized_model_proto())
+    return proto.trainer_spec.model_type
+
+
+def model_path(corpus: str, vocab_size: int, cache_dir: str | Path, kind: str = "bpe") -> Path:
+    """Where the model of ``kind`` (``bpe``, ``words``) for ``corpus`` and ``vocab_size`` is
+    cached."""
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in corpus)
-    return Path(cache_dir) / "spm" / f"{safe}-bpe{vocab_size}.model"
+    return Path(cache_dir) / "spm" / f"{safe}-{kind}{vocab_size}.model"
 
 
 def train_tokenizer(
@@ -117,6 +188,7 @@ def train_tokenizer(
     cache_dir: str | Path,
     symbols: Sequence[str] = (),
     hard_vocab_limit: bool = True,
+    kind: str = "bpe",
 ) -> Tokenizer:
     """A shared source+target BPE model named ``corpus``, trained once and then loaded from cache.
 
@@ -126,20 +198,24 @@ def train_tokenizer(
     fingerprint).
     ``symbols`` are pieces kept whole wherever they occur (the parser's ``▁(NP``, ``▁XX``). With
     ``hard_vocab_limit=False`` a text too small for ``vocab_size`` gets a smaller vocabulary
-    instead of an error (``Tokenizer.vocab_size`` is the real size).
+    instead of an error (``Tokenizer.vocab_size`` is the real size). ``kind="words"``: one token
+    a word (``WordTokenizer``), ``vocab_size`` its budget.
     """
     if vocab_size < 8:
         raise DataError(f"vocab_size must be at least 8 (4 special ids + pieces), got {vocab_size}")
-    path = model_path(corpus, vocab_size, cache_dir)
+    path = model_path(corpus, vocab_size, cache_dir, kind)
     if path.is_file():
         return load_tokenizer(path)
-    model = _train(texts, vocab_size, corpus, tuple(symbols), hard_vocab_limit)
+    if kind == "words":
+        texts = words_text(texts, vocab_size, symbols)
+    model = _train(texts, vocab_size, corpus, tuple(symbols), hard_vocab_limit and kind != "words",
+                   "word" if kind == "words" else "bpe")
     write_atomic(path, model)
     return load_tokenizer(path)
 
 
 def _train(texts: Iterable[str], vocab_size: int, corpus: str, symbols: tuple[str, ...] = (),
-           hard_vocab_limit: bool = True) -> bytes:
+           hard_vocab_limit: bool = True, model_type: str = "bpe") -> bytes:
     """The serialized model. Trained in memory, so the file holds no temporary paths."""
     model = io.BytesIO()
     # Sampling beyond MAX_TRAINING_SENTENCES is the only randomness in BPE training.
@@ -148,7 +224,7 @@ def _train(texts: Iterable[str], vocab_size: int, corpus: str, symbols: tuple[st
         spm.SentencePieceTrainer.train(
             sentence_iterator=(t for t in texts if t),
             model_writer=model,
-            model_type="bpe",
+            model_type=model_type,
             vocab_size=vocab_size,
             character_coverage=1.0,
             pad_id=PAD_ID,

@@ -326,10 +326,11 @@ def load_scales(path: Path, data: dict[str, Any], varied: set[str],
         raw = _mapping(raw, where)
         _keys(raw, SCALE_KEYS, where)
         overrides = _overrides(raw.get("set"), f"{where}.set")
-        clash = sorted(set(overrides) & (varied | set(WIDTH_FIELDS) | {"train_steps", "corpus"}))
+        # what a variant varies it may set too: the variant's value wins (``variant_overrides``)
+        clash = sorted(set(overrides) & (set(WIDTH_FIELDS) | {"train_steps", "corpus"}))
         if clash:
-            raise SpecError(f"{where}.set: {', '.join(clash)} varied by a row or resized by "
-                            "`width`/`steps`; a scale may not set it")
+            raise SpecError(f"{where}.set: {', '.join(clash)} resized by `width`/`steps` or "
+                            "named by the spec; a scale may not set it")
         for factor in ("width", "steps"):
             value = raw.get(factor, 1)
             if not isinstance(value, (int, float)) or not 0 < value <= 1:
@@ -460,8 +461,8 @@ def load_spec(table_or_path: str | Path, kind: str | None = None) -> Spec:
     own = _mapping(data.get("scales"), f"{path.name}: scales")
     # A spec's own scale replaces the shared one of the same name, which is then not checked.
     shared = {k: v for k, v in _read_yaml(SWEEPS / "scales.yaml").items() if k not in own}
-    # a variant may set what a shared scale sets for every run: the variant's value wins, and
-    # the plan says so (``Spec.variant_overrides``); a spec's own scales may not set what it varies
+    # a variant may set what a scale sets for every run: the variant's value wins, and the plan
+    # says so (``Spec.variant_overrides``)
     scales = load_scales(SWEEPS / "scales.yaml", shared, set())
     scales.update(load_scales(path, own, varied, rows))
     cited = data.get("cited") or []

@@ -102,7 +102,7 @@ def draw(run_id: str, sentence: str | None, layer: int | None, results: Path, ru
     c = module.config
     source = CorpusSource(c.data.corpus, c.data.data_dir or None, c.data.extra_trees or None,
                           c.data.linearization)
-    tokenizer = load_tokenizer(tokenizer_path(source, c.model.vocab_size))
+    tokenizer = load_tokenizer(tokenizer_path(source, c.model.vocab_size, kind=c.data.vocabulary))
     model = module.model.eval()
     ids = tokenizer.encode([sentence or DEFAULT_SENTENCE])[0] + [tokenizer.eos_id]
     src = torch.tensor([ids])

@@ -48,7 +48,7 @@ def build_data(c: Config):
     (which maps the corpus encoded once with that tokenizer: ``reproduce.data.encoded_cache``)."""
     d = c.data
     source = CorpusSource(d.corpus, d.data_dir or None, d.extra_trees or None, d.linearization)
-    tokenizer = corpus_tokenizer(source, c.model.vocab_size)
+    tokenizer = corpus_tokenizer(source, c.model.vocab_size, kind=d.vocabulary)
     data = TranslationData(c, tokenizer, cache_dir=cache_dir(), source=source)
     return tokenizer, data
 

@@ -104,8 +104,6 @@ def _write(tmp_path, text):
     ("tabel: x\nvariants: {base: {}}", r"bad.yaml: unknown key\(s\) tabel"),
     ("variants: {}", "lists no variants"),
     ("variants: {base: {}}\nrows: {A: [A9]}", r"rows.A: unknown variant 'A9'; valid variants: base"),
-    ("variants: {base: {}, A: {set: {h: 2}}}\nscales: {tiny: {set: {h: 4}, width: 0.5}}",
-     r"scales.tiny.set: h varied by a row or resized"),
     ("variants: {base: {}}\nscales: {tiny: {set: {d_ff: 4}}}", r"scales.tiny.set: d_ff"),
     ("variants: {base: {set: {h: 2}}}\nscales: {tiny: {width: 2}}", r"scales.tiny.width = 2"),
     ("variants: [", "not valid YAML"),
@@ -117,6 +115,13 @@ def _write(tmp_path, text):
 def test_bad_specs_fail_with_the_right_message(tmp_path, text, message):
     with pytest.raises(SpecError, match=message):
         load_spec(_write(tmp_path, text))
+
+
+def test_a_variant_wins_over_what_the_spec_s_own_scale_sets(tmp_path):
+    spec = load_spec(_write(tmp_path, "variants: {base: {}, A: {set: {h: 2}}}\n"
+                                      "scales: {tiny: {set: {h: 4}, width: 0.5}}"))
+    assert spec.resolve("A", "tiny").model.h == 2 and spec.resolve("base", "tiny").model.h == 4
+    assert "A sets h 2 (the scale's 4)" in spec.over_scale_line("tiny")
 
 
 def test_unknown_row_lists_valid_rows():
