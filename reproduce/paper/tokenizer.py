@@ -20,6 +20,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import sentencepiece as spm
 
@@ -156,6 +157,22 @@ def words_text(texts: Iterable[str], budget: int, symbols: Sequence[str] = ()) -
     return [" ".join(w if w in keep else word_shape(w) for w in t.split()) for t in texts]
 
 
+def word_coverage(tokenizer: Tokenizer, sentences: Sequence[str], kind: str) -> dict[str, Any]:
+    """How ``tokenizer`` (a vocabulary of ``kind``) writes the words of ``sentences`` (a dev
+    split's sources): ``one_token``, the percentage it writes as one token; ``own_token``, as a
+    token of their own (not a word's shape, nor ``<unk>``)."""
+    words = [w for s in sentences for w in s.split()]
+    ids = tokenizer.encode(words)
+    one = sum(len(i) == 1 for i in ids)
+    own = (sum(w in tokenizer.known for w in words) if isinstance(tokenizer, WordTokenizer)
+           else sum(len(i) == 1 and i[0] != UNK_ID for i in ids))
+    share = (lambda n: round(100 * n / len(words), 2)) if words else (lambda n: 0.0)
+    return {"kind": kind, "dev_words": len(words), "one_token": share(one),
+            "own_token": share(own),
+            "other_words": ("written as their shape (<unk-Cap-s>)" if kind == "words" else
+                            "split into pieces")}
+
+
 def load_tokenizer(path: str | Path) -> Tokenizer:
     """Load a sentencepiece ``.model`` file written by :func:`train_tokenizer`: a
     ``WordTokenizer`` where it is a word model."""
@@ -169,7 +186,7 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
 def _model_type(processor: spm.SentencePieceProcessor) -> int:
     from sentencepiece import sentencepiece_model_pb2
 
-    proto = sentencepiece_model_pb2.ModelProto()
+    proto = sentencepiece_model_pb2.ModelProto()  # type: ignore[attr-defined]
     proto.ParseFromString(processor.serialized_model_proto())
     return proto.trainer_spec.model_type
 

@@ -63,6 +63,7 @@ class DataSummary(TypedDict, total=False):
     vocab_size: int
     sha256: str  # of the sentence pairs
     vocab_sha256: str
+    vocabulary: dict[str, Any]  # its kind, and how many dev source words it writes as one token
     reference_ppl: dict[str, Any]  # n-gram models of the same dev pieces
     data_dir: str
     files: dict[str, Any]  # per split: path, size, SHA-256 (a user's own files; a Hub download:
@@ -208,7 +209,8 @@ class Record(_Required, total=False):
     paper: dict[str, Any]  # the paper's figures for this variant, from the spec
     data: DataSummary
     batch: Batch
-    averaged_checkpoints: list[str]
+    averaged_checkpoints: list[str]  # the checkpoints whose weights were scored (one: picked)
+    pick: dict[str, Any]  # the weights chosen on dev (train.pick): every candidate's dev score
     curve: Curve
     cost: Cost
     resumed: bool
@@ -218,7 +220,7 @@ class Record(_Required, total=False):
     worker: str
     wall_seconds: float
     phases: dict[str, float]  # seconds of this process's phases: (compile_choice,) data, fit,
-    # average, dev_ppl, decode
+    # average or pick, dev_ppl, decode
     command: str
     finished_at: str
     wandb: WandbRun

@@ -132,6 +132,22 @@ def write_outputs(folder: Path, run_id: str, split: str, hypotheses: list[str],
     return {"hypotheses": str(hyp_path), "references": str(ref_path)}
 
 
+def write_lines(folder: Path, run_id: str, name: str, lines: list[str]) -> str:
+    """Keep ``lines`` (a split's outputs) compressed beside the records,
+    ``outputs/<run_id>.<name>``; returns that path relative to ``folder``."""
+    path = Path(OUTPUTS) / f"{run_id}.{name}"
+    write_atomic(folder / path, _lines(lines))
+    return str(path)
+
+
+def read_lines(folder: Path, path: str) -> list[str]:
+    """What ``write_lines`` kept at ``path`` (relative to ``folder``)."""
+    try:
+        return gzip.decompress((folder / path).read_bytes()).decode().splitlines()
+    except (OSError, ValueError) as e:
+        raise DamagedRecord(folder / path, f"cannot be read: {e}") from None
+
+
 def read_outputs(folder: Path, record: Record, split: str) -> tuple[list[str], list[str]] | None:
     """A record's kept hypotheses and references of ``split`` (``write_outputs``), or None where
     it keeps none."""

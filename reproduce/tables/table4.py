@@ -18,10 +18,39 @@ TREEBANKS = {"nltk-sample": "NLTK WSJ sample", "wsj": "WSJ"}
 TARGETS = {"tags": "POS-tag targets", "xx": "XX targets", "words": "word targets (not the paper's)"}
 
 
+# data.vocabulary (records from before the field used BPE pieces)
+VOCABULARIES = {"bpe": "BPE pieces", "words": "one token a word"}
+
+
 def _settings(record: Record) -> str:
     tuning = record.get("tuning")
-    targets = TARGETS[config_of(record).data.linearization]
-    return (f"tuned on dev ({tuning['n_trials']} trials)" if tuning else "untuned") + f", {targets}"
+    c = config_of(record)
+    return ((f"tuned on dev ({tuning['n_trials']} trials)" if tuning else "untuned")
+            + f", {TARGETS[c.data.linearization]}, {VOCABULARIES[c.data.vocabulary]}"
+            + (", weights chosen on dev" if record.get("pick") else ""))
+
+
+def _metric(name: str) -> str:
+    """``dev_f1`` as a reader writes it: dev F1."""
+    return name.replace("_", " ").replace("f1", "F1").replace("bleu", "BLEU")
+
+
+def _weights(record: Record) -> str:
+    """Which weights were scored: the one chosen on dev (``train.pick``), or the final ones."""
+    pick = record.get("pick")
+    if pick:
+        return f"{pick['chosen']} (best {_metric(pick['metric'])} of {len(pick['candidates'])})"
+    averaged = record.get("averaged_checkpoints") or []
+    return f"average of the last {len(averaged)}" if len(averaged) > 1 else "final"
+
+
+def _vocabulary(record: Record) -> str:
+    v = record["data"].get("vocabulary")
+    size = record["data"]["vocab_size"]
+    if not v:
+        return str(size)
+    return (f"{size}, {VOCABULARIES[v['kind']]}: {v['one_token']:.1f}% of dev words one token, "
+            f"{v['own_token']:.1f}% their own")
 
 
 def render_table4(spec: Spec, records: list[Record]) -> str:
@@ -50,10 +79,11 @@ def render_table4(spec: Spec, records: list[Record]) -> str:
         for variant in variants:
             for (scale, kind, settings), recs in ours.get(variant, {}).items():
                 f1 = mean_std([r["metrics"][TEST_F1.key] for r in recs], TEST_F1.digits)
+                dev = mean_std([r["metrics"]["dev_f1"] for r in recs], TEST_F1.digits)
                 where = "the sample's test files" if kind == "nltk-sample" else "section 23"
                 lines.append(f"| {row['parser']}, ours, scale `{scale}`, "
                              f"{TREEBANKS.get(kind, kind)}, {settings} | {row['training']} | "
-                             f"{f1} ({where}) |")
+                             f"{f1} ({where}; dev {dev}) |")
     lines += ["", "Our F1: labelled bracketing F1 on the test split, EVALB COLLINS.prm conventions "
               "(function tags stripped, PRT = ADVP, punctuation and the root not counted), model "
               "output repaired into a tree over the input words and given the gold POS tags. On "
@@ -78,8 +108,8 @@ def _table4_details(spec: Spec, scale: str, kind: str, records: list[Record]) ->
            + (f" ({first['treebank']['path']})" if first["treebank"].get("path") else "") + ". "
            f"Hardware: {hardware_line(records)}.", cost_line(records), "",
            "| run | settings | dev P | dev R | dev F1 | test P | test R | test F1 | sentences "
-           "(dev, test) | well-formed outputs (test) | dev PPL | vocabulary | params ×10⁶ | steps "
-           "| training time | beam, alpha, max length |", "|" + "---|" * 16]
+           "(dev, test) | well-formed outputs (test) | weights scored | dev PPL | vocabulary | "
+           "params ×10⁶ | steps | training time | beam, alpha, max length |", "|" + "---|" * 17]
     for r in sorted(records, key=lambda r: r["run_id"]):
         m, d, ev = r["metrics"], config_of(r).decode, r["evalb"]
         out.append(
@@ -89,10 +119,11 @@ def _table4_details(spec: Spec, scale: str, kind: str, records: list[Record]) ->
             + f" | {ev['dev']['sentences']}, {ev['test']['sentences']} | "
             f"{ev['test']['well_formed']} of {ev['test']['sentences']}"
             + (f" (free: {ev['test']['free']['well_formed']})" if "free" in ev["test"] else "")
-            + f" | {m['dev_ppl']:.2f} | "
-            f"{r['data']['vocab_size']} | {m['params'] / 1e6:.2f} | {m['train_steps']} | "
+            + f" | {_weights(r)} | {m['dev_ppl']:.2f} | "
+            f"{_vocabulary(r)} | {m['params'] / 1e6:.2f} | {m['train_steps']} | "
             f"{m['train_seconds'] / 60:.1f} min | {d.beam}, {d.alpha}, input + "
             f"{d.max_len_offset}{', constrained' if d.constrained else ''} |")
+    out += _place(records) + _picks(records)
     for r in records:
         t = r.get("tuning")
         if t:
@@ -113,3 +144,38 @@ def _table4_details(spec: Spec, scale: str, kind: str, records: list[Record]) ->
                    "*free*: the same model decoded as the paper does (unconstrained, repaired).")
     out.append("")
     return out
+
+
+def _place(records: list[Record]) -> list[str]:
+    """Where each run's parser lost its place on dev (``paper.place``), where its record says."""
+    rows = []
+    for r in sorted(records, key=lambda r: r["run_id"]):
+        for how, entry in (("", r["evalb"]["dev"]), ("free", r["evalb"]["dev"].get("free") or {})):
+            p = entry.get("place")
+            if p:
+                rows.append(
+                    f"| {r['run_id']}{' (free)' if how else ''} | {p['words']} | {p['slots']} | "
+                    f"{p['in_place'] / p['words'] * 100:.1f}% | {p['substituted']} | "
+                    f"{p['inserted']} | {p['deleted']} | {p['shifted_sentences']} of "
+                    f"{entry['sentences']} | {entry['f1']:.2f} | {p['oracle_f1']:.2f} | "
+                    f"{p['oracle_f1'] - entry['f1']:+.2f} |")
+    if not rows:
+        return []
+    return ["", "Where the parser loses its place (dev): each output's word slots aligned with "
+            "the sentence's (`paper.place`: tags with tag targets; an insertion and a deletion "
+            "is a shift). *In place*: slots equal to the gold at the same position; *oracle F1*: "
+            "with every slot given the word it is aligned to, what keeping its place costs.", "",
+            "| run | words | slots | in place | substituted | inserted | deleted | sentences "
+            "shifted | F1 | oracle F1 | F1 lost to place |", "|" + "---|" * 11, *rows]
+
+
+def _picks(records: list[Record]) -> list[str]:
+    """Each candidate's dev score, where the weights were chosen on dev (``train.pick``)."""
+    lines = []
+    for r in sorted(records, key=lambda r: r["run_id"]):
+        pick = r.get("pick")
+        if pick:
+            tried = "; ".join(f"{c['weights']} {c[pick['metric']]:.2f}" for c in pick["candidates"])
+            lines.append(f"- {r['run_id']}: {pick['how']}, {_metric(pick['metric'])}: "
+                         f"{tried}; chosen: **{pick['chosen']}**, the test split scored once.")
+    return ["", "Weights chosen on dev:", "", *lines] if lines else []

@@ -2,11 +2,11 @@
 BLEU both ways (sacreBLEU on detokenized text, and the paper's tokenized BLEU) and chrF, every
 output kept beside the record with each sentence's evidence (``paper.sentence_scores``: the
 scores' sufficient statistics, the NLL and target tokens); parse trees with beam search,
-repaired over the input words and scored with EVALB (Table 4)."""
+repaired over the input words and scored with EVALB (Table 4, ``train.parses``)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -18,11 +18,12 @@ from reproduce.config import Config, DecodeConfig
 from reproduce.data import batch_by_tokens, is_treebank, treebank_trees
 from reproduce.data.batching import Encoded
 from reproduce.data.treebank import treebank_description
-from reproduce.paper import sentence_scores
+from reproduce.paper import parsing, sentence_scores
 from reproduce.paper.bleu import tokenized_bleu
 from reproduce.paper.decoding import TreeConstraint, beam_search
 from reproduce.paper.model import Transformer
 from reproduce.records import store as records
+from reproduce.train import parses
 
 
 @torch.no_grad()
@@ -107,33 +108,6 @@ def evidence(hypotheses: list[str], references: list[str], lang: str,
             "nll": [round(x, 5) for x in nll[0]], "tokens": nll[1]}
 
 
-def parse_scores(model: Transformer, tokenizer, batches: Iterable[tuple[list[int], torch.Tensor]],
-                 pairs: list[tuple[str, str]], gold: Sequence, decode: DecodeConfig,
-                 linearization: str = "xx") -> dict:
-    """Parse each sentence of ``pairs`` (its words, its linearized gold tree) by beam search, repair
-    every output into a tree over the gold words with the gold POS tags (``delinearize``) and score
-    the trees against ``gold`` as EVALB with COLLINS.prm does: labelled bracket P, R, F1 (%)."""
-    from reproduce.paper.evalb import evalb
-    from reproduce.paper.parsing import delinearize, tag_pos, well_formed, words
-
-    outputs = translate(model, tokenizer, batches, len(pairs), decode,
-                        words=[len(source.split()) for source, _ in pairs],
-                        copy_words=linearization == "words")
-    trees, whole = [], 0
-    for (source, _), output, tree in zip(pairs, outputs, gold, strict=True):
-        sentence = words(tree)
-        if source.split() != sentence:
-            raise ValueError(f"gold tree and sentence differ: {source!r}")
-        whole += well_formed(output.split(), len(sentence), linearization)
-        trees.append(delinearize(output.split(), sentence, tag_pos(tree), linearization))
-    score = evalb(list(gold), trees)
-    return {"kind": "evalb-collins", **{k: round(score[k], 2) for k in ("precision", "recall", "f1")},
-            **{k: score[k] for k in ("matched", "gold_brackets", "test_brackets", "sentences")},
-            "well_formed": whole,
-            "examples": [{"source": s, "reference": t, "output": o, "tree": tree.pformat(margin=10**6)}
-                         for (s, t), o, tree in list(zip(pairs, outputs, trees, strict=True))[:3]]}
-
-
 def decode_batch_tokens(c: Config) -> int:
     """Source tokens per decoding batch. Parsing (treebank corpora): beam x (input +
     max_len_offset) cached positions per sentence, so fewer sentences per batch."""
@@ -159,16 +133,20 @@ def _bleu(model, tokenizer, data, pairs, c: Config, lang: str, precision: str) -
 
 
 def task_scores(model, tokenizer, data, c: Config, splits: tuple[str, ...] = ("dev", "test"),
-                outputs: tuple[Path, str] | None = None, precision: str = "32-true"
+                outputs: tuple[Path, str] | None = None, precision: str = "32-true",
+                known: dict[str, dict[str, Any]] | None = None
                 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The task's evaluation: (record entries, headline metrics). Translation: both BLEUs and
     chrF of each split, and with ``outputs`` (the records folder, the run id) every hypothesis and
     each sentence's evidence kept there (``precision``: the run's, for the NLL of each sentence).
-    Parsing (treebank corpora, Table 4): EVALB precision, recall and F1 of each split."""
+    Parsing (treebank corpora, Table 4): EVALB precision, recall and F1 of each split, where the
+    parser lost its place, and every output kept (``train.parses``). ``known``: a split's entry
+    already made on these weights (``dev_score``, as ``train.pick`` chose them)."""
     pairs = {"dev": data.dev_pairs, "test": data.test_pairs}
     if not is_treebank(c.data.corpus):
         lang = c.data.corpus.rsplit("-", 1)[-1]
-        bleu = {name: _bleu(model, tokenizer, data, pairs[name], c, lang, precision)
+        bleu = {name: (known or {}).get(name) or _bleu(model, tokenizer, data, pairs[name], c,
+                                                        lang, precision)
                 for name in splits}
         for name, b in bleu.items():
             hyps, refs, kept = b.pop("hypotheses"), b.pop("references"), b.pop("evidence")
@@ -180,21 +158,57 @@ def task_scores(model, tokenizer, data, c: Config, splits: tuple[str, ...] = ("d
             **{f"{n}_bleu_tokenized": bleu[n]["tokenized"]["score"] for n in splits},
             **{f"{n}_chrf": bleu[n]["chrf"]["score"] for n in splits}}
 
-    batch_tokens = decode_batch_tokens(c)
+    return _parse_task(model, tokenizer, data, c, splits, outputs, known or {})
 
-    def score(name: str, decode) -> dict[str, Any]:
-        gold = treebank_trees(name, c.data.data_dir or None)[:len(pairs[name])]
-        return parse_scores(model, tokenizer,
-                            data.source_batches([s for s, _ in pairs[name]], batch_tokens),
-                            pairs[name], gold, decode, c.data.linearization)
 
-    evalb = {name: score(name, c.decode) for name in splits}
+def dev_metric(c: Config) -> str:
+    """The name of the task's dev metric (``dev_score``): ``f1`` or ``bleu``."""
+    return "f1" if is_treebank(c.data.corpus) else "bleu"
+
+
+def dev_score(model, tokenizer, data, c: Config, precision: str = "32-true"
+              ) -> tuple[float, dict[str, Any]]:
+    """The task's dev metric of ``model`` (parsing: F1; translation: sacreBLEU) and the dev
+    entry it came from, which ``task_scores`` takes as known (``train.pick``)."""
+    if is_treebank(c.data.corpus):
+        entry = _parse_split(model, tokenizer, data, c, "dev", c.decode)
+        return entry["f1"], entry
+    entry = _bleu(model, tokenizer, data, data.dev_pairs, c, c.data.corpus.rsplit("-", 1)[-1],
+                  precision)
+    return entry["sacrebleu"]["score"], entry
+
+
+def _parse_split(model, tokenizer, data, c: Config, name: str, decode: DecodeConfig
+                 ) -> dict[str, Any]:
+    """Parse split ``name`` by beam search and score it (``parses.score_outputs``); the outputs
+    under ``"texts"``."""
+    pairs = data.dev_pairs if name == "dev" else data.test_pairs
+    gold = treebank_trees(name, c.data.data_dir or None)[:len(pairs)]
+    for (source, _), tree in zip(pairs, gold, strict=True):
+        if source.split() != parsing.words(tree):
+            raise ValueError(f"gold tree and sentence differ: {source!r}")
+    outputs = translate(model, tokenizer,
+                        data.source_batches([s for s, _ in pairs], decode_batch_tokens(c)),
+                        len(pairs), decode, words=[len(source.split()) for source, _ in pairs],
+                        copy_words=c.data.linearization == "words")
+    return {**parses.score_outputs(outputs, gold, c.data.linearization), "texts": outputs}
+
+
+def _parse_task(model, tokenizer, data, c: Config, splits: tuple[str, ...],
+                outputs: tuple[Path, str] | None, known: dict[str, dict[str, Any]]
+                ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Parsing's entries: each split's EVALB scores (and, with ``decode.constrained``, free
+    decoding's too: the paper's protocol), every output kept with ``outputs``."""
+    evalb = {name: parses.keep(known.get(name) or _parse_split(model, tokenizer, data, c, name,
+                                                               c.decode), outputs, name)
+             for name in splits}
     headline = {f"{n}_{k}": evalb[n][k] for n in splits for k in ("f1", "precision", "recall")}
     if c.decode.constrained:  # the paper's protocol too: free decoding, repaired
         for name in splits:
-            scores = score(name, replace(c.decode, constrained=False))
+            scores = parses.keep(_parse_split(model, tokenizer, data, c, name,
+                                              replace(c.decode, constrained=False)),
+                                 outputs, name, "free")
             evalb[name]["free"] = {k: scores[k] for k in scores if k != "examples"}
             headline[f"{name}_f1_free"] = scores["f1"]
     return {"evalb": evalb, "treebank": treebank_description(c.data.data_dir or None,
                                                              c.data.extra_trees or None)}, headline
-

@@ -11,6 +11,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
@@ -23,6 +24,7 @@ from reproduce.errors import DataError, DiskError, Diverged, OutOfMemory
 from reproduce.paper import slots
 from reproduce.paper.flops import analytic_flops, gpu_tflops, paper_cost
 from reproduce.paper.model import count_parameters
+from reproduce.paper.tokenizer import word_coverage
 from reproduce.paths import runs_dir
 from reproduce.records import disk, diverged, footprint
 from reproduce.records.averaging import average_checkpoints
@@ -42,10 +44,10 @@ from reproduce.records.schema import (
 from reproduce.records.sharing import Donor, reuse, take_training
 from reproduce.records.store import finished, load_record, record_path, retire_stale, write_record
 from reproduce.records.sweep import PlannedRun
-from reproduce.train import devices, micro_batch
+from reproduce.train import devices, micro_batch, pick
 from reproduce.train.compiling import choose_compile
 from reproduce.train.devices import ONE_DEVICE, Layout
-from reproduce.train.evaluate import task_scores
+from reproduce.train.evaluate import dev_metric, dev_score, task_scores
 from reproduce.train.fit import build_data, fit, local_data, validate
 from reproduce.train.precision import choose_precision
 from reproduce.train.step_time import compile_stats
@@ -199,18 +201,19 @@ def run_here(run: PlannedRun, split: str, command: str, work: Path,
         graphs = {k: round(v - graphs[k], 1) for k, v in compile_stats().items()}  # this fit
         phases.lap("fit")
         share_cores()  # decoding too uses the cores of workers that have ended
-        weights = _final_weights(module, donor.checkpoints if donor is not None
-                                 else work / "checkpoints", c.train.average_last)
-        phases.lap("average")
+        scored, known = _scored_weights(
+            module, donor.checkpoints if donor is not None else work / "checkpoints", c, partial(
+                dev_score, module.model.to(trainer.strategy.root_device), tokenizer, data, c,
+                precision[0]))
+        phases.lap("pick" if "pick" in scored else "average")
         dev, sample = _perplexities(trainer, module, data)
         phases.lap("dev_ppl")
         if not zero:
             return None  # rank 0 decodes every sentence and writes the record
-        # Lightning hands the module back on the CPU after fit and validate: decode where it
-        # trained (on a GPU, beam search on the CPU took 118 s for 600 sentences)
+        # where it trained: Lightning hands it back on the CPU (on a GPU, 118 s for 600 there)
         scores, headline = task_scores(module.model.to(trainer.strategy.root_device), tokenizer,
                                        data, c, outputs=(record_path(run).parent, run.run_id),
-                                       precision=precision[0])
+                                       precision=precision[0], known=known)
         phases.lap("decode")
         metrics = _metrics(dev, sample, headline, count_parameters(module.model),
                            trainer.global_step, clock)
@@ -229,7 +232,7 @@ def run_here(run: PlannedRun, split: str, command: str, work: Path,
         "data": _data_summary(c, data, tokenizer),
         "batch": _batch_summary(layout, trainer, accumulate, data, work_done,
                                 run.micro_batch_choice, module.step_census),
-        "averaged_checkpoints": weights, "curve": clock.curve,
+        **scored, "curve": clock.curve,
         "cost": _cost(c, work_done, clock.seconds, trainer.world_size),
         "resumed": resumed, "resumed_from": module.resumed_from, "commit": _commit(),
         "hardware": cast(Hardware, hardware()), "worker": worker_id(),
@@ -302,7 +305,8 @@ def _data_summary(c: Config, data, tokenizer) -> DataSummary:
         "dropped_train_pairs": data.dropped, "dev_pairs": len(data.dev_pairs),
         "train_sample_pairs": data.train_sample_pairs, "test_pairs": len(data.test_pairs),
         "vocab_size": tokenizer.vocab_size, "sha256": data.sha256,
-        "vocab_sha256": tokenizer.sha256, "reference_ppl": data.reference_perplexities()}
+        "vocab_sha256": tokenizer.sha256, "reference_ppl": data.reference_perplexities(),
+        "vocabulary": word_coverage(tokenizer, [s for s, _ in data.dev_pairs], c.data.vocabulary)}
     if files := local_data(c.data.corpus, data.source.data_dir):
         summary["data_dir"], summary["files"] = files["data_dir"], files["files"]
     summary["fingerprint"] = data.source.fingerprint
@@ -349,6 +353,22 @@ def _device_name(layout: Layout) -> str:
     if layout.accelerator == "gpu" and torch.cuda.is_available():
         return torch.cuda.get_device_name()
     return "the CPU"
+
+
+def _scored_weights(module, directory: Path, c: Config, score
+                    ) -> tuple[Record, dict[str, dict[str, Any]]]:
+    """The weights the run is scored with, loaded into ``module``: chosen on dev by ``score``
+    (``train.pick_on_dev``; on every rank alike, as the dev perplexity after is a collective),
+    else the final ones or their average. Returns the record's ``averaged_checkpoints`` (the
+    checkpoints they came from) and ``pick``, and the dev entry already made on them
+    (``task_scores``'s ``known``)."""
+    if not c.train.pick_on_dev:
+        return cast(Record, {"averaged_checkpoints": _final_weights(
+            module, directory, c.train.average_last)}), {}
+    picked, dev = pick.choose(module, directory, c.train.pick_on_dev, dev_metric(c), score)
+    weights = next(p["checkpoints"] for p in picked["candidates"]
+                   if p["weights"] == picked["chosen"])
+    return cast(Record, {"averaged_checkpoints": weights, "pick": picked}), {"dev": dev}
 
 
 def _final_weights(module, directory: Path, k: int) -> list[str]:

@@ -11,7 +11,7 @@ from nltk.tree import Tree
 
 from reproduce.__main__ import main
 from reproduce.config import PARSING
-from reproduce.data import load_pairs, missing_input, tree_symbols
+from reproduce.data import load_pairs, missing_input, tree_symbols, treebank_trees
 from reproduce.data.source import CorpusSource
 from reproduce.errors import DataError, SpecError
 from reproduce.paper.evalb import bracket_f1
@@ -19,6 +19,7 @@ from reproduce.paper.parsing import delinearize, linearize, tag_pos, words
 from reproduce.paper.tokenizer import train_tokenizer
 from reproduce.records.sweep import load_spec
 from reproduce.tables.table4 import render_table4
+from reproduce.train import parses
 from tests.helpers import treebank_sample_present
 
 # PTB .mrg style: an unlabelled root, function tags, co-indices, traces, punctuation.
@@ -67,7 +68,11 @@ def test_spec_has_the_papers_rows_settings_and_cited_figures():
     spec = load_spec("table4")
     assert spec.split == "test" and spec.preset == "parsing"
     assert {name: v.paper["f1"] for name, v in spec.variants.items()} == {
-        "wsj_only": 91.3, "wsj_only_words": 91.3, "semi_supervised": 92.7}
+        "wsj_only": 91.3, "wsj_only_words": 91.3, "wsj_only_bpe": 91.3, "semi_supervised": 92.7}
+    # the paper's BPE at its scale; one token a word on the sample, but for the BPE variant
+    assert spec.resolve("wsj_only", "paper").data.vocabulary == "bpe"
+    assert [spec.resolve(v, "cpu").data.vocabulary for v in ("wsj_only", "wsj_only_bpe")] == [
+        "words", "bpe"]
     wsj, semi = (spec.resolve(v, "paper") for v in ("wsj_only", "semi_supervised"))
     assert wsj.model == PARSING.model.__class__(**{**PARSING.model.__dict__, "p_drop": 0.2,
                                                    "p_attn": 0.2})
@@ -84,7 +89,7 @@ def test_spec_has_the_papers_rows_settings_and_cited_figures():
     assert cited[0] == ("Vinyals & Kaiser et al. (2014)", "WSJ only, discriminative", 88.3)
     assert cited[-1] == ("Dyer et al. (2016)", "generative", 93.3)
     assert [r["ours"] for r in spec.cited if "ours" in r] == [
-        ["wsj_only", "wsj_only_words"], "semi_supervised"]
+        ["wsj_only", "wsj_only_bpe", "wsj_only_words"], "semi_supervised"]
     # Word targets (not the paper's) only change the target format, and run only when named.
     words = spec.resolve("wsj_only_words", "cpu")
     assert words.data.linearization == "words"
@@ -235,11 +240,38 @@ def test_smoke_run_writes_a_record_with_f1_and_renders_the_table(cli):
     assert r["command"].startswith("python -m reproduce table4 --scale smoke --treebank")
     table = (root / "results" / "table4.md").read_text()
     assert "| Dyer et al. (2016) | generative | 93.3 |" in table
-    assert (f"| Transformer (4 layers), ours, scale `smoke`, WSJ, untuned, POS-tag targets | "
-            f"WSJ only, discriminative | {m['test_f1']:.1f} (section 23) |") in table
+    assert (f"| Transformer (4 layers), ours, scale `smoke`, WSJ, untuned, POS-tag targets, one "
+            f"token a word, weights chosen on dev | WSJ only, discriminative | {m['test_f1']:.1f} "
+            f"(section 23; dev {m['dev_f1']:.1f}) |") in table
     assert "| Transformer (4 layers), ours | semi-supervised | not run (no semi-supervised " in table
     hours = r["metrics"]["train_seconds"] / 3600
     assert f"Cost: {hours:.1f} worker-hours of training for 1 runs on {r['hardware']['cpu']}" in table
+
+
+def test_smoke_run_chooses_its_weights_on_dev_and_keeps_what_rescores_them(cli):
+    """The scale's last 2 checkpoints and their average each parsed the dev split; the record
+    keeps every candidate's dev F1, scores test on the best, and keeps every output, from which
+    F1 and the place counts come back equal (``parses.rescore``)."""
+    root, run = cli
+    path = root / "results" / "table4" / "table4-wsj_only-smoke-seed0-ptb.json"
+    if not path.exists():
+        assert run("--variant", "wsj_only") == 0
+    r = json.loads(path.read_text())
+    pick = r["pick"]
+    scores = {c["weights"]: c["dev_f1"] for c in pick["candidates"]}
+    assert list(scores) == ["step 20", "step 30", "average of steps 20, 30"]
+    assert scores[pick["chosen"]] == max(scores.values()) == r["metrics"]["dev_f1"]
+    chosen = next(c for c in pick["candidates"] if c["weights"] == pick["chosen"])
+    assert r["averaged_checkpoints"] == chosen["checkpoints"]
+    assert r["data"]["vocabulary"]["kind"] == "words" and r["data"]["vocabulary"]["one_token"] == 100
+    folder = root / "results" / "table4"
+    for split in ("dev", "test"):
+        gold = treebank_trees(split, str(root / "wsj"))
+        again = parses.rescore(folder, r, split, gold)
+        kept = r["evalb"][split]
+        assert again is not None and again["f1"] == kept["f1"] and again["place"] == kept["place"]
+        assert kept["place"]["words"] == sum(len(words(t)) for t in gold)
+    assert "Where the parser loses its place (dev)" in (root / "results" / "table4.md").read_text()
 
 
 def test_running_again_skips_and_semi_supervised_is_not_run(cli, caplog):
@@ -302,7 +334,7 @@ def test_trials_are_pruned_on_dev_loss_in_the_studys_direction():
 @pytest.mark.parametrize("args, message", [
     (["--treebank", "/nonexistent/wsj"], "--treebank '/nonexistent/wsj': no such file or folder"),
     (["--silver", "/nonexistent/trees"], "--silver '/nonexistent/trees': no such file or folder"),
-    (["--variant", "wsj"], "unknown variant 'wsj'; valid variants: wsj_only, wsj_only_words, "
+    (["--variant", "wsj"], "unknown variant 'wsj'; valid variants: wsj_only, wsj_only_words, wsj_only_bpe, "
      "semi_supervised"),
     (["--tune", "--trials", "0"], "--trials 0: must be at least 1"),
     (["--tune", "--storage", "nosuchdb://x"], "--storage 'nosuchdb://x'"),
@@ -344,7 +376,7 @@ def test_sample_pairs_have_the_documented_sizes():
 def test_constrained_decoding_re_evaluates_without_retraining_and_keeps_the_free_f1(cli, caplog):
     root, run = cli
     text = (Path(__file__).parents[2] / "sweeps" / "table4.yaml").read_text()
-    smoke = "          val_every_steps: 10, ckpt_every_steps: 10, beam: 2, max_len_offset: 100}"
+    smoke = "          pick_on_dev: 2, vocabulary: words}"
     assert smoke in text
     spec = root / "constrained.yaml"
     spec.write_text(text.replace(smoke, smoke[:-1] + ", constrained: true}"))
