@@ -59,3 +59,33 @@ def rescore(folder: Path, record: dict[str, Any], split: str, gold: Sequence,
     outputs = records.read_lines(folder, entry["outputs"])
     linearization = record["config"]["data"].get("linearization", "xx")
     return score_outputs(outputs, gold[:len(outputs)], linearization)
+
+
+def kept_lines(folder: Path, record: dict[str, Any]) -> tuple[list[str], bool]:
+    """Whether a parsing record's kept outputs give its scores (``verify``): per split and way
+    of decoding, a line, and False where any recorded figure differs from the rescored one."""
+    from reproduce.data import treebank_trees
+
+    lines, ok = [], True
+    data_dir = record["config"]["data"].get("data_dir") or None
+    for split, entry in (record.get("evalb") or {}).items():
+        for how, scored in (("", entry), ("free", entry.get("free") or {})):
+            name = f"{split}{' (free)' if how else ''}"
+            if not scored:
+                continue
+            try:
+                again = rescore(folder, record, split, treebank_trees(split, data_dir), how)
+            except records.DamagedRecord as e:
+                lines.append(f"outputs of {name}: UNREADABLE ({e})")
+                ok = False
+                continue
+            if again is None:
+                lines.append(f"outputs of {name}: none kept (made before parses were kept)")
+                continue
+            wrong = [k for k in ("precision", "recall", "f1", "well_formed", "place")
+                     if k in scored and again[k] != scored[k]]
+            ok &= not wrong
+            lines.append(f"outputs of {name}: {scored['sentences']} sentences, "
+                         + (f"DIFFERENT from the record: {', '.join(wrong)}" if wrong else
+                            "rescored to the recorded F1, P, R and place counts"))
+    return lines, ok

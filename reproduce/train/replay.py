@@ -31,7 +31,7 @@ from reproduce.records import store as records
 from reproduce.records.schema import Record
 from reproduce.records.sweep import PlannedRun, load_spec
 from reproduce.train import fit as training
-from reproduce.train import runner
+from reproduce.train import parses, runner
 from reproduce.util import machine
 
 # Metrics that measure the machine, not the model: never compared.
@@ -237,7 +237,8 @@ def _without_outputs(record: Record) -> str:
 
 
 def _evidence_lines(record: Record, folder: Path) -> tuple[list[str], bool]:
-    """Whether a record's per-sentence evidence is its scores' (``records.store.write_evidence``):
+    """Whether a record's per-sentence evidence is its scores' (``records.store.write_evidence``;
+    a parsing record's kept parses: ``parses.kept_lines``):
     per split, the statistics recomputed from the kept hypotheses and references are the kept
     ones, their corpus scores are the recorded BLEU, tokenized BLEU and chrF, and on dev the NLL
     and tokens give the recorded dev PPL (within 1e-3, relative: validation sums them in another
@@ -270,7 +271,8 @@ def _evidence_lines(record: Record, folder: Path) -> tuple[list[str], bool]:
                      + (f"DIFFERENT from the record: {', '.join(wrong)}" if wrong else
                         "statistics of the kept outputs and the recorded scores"
                         + (" and dev PPL" if split == "dev" else "")))
-    return lines, ok
+    parsed, same = parses.kept_lines(folder, cast(dict, record))  # Table 4: the kept parses
+    return lines + parsed, ok and same
 
 
 def _cadence(points: list[list[float]]) -> int | None:

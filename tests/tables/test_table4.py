@@ -272,6 +272,11 @@ def test_smoke_run_chooses_its_weights_on_dev_and_keeps_what_rescores_them(cli):
         assert again is not None and again["f1"] == kept["f1"] and again["place"] == kept["place"]
         assert kept["place"]["words"] == sum(len(words(t)) for t in gold)
     assert "Where the parser loses its place (dev)" in (root / "results" / "table4.md").read_text()
+    lines, ok = parses.kept_lines(folder, r)  # what verify prints
+    assert ok and len(lines) == 2 and "rescored to the recorded F1" in lines[0]
+    r["evalb"]["test"]["place"]["inserted"] += 1
+    lines, ok = parses.kept_lines(folder, r)
+    assert not ok and lines[1].endswith("DIFFERENT from the record: place")
 
 
 def test_running_again_skips_and_semi_supervised_is_not_run(cli, caplog):
