@@ -35,8 +35,8 @@ def render(spec: Spec, out: Path, log: bool) -> list[str]:
             where = log_table(spec, records, out, figures, runs_dir() / spec.table / "tables")
             print(f"logged the table to W&B ({where['mode']}, {where['dir']})")
     if paths.REPO is not None and results_dir() == paths.REPO / "results" \
-            and spec.table in ("table2", "table3") and spec.path.parent == paths.SWEEPS:
-        # the front page quotes the project's own results of the shipped Tables 2 and 3
+            and spec.table in ("table2", "table3", "table4") and spec.path.parent == paths.SWEEPS:
+        # the front page quotes the project's own results of the shipped Tables 2, 3 and 4
         if update_readme(paths.REPO / "README.md", results_dir()):
             print(f"updated the results in {paths.REPO / 'README.md'}")
     return damaged

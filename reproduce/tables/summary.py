@@ -1,5 +1,5 @@
 """The front page's results: a compact Table 3 (each variant's change from base, the paper's
-beside ours, and the verdict) and Table 2's BLEU, rendered from the records at the `cpu` scale
+beside ours, and the verdict), Table 2's BLEU and Table 4's F1, rendered from the records at the `cpu` scale
 into README.md between two markers, so the page never quotes a number no record holds."""
 
 from __future__ import annotations
@@ -64,7 +64,24 @@ def summary(results: Path) -> str:
              for name in table2.variants]
     lines += ["", f"Table 2 at `{SCALE}`, test BLEU paper / ours (the paper's tokenized "
               "convention; `results/table2.md`): " + "; ".join(cells) + "."]
-    return "\n".join(lines)
+    return "\n".join(lines + _table4(results))
+
+
+def _table4(results: Path) -> list[str]:
+    """Table 4's line: each configuration's test F1 (dev F1) at ``SCALE``, beside the paper's."""
+    from reproduce.tables.table4 import TARGETS, VOCABULARIES
+
+    runs = sorted((r for r in load_records("table4", results, move=False) if r["scale"] == SCALE),
+                  key=lambda r: -r["metrics"]["test_f1"])
+    if not runs:
+        return []
+    paper = load_spec("table4").variants["wsj_only"].paper["f1"]
+    cells = [f"{TARGETS[r['config']['data']['linearization']].split(' (')[0]}, "
+             f"{VOCABULARIES[r['config']['data'].get('vocabulary', 'bpe')]} "
+             f"{r['metrics']['test_f1']:.1f} ({r['metrics']['dev_f1']:.1f})" for r in runs]
+    return ["", f"Table 4 at `{SCALE}`, test F1 (dev) on NLTK's 10% WSJ sample, not comparable "
+            f"with the paper's {paper} on section 23 (`results/table4.md`): "
+            + "; ".join(cells) + "."]
 
 
 def _tally(short: str, by_verdict: dict[str, list[str]]) -> str:
