@@ -20,7 +20,8 @@ from tests import helpers
 def offline_environment(tmp_path_factory):
     root = tmp_path_factory.mktemp("env")
     env = {
-        "WANDB_MODE": "disabled", "WANDB_SILENT": "true", "WANDB_DIR": str(root / "wandb"),
+        # no WANDB_DIR: where a user sets it, runs log there (test_sharing), else in their folders
+        "WANDB_MODE": "disabled", "WANDB_SILENT": "true",
         "WANDB_CACHE_DIR": str(root / "wandb-cache"), "WANDB_CONFIG_DIR": str(root / "wandb-config"),
         "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
         "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
@@ -39,7 +40,8 @@ def offline_environment(tmp_path_factory):
 
     if user_compile_cache() is None:
         os.environ[INDUCTOR_CACHE_ENV] = default_cache_dir() + "-tests"
-    for key in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR"):
+    os.environ.pop("WANDB_DIR", None)
+    for key in ("WANDB_CACHE_DIR", "WANDB_CONFIG_DIR"):
         os.makedirs(env[key], exist_ok=True)
     torch.set_num_threads(1)
     helpers.SESSION_ENV.update(os.environ)  # the CLI's zygotes start from it (helpers.cli)

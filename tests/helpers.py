@@ -375,3 +375,61 @@ def treebank_sample_present() -> bool:
     except LookupError:
         return False
     return True
+
+
+def read_wandb(path: Path) -> list:
+    """The records of an offline W&B run's ``.wandb`` file, as W&B's own protobuf messages
+    (``wandb.proto.wandb_internal_pb2.Record``). W&B 0.31 ships no Python reader of the file
+    (wandb-core, in Go, writes and syncs it); its framing is leveldb's log format: a 7-byte
+    header (``:W&B``, magic 0xBEE1, version 0), then 32 KiB blocks of chunks, each a 7-byte
+    header (CRC-32C, length, type: 1 whole, 2 first, 3 middle, 4 last) and its bytes, a
+    block's last 6 bytes or fewer left as padding."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = Path(path).read_bytes()
+    assert data[:4] == b":W&B", f"{path}: not a W&B run file"
+    block, pos, whole, pending = 32768, 7, [], b""
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        if kind in (1, 2):
+            pending = chunk
+        elif kind in (3, 4):
+            pending += chunk
+        if kind in (1, 4):
+            whole.append(pending)
+    records = []
+    for raw in whole:
+        record = pb.Record()
+        record.ParseFromString(raw)
+        records.append(record)
+    return records
+
+
+def wandb_runs(folder: Path) -> dict[str, dict]:
+    """Every offline W&B run under ``folder`` by id, read back from its ``.wandb`` files (a run
+    resumed in several folders is one id): its folders, tags, config, summary (the last value
+    of each key) and the steps of its history."""
+    runs: dict[str, dict] = {}
+    for path in sorted(Path(folder).rglob("*.wandb")):
+        for r in read_wandb(path):
+            kind = r.WhichOneof("record_type")
+            if kind == "run":
+                run = runs.setdefault(r.run.run_id, {"folders": [], "tags": set(), "config": {},
+                                                     "summary": {}, "steps": []})
+                run["folders"].append(path.parent)
+                run["tags"] |= set(r.run.tags)
+                run["config"].update({i.key: json.loads(i.value_json) for i in r.run.config.update})
+            elif kind == "config":
+                run["config"].update({i.key: json.loads(i.value_json) for i in r.config.update})
+            elif kind == "summary":
+                run["summary"].update({i.key or "/".join(i.nested_key): json.loads(i.value_json)
+                                       for i in r.summary.update})
+            elif kind == "history":
+                run["steps"].append(r.history.step.num)
+    return runs

@@ -11,8 +11,9 @@ from reproduce.records.sweep import TABLES
 
 class Publish(Command):
     name = "publish"
-    help = ("log every committed record of a table as a W&B run (config, curve, metrics, "
-            "examples, cost) plus the table and figures; idempotent; offline unless "
+    help = ("complete each record's own W&B run (config, metrics, the comparison with base and "
+            "the paper, examples, cost; its curve where its training logged none), tag the runs "
+            "of superseded records, and log the table and figures; idempotent; offline unless "
             "WANDB_API_KEY is set")
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
@@ -25,7 +26,7 @@ class Publish(Command):
     def run(self, args: argparse.Namespace, argv: list[str]) -> int:
         from reproduce.errors import ConfigError
         from reproduce.paths import results_dir, runs_dir
-        from reproduce.records.store import load_records
+        from reproduce.records.store import load_records, read_record
         from reproduce.records.sweep import load_spec
         from reproduce.tables.dashboard import publish
         from reproduce.tables.figures import plot_table
@@ -51,7 +52,10 @@ class Publish(Command):
             render(spec, markdown, log=False)
         folder = runs_dir() / spec.table / "published"
         figures = plot_table(spec, records, folder / "figures")
-        out = publish(spec, records, markdown, figures, folder)
+        old = [r for path in sorted((results_dir() / spec.table / "superseded").glob("*.json"))
+               if (r := read_record(path)) is not None and (r.get("wandb") or {}).get("id")
+               and args.scale in (None, r["scale"])]
+        out = publish(spec, records, markdown, figures, folder, results_dir(), old)
         print(f"{spec.table}: {len(out['published'])} record(s) logged to W&B ({out['mode']}), "
               f"{len(out['unchanged'])} already published unchanged; table "
               + (f"logged ({out['table']['dir']})" if out["table"] else "unchanged"))

@@ -326,6 +326,8 @@ class Verdict:
     ours_cell: str
     verdict: str  # yes | no | better | worse | no effect | n/a
     noise: Noise | None = None  # of our change: both sources (None: no verdict)
+    paper_delta: float | None = None  # the paper's change from base, and ours (the cells' numbers)
+    delta: float | None = None
 
     @property
     def noise_cell(self) -> str:
@@ -359,10 +361,12 @@ def compare_to_base(spec: Spec, runs: dict[str, list[Record]], variant: str,
     ours_v = [r["metrics"][metric.key] for r in runs.get(variant, [])]
     ours_b = [r["metrics"][metric.key] for r in runs.get("base", [])]
     if variant == "base" or not ours_v or not ours_b:
-        return Verdict(metric.short, "" if variant == "base" else signed(paper_delta), "", "n/a")
+        return Verdict(metric.short, "" if variant == "base" else signed(paper_delta), "", "n/a",
+                       None, paper_delta)
     delta = statistics.mean(ours_v) - statistics.mean(ours_b)
     if len(ours_v) < 2 or len(ours_b) < 2:
-        return Verdict(metric.short, signed(paper_delta), signed(delta), "n/a")
+        return Verdict(metric.short, signed(paper_delta), signed(delta), "n/a", None,
+                       paper_delta, delta)
     noise = change_noise(ours_v, ours_b, sentence_variance(runs[variant], runs["base"], metric))
     assert noise is not None  # two seeds a side
     if abs(delta) <= noise.half_width:
@@ -372,4 +376,4 @@ def compare_to_base(spec: Spec, runs: dict[str, list[Record]], variant: str,
     else:
         verdict = "yes" if paper_delta != 0 and (delta > 0) == (paper_delta > 0) else "no"
     return Verdict(metric.short, signed(paper_delta), f"{signed(delta)} (±{noise.half_width:.2f})",
-                   verdict, noise)
+                   verdict, noise, paper_delta, delta)

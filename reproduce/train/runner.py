@@ -187,7 +187,7 @@ def run_here(run: PlannedRun, split: str, command: str, work: Path,
     tokenizer, data = build_data(c)
     data.setup("fit")  # the corpus mapped (encoded first, if no run has): this phase, not fit's
     phases.lap("data")
-    logger = wandb_logger(run, work, precision[0]) if zero else None
+    logger = wandb_logger(run, work, precision[0], getattr(donor, "record", None)) if zero else None
     try:
         try:
             graphs = compile_stats()  # the timing of `auto` compiled some too

@@ -1,10 +1,15 @@
-"""A run's W&B run: offline unless an API key is set, grouped by table and row, its config
-flattened; finished with the record's metrics (``train.runner``)."""
+"""A run's W&B run: offline unless an API key is set, grouped by table and row (or
+``WANDB_RUN_GROUP``), in ``WANDB_PROJECT`` (default ``reproduce``) and W&B's own
+``WANDB_ENTITY``, its folder under ``WANDB_DIR`` where set, else the run's folder; an id of its own
+(``run_id``), its config flattened; finished with the record's metrics (``train.runner``)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
+import secrets
 from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
@@ -12,29 +17,73 @@ from typing import Any
 
 from reproduce.config import Config
 from reproduce.errors import one_line
+from reproduce.paths import results_dir
 from reproduce.records.store import wandb_folder
 from reproduce.records.sweep import PlannedRun
-from reproduce.util.tracking import init_run, wandb_mode
+from reproduce.util.files import write_atomic
+from reproduce.util.tracking import init_run, project, run_group, wandb_dir, wandb_mode
 
 log = logging.getLogger("reproduce")
 
 
-def wandb_logger(run: PlannedRun, work: Path, precision: str):
+ID_FILE = "wandb-id"  # in a run's checkpoints folder: set aside with them when the run is redone
+
+
+def wandb_logger(run: PlannedRun, work: Path, precision: str,
+                 trained_by: dict[str, Any] | None = None):
     """W&B, offline unless an API key is set (sync later with `wandb sync`); False (no logger)
-    with ``WANDB_MODE=disabled`` (``tracking.wandb_mode``)."""
+    with ``WANDB_MODE=disabled`` (``tracking.wandb_mode``). Its id is the run's (``run_id``):
+    a resumed run continues its W&B run, a redone one is a new W&B run. ``trained_by``: the
+    record whose training this run evaluates (``records.sharing``), tagged and linked."""
     mode = wandb_mode()
     if mode == "disabled":
         return False  # Lightning's "no logger"; the record says W&B was off
-    work.mkdir(parents=True, exist_ok=True)
+    folder = wandb_dir(work)
+    folder.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("WANDB_SILENT", "true")
+    shared = shared_training(trained_by)
     experiment = init_run(
-        run.run_id, project=os.environ.get("WANDB_PROJECT", "reproduce"), name=run.run_id,
-        id=run.run_id.replace(".", "_"), group=f"{run.table}/{run.row}", job_type=run.variant,
-        tags=[run.table, f"row:{run.row}", f"scale:{run.scale}", f"seed:{run.seed}"],
-        dir=str(work), resume="allow",
+        run.run_id, project=project(), name=run.run_id, id=run_id(run, work),
+        group=run_group(f"{run.table}/{run.row}"), job_type=run.variant,
+        tags=[run.table, f"row:{run.row}", f"scale:{run.scale}", f"seed:{run.seed}",
+              *shared["tags"]],
+        dir=str(folder), resume="allow",
         config={**_flat(run.config), "table": run.table, "row": run.row,
-                "variant": run.variant, "scale": run.scale, "precision": precision})
-    return _logger_class()(experiment=experiment, save_dir=str(work))
+                "variant": run.variant, "scale": run.scale, "precision": precision,
+                **shared["config"]})
+    return _logger_class()(experiment=experiment, save_dir=str(folder))
+
+
+def run_id(run: PlannedRun, work: Path) -> str:
+    """The W&B id of ``run``'s training: made once (``wandb_id`` with a random part) and kept in
+    its checkpoints folder, so a resumed run reads it again, and a run redone from the start
+    (its checkpoints set aside: another config, changed files) gets a new one."""
+    path = work / "checkpoints" / ID_FILE
+    if path.is_file():
+        return path.read_text().strip()
+    made = wandb_id(run.run_id, results_dir(), run.config.to_dict(), secrets.token_hex(4))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, made.encode())
+    return made
+
+
+def wandb_id(run: str, results: Path, config: Mapping[str, Any], salt: str = "") -> str:
+    """A W&B id unique to the results folder, the run and its config (and ``salt``): the run's
+    id (up to 48 characters), then 10 hex digits of their SHA-256. Two results folders, or a
+    config changed, never share one."""
+    key = json.dumps([str(Path(results).resolve()), run, config, salt], sort_keys=True)
+    return f"{run[:48]}-{hashlib.sha256(key.encode()).hexdigest()[:10]}".replace(".", "_")
+
+
+def shared_training(trained_by: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The tag and config of a run evaluated from another run's training: whose, and its W&B run
+    (id, and link where it is online), where its curve is."""
+    if not trained_by:
+        return {"tags": [], "config": {}}
+    w = trained_by.get("wandb") or {}
+    return {"tags": ["shared-training", f"trained-by:{trained_by['run_id']}"[:64]],
+            "config": {"trained_by": trained_by["run_id"], "trained_by_wandb_id": w.get("id"),
+                       "trained_by_wandb_url": w.get("url")}}
 
 
 def _logger_class():

@@ -12,6 +12,7 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from reproduce.errors import one_line
@@ -28,6 +29,22 @@ def wandb_mode() -> str:
     if os.environ.get("WANDB_API_KEY") and mode not in ("offline", "dryrun"):
         return "online"
     return "offline"
+
+
+def project() -> str:
+    """The W&B project: ``WANDB_PROJECT``, else ``reproduce``."""
+    return os.environ.get("WANDB_PROJECT") or "reproduce"
+
+
+def run_group(default: str) -> str:
+    """A W&B run's group: ``WANDB_RUN_GROUP`` where the user set it, else ``default``."""
+    return os.environ.get("WANDB_RUN_GROUP") or default
+
+
+def wandb_dir(default: Path) -> Path:
+    """Where a W&B run's folder goes (W&B adds ``wandb/`` under it): ``WANDB_DIR`` where the user
+    set it, else ``default`` (a run's own folder: ``runs/<table>/<run>/``)."""
+    return Path(os.environ["WANDB_DIR"]) if os.environ.get("WANDB_DIR") else default
 
 
 def init_timeout() -> float:

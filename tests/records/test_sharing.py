@@ -3,13 +3,14 @@ training, which is the same training (reproduce/records/sharing.py)."""
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
 
 from reproduce.records.sharing import same_training
 from reproduce.records.sweep import load_spec
-from tests.helpers import cli, cli_env
+from tests.helpers import cli, cli_env, wandb_runs
 
 
 def test_same_training_ignores_only_what_acts_after_training():
@@ -88,7 +89,7 @@ def shared(tmp_path_factory):
     """Table 2's base EN-DE at smoke, then Table 3's base seed 0 (its training), and the same
     Table 3 run trained on its own in another folder."""
     root, alone = tmp_path_factory.mktemp("shared"), tmp_path_factory.mktemp("alone")
-    env = cli_env(root)
+    env = {**cli_env(root), "WANDB_MODE": "offline", "WANDB_DIR": str(root / "wandb-here")}
     cli(env, "table2", "--variant", "base-en-de", "--scale", "smoke", "--workers", "1")
     (root / "runs" / "table3" / "table3-base-smoke-seed0").mkdir(parents=True)  # a stopped run
     status = cli(env, "status").stdout
@@ -119,6 +120,24 @@ def test_table3_base_evaluates_table2_s_training_instead_of_training(shared):
     assert "trained_by" not in own
     for key in ("dev_ppl", "dev_bleu", "test_bleu", "train_sample_nll"):
         assert reused["metrics"][key] == own["metrics"][key], key
+
+
+def test_the_evaluating_run_is_its_own_w_b_run_tagged_and_linked_to_the_training(shared):
+    """Read back from W&B's files, all under ``WANDB_DIR`` as the user set it: the donor's run and
+    the evaluating run are two W&B runs; the second says whose training it is and where its
+    curve is."""
+    root = shared[0]
+    donor = _record(root, "table2", "table2-base-en-de-smoke-seed0")
+    reused = _record(root, "table3", "table3-base-smoke-seed0")
+    runs = wandb_runs(root / "wandb-here")
+    assert donor["wandb"]["id"] != reused["wandb"]["id"] and {donor["wandb"]["id"],
+                                                            reused["wandb"]["id"]} <= set(runs)
+    assert Path(reused["wandb"]["dir"]).is_relative_to(root / "wandb-here")
+    assert not list((root / "runs").rglob("*.wandb"))  # WANDB_DIR, not the runs' folders
+    run = runs[reused["wandb"]["id"]]
+    assert {"shared-training", "trained-by:table2-base-en-de-smoke-seed0"} <= run["tags"]
+    assert run["config"]["trained_by_wandb_id"] == donor["wandb"]["id"]
+    assert "shared-training" not in runs[donor["wandb"]["id"]]["tags"]
 
 
 def test_status_says_what_reuses_a_training_and_counts_it_once(shared):

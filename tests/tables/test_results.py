@@ -234,38 +234,6 @@ def test_reference_perplexities_are_stated_when_the_records_agree_on_them():
     assert "unigram model" not in render_table3(spec, [record("base")])
 
 
-def test_publish_logs_each_record_once_and_again_only_when_it_changed(tmp_path, monkeypatch):
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    from reproduce.__main__ import main
-
-    monkeypatch.setenv("REPRODUCE_RESULTS", str(tmp_path / "results"))
-    monkeypatch.setenv("REPRODUCE_RUNS", str(tmp_path / "runs"))
-    recs = [record("base", "cpu", 0, ppl=7.0), record("A1", "cpu", 0, ppl=8.0),
-            record("base", "smoke", 0, ppl=90.0)]
-    for r in recs:
-        r.update(row=r["variant"] if r["variant"] == "base" else "A",
-                 curve={"train_loss": [[50, 10.0, 6.1], [100, 20.0, 5.2]],
-                        "dev_ppl": [[100, 20.0, 80.0]]})
-        write_record(tmp_path / "results" / "table3" / f"{r['run_id']}.json", r)
-    published = tmp_path / "runs" / "table3" / "published"
-
-    assert main(["publish", "--table", "table3", "--scale", "cpu"]) == 0
-    ledger = json.loads((published / "published.json").read_text())
-    assert sorted(k for k in ledger if k != "__table__") == ["table3-A1-cpu-seed0",
-                                                             "table3-base-cpu-seed0"]
-    runs = sorted(published.glob("wandb/offline-run-*"))
-    assert len(runs) == 2 + 1  # two records and the table
-    assert main(["publish", "--table", "table3", "--scale", "cpu"]) == 0  # nothing new
-    assert sorted(published.glob("wandb/offline-run-*")) == runs
-
-    recs[1]["metrics"]["dev_ppl"] = 8.5  # a record that changed is a new W&B run
-    write_record(tmp_path / "results" / "table3" / "table3-A1-cpu-seed0.json", recs[1])
-    assert main(["publish", "--table", "table3", "--scale", "cpu"]) == 0
-    assert len(list(published.glob("wandb/offline-run-*"))) == len(runs) + 2  # the run, the table
-    assert json.loads((published / "published.json").read_text())["table3-A1-cpu-seed0"]["id"] \
-        != ledger["table3-A1-cpu-seed0"]["id"]
-
-
 def test_the_changes_figure_survives_a_base_of_zero_bleu(tmp_path):
     """Smoke runs score BLEU 0: no relative change to draw, and no crash."""
     from reproduce.tables.figures import plot_table
