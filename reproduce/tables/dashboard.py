@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from reproduce.records.metrics import (
     COMPARED,
@@ -156,7 +156,8 @@ def _what(r: Record, compared: dict[str, Any], superseded: bool) -> dict[str, An
         "summary": summary,
         "curve": None if (r.get("wandb") or {}).get("id") else r.get("curve", {}),
         "examples": [[split, e["source"], e.get("reference", ""), e["output"]]
-                     for task in ("bleu", "evalb") for split, b in (r.get(task) or {}).items()
+                     for task in ("bleu", "evalb")
+                     for split, b in cast(dict[str, Any], r.get(task) or {}).items()
                      for e in b.get("examples", [])]}
 
 
