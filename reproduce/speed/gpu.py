@@ -290,6 +290,9 @@ def run(steps: int = 10, out: str | None = None, budget: float = 420.0,
         if key in ("compiled", "micro") and not cuda:
             print(f"{part}: on a GPU only", flush=True)
             continue
+        if caps[key] <= 0:  # --cap KEY=0: not run (a timer of 0 s would be no timer at all)
+            report.skip(part, f"skipped (--cap {key}=0)")
+            continue
         left = budget - (time.perf_counter() - started)
         if left <= 0:
             report.skip(part, f"the budget of {budget:.0f} s was spent")

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from reproduce.config import Config
 from reproduce.errors import one_line
 from reproduce.paths import runs_dir
 from reproduce.records.sweep import PlannedRun
@@ -134,3 +135,23 @@ def choose_compile(run: PlannedRun, precision: str, layout: Layout = ONE_DEVICE,
         log.info("%s: compile auto -> %s, for %s (%s%s)", run.run_id, "on" if chosen else "off",
                  model, "cached: " if how["cached"] else "", how["how"])
     return chosen, how
+
+
+def cuda_graphs_refusal(c: Config, compiled: bool, layout: Layout) -> str | None:
+    """Why ``train.cuda_graphs`` cannot be used as ``c`` asks, in one line, or None. It acts
+    only on the fast path (``compiled``) on a GPU: elsewhere it is no error, and nothing. There,
+    exact batch widths (``train.batch_shapes`` 0) record a graph again for every new shape
+    (pytorch/pytorch#188150), and more than one pass a step fails at the second backward
+    (pytorch/pytorch#169545)."""
+    if not (c.train.cuda_graphs and compiled and layout.accelerator == "gpu"):
+        return None
+    passes = c.train.split_batch(layout.world)[0] if c.train.device_batch_tokens != "auto" else 1
+    if not c.train.batch_shapes:
+        return ("train.cuda_graphs with exact batch widths (train.batch_shapes 0) records a CUDA "
+                "graph for every new shape: set train.batch_shapes (e.g. 8), or cuda_graphs false")
+    if passes > 1:
+        return (f"train.cuda_graphs with {passes} passes a step (train.device_batch_tokens "
+                f"{c.train.device_batch_tokens} of {c.train.batch_tokens}) fails at the second "
+                "backward: one pass a step (device_batch_tokens 0, or auto where it fits), or "
+                "cuda_graphs false")
+    return None

@@ -51,6 +51,7 @@ class TranslationModule(pl.LightningModule):
         # (train.compiling), which calls use_compiled.
         self.use_compiled(self.config.train.compile == "on")
         self.compile_failed: str | None = None  # why training went on eager, if it had to
+        self.graphs_failed: str | None = None  # why it went on without CUDA graphs, if it had to
         self._loss_on_bar: bool | None = None  # the training loss on the progress bar
         self._micro_step, self._micro = -1, 0  # dropout's seed: optimizer step, micro-batch
 
@@ -58,8 +59,30 @@ class TranslationModule(pl.LightningModule):
         """Train on the fast path (``on``): the training loss over every position of the batch
         (``_padded_losses``), compiled whole; or eager, the path every committed record took."""
         self.fast = on
-        self._train_losses = (compiled_fast(self._padded_losses, self.config.train.cuda_graphs)
+        self._graphs = on and self.config.train.cuda_graphs
+        self._train_losses = (compiled_fast(self._padded_losses, self._graphs)
                               if on else self._losses)
+
+    def _fall_back(self, batch: dict[str, torch.Tensor], e: Exception):
+        """The step's losses after the compiled path failed with ``e``: CUDA graphs that failed
+        (their capture, say) give way to the same compiled loss without them; a compiler that
+        failed (on the first step, or on a new shape later), to the same loss eager. From here
+        on, said once and kept for the record; any other error is raised as it came."""
+        where = f"step {self.trainer.global_step}: {one_line(e)}"
+        if self._graphs and (_compiler_error(e) or _capture_error(e)):
+            self.graphs_failed, self._graphs = where, False
+            log.warning("CUDA graphs failed (%s); training goes on compiled, without them", where)
+            self._train_losses = compiled_fast(self._padded_losses, False)
+        elif self._train_losses is not self._losses and _compiler_error(e):
+            self.compile_failed = where
+            log.warning("torch.compile failed (%s); training goes on eager", where)
+            self.use_compiled(False)
+        else:
+            raise e
+        try:
+            return self._train_losses(batch)
+        except Exception as again:  # noqa: BLE001 - the next way down, or raised
+            return self._fall_back(batch, again)
 
     def _losses(self, batch: dict[str, torch.Tensor]):
         hidden = self.model.features(batch["src"], batch["tgt_in"])
@@ -95,14 +118,7 @@ class TranslationModule(pl.LightningModule):
         try:
             smoothed, nll, n = self._train_losses(batch)
         except Exception as e:
-            if self._train_losses is self._losses or not _compiler_error(e):
-                raise
-            # the compiler failed (on the first step, or on a new shape later): the same loss
-            # eager from here on, said once and kept for the record
-            self.compile_failed = f"step {self.trainer.global_step}: {one_line(e)}"
-            log.warning("torch.compile failed (%s); training goes on eager", self.compile_failed)
-            self.use_compiled(False)
-            smoothed, nll, n = self._losses(batch)
+            smoothed, nll, n = self._fall_back(batch, e)
         loss = smoothed / n
         (B, S), T = batch["src"].shape, batch["tgt_in"].shape[1]
         for key, value in zip(WORK_KEYS[:-1], (B * S, B * T, B * S * S, B * T * T, B * T * S),
@@ -180,6 +196,12 @@ class TranslationModule(pl.LightningModule):
                                                  self.config.model.d_model)
         return {"optimizer": optimizer,
                 "lr_scheduler": {"scheduler": schedule, "interval": "step", "frequency": 1}}
+
+
+def _capture_error(e: BaseException) -> bool:
+    """Whether ``e`` is a CUDA graph's failure (its capture, its replay's memory pool)."""
+    text = f"{type(e).__module__}.{type(e).__name__}: {e}".lower()
+    return "cudagraph" in text or "graph capture" in text or "capturing" in text
 
 
 def _compiler_error(e: BaseException) -> bool:

@@ -221,7 +221,7 @@ def run_here(run: PlannedRun, split: str, command: str, work: Path,
     except BaseException:
         end_failed(logger)  # as failed, not left open for the next one
         raise
-    choice = _compile_entries(compiled, module.compile_failed, None if donor else graphs)
+    choice = _compile_entries(compiled, module, None if donor else graphs)
     record: Record = {
         "schema": SCHEMA_VERSION, "run_id": run.run_id, "table": run.table, "row": run.row,
         "variant": run.variant, "scale": run.scale, "seed": c.train.seed, "split": split,
@@ -316,14 +316,17 @@ def _data_summary(c: Config, data, tokenizer) -> DataSummary:
     return summary
 
 
-def _compile_entries(compiled: tuple[bool, dict[str, Any]], failed: str | None,
+def _compile_entries(compiled: tuple[bool, dict[str, Any]], module,
                      graphs: dict[str, float] | None) -> tuple[bool, dict[str, Any]]:
     """The record's ``compile`` (whether the run trained compiled) and ``compile_choice`` (how
-    that was chosen; a failure in training, or the graphs and recompiles of a run compiled
-    here: ``graphs`` None where the training is a donor's, whose choice is kept as it is)."""
+    that was chosen; a failure in training, CUDA graphs that failed and were left, or the graphs
+    and recompiles of a run compiled here: ``graphs`` None where the training is a donor's,
+    whose choice is kept as it is)."""
     chosen, how = compiled
-    if failed:
-        return False, {**how, "failed_in_training": failed}
+    if module.graphs_failed:
+        how = {**how, "cuda_graphs_failed_in_training": module.graphs_failed}
+    if module.compile_failed:
+        return False, {**how, "failed_in_training": module.compile_failed}
     return chosen, {**how, "in_training": graphs} if chosen and graphs is not None else how
 
 

@@ -42,9 +42,16 @@ NO_KERNEL = {"aten::as_strided", "aten::view", "aten::_reshape_alias", "aten::de
              "aten::slice", "aten::select", "aten::permute", "aten::alias", "aten::reshape",
              "aten::split", "aten::narrow", "aten::unbind", "aten::_unsafe_view",
              "aten::split_with_sizes", "aten::lift_fresh", "aten::contiguous"}
-# CUDA runtime calls after which the host has waited for the device
+# CUDA runtime calls after which the host has waited for the device: synchronizations and the
+# synchronous copies; an asynchronous copy (a pinned batch going up) is no wait, and a value read
+# back is its cudaMemcpyAsync and the cudaStreamSynchronize after it, counted once
 CUDA_WAITS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
-              "cudaMemcpy", "cudaMemcpyAsync")
+              "cudaMemcpy")
+
+
+def is_cuda_wait(name: str) -> bool:
+    """Whether a CUDA runtime call's profiler name is a wait of the host (``CUDA_WAITS``)."""
+    return name.startswith(CUDA_WAITS) and "Async" not in name
 
 
 def census(roots, events=None) -> dict[str, int]:
@@ -69,7 +76,7 @@ def census(roots, events=None) -> dict[str, int]:
         stack.extend((child, ancestors) for child in node.children)
     if events is not None:
         kernels = sum(e.device_type == torch.autograd.DeviceType.CUDA for e in events)
-        waits = sum(e.name.startswith(CUDA_WAITS) for e in events)
+        waits = sum(is_cuda_wait(e.name) for e in events)
     return {"ops": ops, "kernels": kernels, "host_waits": waits}
 
 

@@ -107,7 +107,11 @@ def interrupted_by_ctrl_c(exit: SystemExit) -> bool:
 
 @contextmanager
 def alarm(seconds: float, raised: Callable[[], BaseException]) -> Iterator[None]:
-    """Raise ``raised()`` in this (the main) thread once ``seconds`` have gone."""
+    """Raise ``raised()`` in this (the main) thread once ``seconds`` have gone (more than 0: a
+    timer of 0 s is none, ``setitimer``'s way to turn it off)."""
+    if seconds <= 0:
+        raise ValueError(f"alarm after {seconds} s: must be more than 0")
+
     def cut(signum, frame) -> None:
         raise raised()
 

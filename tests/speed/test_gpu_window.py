@@ -25,13 +25,14 @@ def window(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess:
 
 def test_the_window_keeps_what_each_part_measured_and_cuts_a_slow_part_at_its_cap(tmp_path):
     done = window(tmp_path, "--seconds", "120", "--reserve", "90", "--steps", "20",
-                  "--eval-pairs", "20", "--cap", "beam=0.05", "--micro-batch", "auto",
+                  "--eval-pairs", "20", "--cap", "beam=0.05", "tf32=0", "--micro-batch", "auto",
                   "--set", "train.cuda_graphs=true")
     assert done.returncode == 0, done.stdout + done.stderr
     out = tmp_path / "out"
     assert len(list(out.iterdir())) <= 8  # what the device tool brings back
     gpu = json.loads((out / "gpu.json").read_text())
-    assert {"base", "big", "base, tf32"} <= set(gpu["parts"])
+    assert {"base", "big"} <= set(gpu["parts"]) and "base, tf32" not in gpu["parts"]
+    assert gpu["skipped"]["base, tf32"] == "skipped (--cap tf32=0)"  # 0 skips, never uncaps
     assert gpu["parts"]["base"]["seconds_per_step"] > 0
     assert gpu["skipped"]["beam search, base"].startswith("cut at 0.05 s (its cap 0.05 s")
     assert "Skipped: beam search, base: cut at" in (out / "gpu.md").read_text()

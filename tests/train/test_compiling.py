@@ -271,3 +271,54 @@ def test_cuda_graphs_ask_inductor_for_them_and_mark_each_call_a_new_step(monkeyp
     assert asked["dynamic"] is True and asked["fullgraph"] is True
     assert len(marks) == (2 if graphs else 0)
     assert parse_sets(["train.cuda_graphs=true"]) == {"cuda_graphs": True}
+
+
+def test_cuda_graphs_that_fail_give_way_to_the_compiled_path_not_to_eager(monkeypatch):
+    """A forced capture failure (what CUDA graphs do with two backward passes, say): the step is
+    taken compiled without them, said once, and the run stays on the fast path."""
+    from reproduce.speed import inputs as bench_inputs
+    from reproduce.speed.training import lightning_loop
+    from reproduce.train.lit import TranslationModule
+
+    class CaptureFailed(RuntimeError):
+        pass
+
+    CaptureFailed.__module__ = "torch._inductor.cudagraph_trees"
+    asked = []
+
+    def compile_(fn, **kwargs):
+        graphs = kwargs.get("options", {}).get("triton.cudagraphs")
+        asked.append(graphs)
+
+        def compiled(*args, **kw):
+            if graphs:
+                raise CaptureFailed("operation not permitted when stream is capturing")
+            return fn(*args, **kw)
+        return compiled
+
+    monkeypatch.setattr(torch, "compile", compile_)
+    config = load_spec("table3").resolve("base", "smoke").overrides(N=1, compile="on",
+                                                                    cuda_graphs=True)
+    module = TranslationModule(config.to_dict())
+    batches = bench_inputs.synthetic_batches(config.model.vocab_size, 256, 1, 32, seed=0)
+    lightning_loop(module, "32-true")(batches)
+    assert asked == [True, False] and module.fast and module.compile_failed is None
+    assert module.graphs_failed.startswith("step 0: CaptureFailed: operation not permitted")
+
+
+@pytest.mark.parametrize("sets, why", [
+    ({"batch_shapes": 0}, "exact batch widths (train.batch_shapes 0) records a CUDA graph"),
+    ({"batch_shapes": 8, "batch_tokens": 4096, "device_batch_tokens": 2048},
+     "with 2 passes a step (train.device_batch_tokens 2048 of 4096) fails at the second backward"),
+])
+def test_cuda_graphs_are_refused_in_one_line_where_they_are_unsafe(sets, why):
+    from reproduce.train.compiling import cuda_graphs_refusal
+    from reproduce.train.devices import Layout
+
+    config = load_spec("table3").resolve("base", "smoke").overrides(cuda_graphs=True, **sets)
+    gpu = Layout(accelerator="gpu")
+    assert why in cuda_graphs_refusal(config, True, gpu)
+    assert cuda_graphs_refusal(config, False, gpu) is None  # eager: they do nothing
+    assert cuda_graphs_refusal(config, True, Layout()) is None  # a CPU: nothing either
+    fine = config.overrides(batch_shapes=8, batch_tokens=2048, device_batch_tokens=0)
+    assert cuda_graphs_refusal(fine, True, gpu) is None

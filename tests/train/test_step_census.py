@@ -7,7 +7,7 @@ from torch.profiler import ProfilerActivity, profile
 from reproduce.config import ModelConfig
 from reproduce.paper.model import Transformer
 from reproduce.paper.optim import output_loss
-from reproduce.train.step_census import ASKING, NO_KERNEL, READS, census
+from reproduce.train.step_census import ASKING, NO_KERNEL, READS, census, is_cuda_wait
 
 
 def _from_event_list(events) -> dict[str, int]:
@@ -55,3 +55,12 @@ def test_the_census_from_the_profilers_tree_equals_the_event_lists():
     counted = census(running.profiler.kineto_results.experimental_event_tree())
     assert counted == _from_event_list(running.events())
     assert counted["host_waits"] >= 2 and counted["kernels"] > 100, counted
+
+
+def test_on_a_gpu_only_synchronizations_count_as_waits_not_asynchronous_copies():
+    """A pinned batch copied up (cudaMemcpyAsync) leaves the host free; a value read back is a
+    copy and the synchronization after it, one wait."""
+    waits = ["cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy"]
+    assert all(map(is_cuda_wait, waits))
+    assert not any(map(is_cuda_wait, ["cudaMemcpyAsync", "cudaMemcpy2DAsync", "cudaLaunchKernel",
+                                       "cudaStreamWaitEvent"]))
