@@ -40,7 +40,6 @@ def wandb_logger(run: PlannedRun, work: Path, precision: str,
         return False  # Lightning's "no logger"; the record says W&B was off
     folder = wandb_dir(work)
     folder.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("WANDB_SILENT", "true")
     shared = shared_training(trained_by)
     experiment = init_run(
         run.run_id, project=project(), name=run.run_id, id=run_id(run, work),

@@ -61,6 +61,7 @@ def init_run(what: str, **kwargs: Any):
     ``init_timeout()`` seconds, else offline, with one warning line, for the rest of this command
     too (``WANDB_MODE=offline``: no second wait). Returns the run."""
 
+    os.environ.setdefault("WANDB_SILENT", "true")  # its three lines a run: what records say
     with _masked_argv():  # W&B keeps the command line in its run files (wandb-metadata.json)
         return _init(what, **kwargs)
 
