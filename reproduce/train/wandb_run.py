@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import secrets
 from collections.abc import Mapping
 from dataclasses import asdict
