@@ -59,6 +59,10 @@ class Publish(Command):
         print(f"{spec.table}: {len(out['published'])} record(s) logged to W&B ({out['mode']}), "
               f"{len(out['unchanged'])} already published unchanged; table "
               + (f"logged ({out['table']['dir']})" if out["table"] else "unchanged"))
+        if out["superseded_sharing"]:
+            print(f"  {len(out['superseded_sharing'])} superseded record(s) not tagged: their W&B "
+                  "run is also the run that redid them (their ids were made before each run had "
+                  "its own)")
         if out["mode"] == "offline":
             print(f"  sync with: wandb sync {folder / 'wandb'}")
         return 1 if damaged else 0

@@ -104,7 +104,9 @@ def publish(spec: Spec, records: list[Record], markdown: Path, figures: list[Pat
     """Complete each record's own W&B run (``record_wandb_id``: never a second run of it) with its
     config, the comparison with base and the paper (``wandb_fields.fields``), its metrics, cost
     and example outputs, and its learning curve where its training logged none; tag the runs of
-    ``superseded`` records (redone since) ``superseded``; then the table's run: the Markdown's
+    ``superseded`` records (redone since) ``superseded``, but where a record's W&B id is a
+    current record's (ids made before each run had its own, ``wandb_run.run_id``: the redone run
+    went on in the same W&B run), which would tag the current one; then the table's run: the Markdown's
     tables as W&B Tables, the figures. Idempotent: ``<directory>/published.json`` keeps what
     each run was given, and publishing the same again logs nothing. Offline unless an API key
     is set."""
@@ -113,9 +115,13 @@ def publish(spec: Spec, records: list[Record], markdown: Path, figures: list[Pat
     ledger_path = directory / "published.json"
     ledger = json.loads(ledger_path.read_text()) if ledger_path.exists() else {}
     summaries = fields(spec, records)
-    done, skipped = [], []
+    done, skipped, shared = [], [], []
+    current = {record_wandb_id(r, results) for r in records}
     for r, old in [*((r, False) for r in records), *((r, True) for r in superseded or [])]:
         wid = record_wandb_id(r, results)
+        if old and wid in current:  # an id from before runs had their own: the redo's run too
+            shared.append(r["run_id"])
+            continue
         what = _what(r, summaries.get(r["run_id"], {}), old)
         key = f"{r['run_id']}@{wid}" if old else r["run_id"]
         if ledger.get(key) == {"id": wid, "content": _content(what)}:
@@ -133,7 +139,7 @@ def publish(spec: Spec, records: list[Record], markdown: Path, figures: list[Pat
         ledger["__table__"] = {"content": content, "id": table["id"]}
         write_atomic(ledger_path, (json.dumps(ledger, indent=1) + "\n").encode())
     return {"published": done, "unchanged": skipped, "mode": wandb_mode(),  # after any fallback
-            "table": table}
+            "table": table, "superseded_sharing": shared}
 
 
 def _what(r: Record, compared: dict[str, Any], superseded: bool) -> dict[str, Any]:

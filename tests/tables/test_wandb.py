@@ -36,6 +36,10 @@ def results(tmp_path, monkeypatch):
         write_record(folder / f"{r['run_id']}.json", r)
     old = {**record("A2", "cpu", 0), "row": "A", "wandb": {"id": "table3-A2-old", "mode": "offline"}}
     write_record(folder / "superseded" / "table3-A2-cpu-seed0.20261201T000000.json", old)
+    # a record redone under the old scheme (the W&B id was the run id): one W&B run holds both
+    merged = {**recs[1], "wandb": {"id": "table3-base-cpu-seed1", "mode": "offline"}}
+    write_record(folder / "table3-base-cpu-seed1.json", merged)
+    write_record(folder / "superseded" / "table3-base-cpu-seed1.20261201T000000.json", merged)
     return tmp_path, recs
 
 
@@ -52,6 +56,7 @@ def test_publish_completes_one_run_per_record_with_the_comparison_and_twice_chan
     assert set(runs) == set(by_record.values()) | {ledger["__table__"]["id"]}
     assert "superseded" in runs["table3-A2-old"]["tags"]
     assert not {"superseded"} & runs[by_record["table3-A1-cpu-seed1"]]["tags"]
+    assert "superseded" not in runs["table3-base-cpu-seed1"]["tags"]  # the current record's run
 
     # the comparison the Markdown table makes, as summary fields of each variant's run
     a1 = runs[by_record["table3-A1-cpu-seed1"]]
