@@ -219,6 +219,10 @@ class TrainConfig:
                      "ckpt_every_minutes", "batch_shapes"):
             value = getattr(self, name)
             _check(value >= 0, f"train.{name} = {value}: must be >= 0")
+        _check(not (self.pick_on_dev and self.average_last > 1),
+               f"train.pick_on_dev = {self.pick_on_dev} with train.average_last = "
+               f"{self.average_last}: one way to choose the weights (pick_on_dev weighs the "
+               "average of the last checkpoints too); set average_last 1 or pick_on_dev 0")
         _check(self.lr_scale > 0, f"train.lr_scale = {self.lr_scale}: must be > 0")
         _check(0.0 <= self.eps_ls < 1.0, f"train.eps_ls = {self.eps_ls}: must be in [0, 1)")
         for name in ("adam_beta1", "adam_beta2"):

@@ -67,8 +67,8 @@ def _caps(given: list[str]) -> dict[str, float]:
             seconds = float(value)
         except ValueError:
             seconds = -1.0
-        if key not in PARTS or seconds <= 0:
-            raise ConfigError(f"--cap {item}: expected PART=SECONDS with SECONDS > 0 and PART one "
-                             f"of {', '.join(PARTS)}")
+        if key not in PARTS or seconds < 0:
+            raise ConfigError(f"--cap {item}: expected PART=SECONDS with SECONDS >= 0 (0 skips "
+                              f"the part) and PART one of {', '.join(PARTS)}")
         caps[key] = seconds
     return caps

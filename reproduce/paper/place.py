@@ -5,11 +5,11 @@ A linearized tree stands for each word by one slot (its POS tag with ``tags`` ta
 drops, shifts every later word under the wrong brackets even where the brackets themselves are
 right; a tag it gets wrong in place (a substitution) costs nothing, since EVALB does not score
 tags. ``place`` aligns an output's slots with the gold sentence's (Levenshtein, unit costs, on
-the tags; on the words with ``words`` targets) and counts matches, substitutions, insertions and
-deletions; ``realigned`` rebuilds the tree with each slot given the word it is aligned to. The
-F1 of those trees (the *oracle*) less the F1 of the trees as written is what keeping its place
-cost; with constrained decoding the slots are as many as the words, so a shift is one insertion
-and one deletion.
+the tags; with ``xx`` or ``words`` targets on their number alone) and counts matches,
+substitutions, insertions and deletions; ``realigned`` rebuilds the tree with each slot given
+the word it is aligned to. The F1 of those trees (the *oracle*) less the F1 of the trees as
+written is what keeping its place cost; with constrained decoding the slots are as many as the
+words, so a shift is one insertion and one deletion.
 """
 
 from __future__ import annotations
@@ -61,10 +61,15 @@ def slots_of(tokens: Sequence[str], linearization: str) -> list[int]:
 
 
 def gold_slots(tree: Tree, linearization: str) -> list[str]:
-    """What the gold linearization writes in each slot: the tags, XX, or the words."""
-    if linearization == "words":
-        return words(tree)
+    """What the gold linearization writes in each slot, as ``written`` compares it: the tags;
+    with ``xx`` or ``words`` targets any slot (a word is written as the vocabulary has it, its
+    shape or pieces: only how many slots there are can say a place was lost)."""
     return tag_pos(tree) if linearization == "tags" else [POS_TOKEN] * len(words(tree))
+
+
+def written(tokens: Sequence[str], slots: Sequence[int], linearization: str) -> list[str]:
+    """An output's slots as ``gold_slots`` writes them."""
+    return [tokens[k] if linearization == "tags" else POS_TOKEN for k in slots]
 
 
 def realigned(tokens: Sequence[str], tree: Tree, linearization: str) -> Tree:
@@ -72,7 +77,7 @@ def realigned(tokens: Sequence[str], tree: Tree, linearization: str) -> Tree:
     inserted slot is dropped, a dropped word gets a slot right after the word before it (before
     the first kept slot if it has none); scored like ``delinearize``'s, with the gold tags."""
     slots = slots_of(tokens, linearization)
-    pairs = align([tokens[k] for k in slots], gold_slots(tree, linearization))
+    pairs = align(written(tokens, slots, linearization), gold_slots(tree, linearization))
     drop: set[int] = set()
     before: Counter[int] = Counter()
     after: Counter[int] = Counter()
@@ -105,13 +110,13 @@ def place(outputs: Sequence[str], gold: Sequence[Tree], linearization: str) -> d
                                      "deleted", "shifted_sentences", "in_place")})
     for output, tree in zip(outputs, gold, strict=True):
         tokens = output.split()
-        written = [tokens[k] for k in slots_of(tokens, linearization)]
+        wrote = written(tokens, slots_of(tokens, linearization), linearization)
         want = gold_slots(tree, linearization)
         ops = Counter("inserted" if g is None else "deleted" if p is None else
-                      "matched" if written[p] == want[g] else "substituted"
-                      for p, g in align(written, want))
+                      "matched" if wrote[p] == want[g] else "substituted"
+                      for p, g in align(wrote, want))
         counts.update(ops)
-        counts.update(words=len(want), slots=len(written),
+        counts.update(words=len(want), slots=len(wrote),
                       shifted_sentences=int(bool(ops["inserted"] or ops["deleted"])),
-                      in_place=sum(a == b for a, b in zip(written, want, strict=False)))
+                      in_place=sum(a == b for a, b in zip(wrote, want, strict=False)))
     return dict(counts)

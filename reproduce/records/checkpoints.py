@@ -127,3 +127,19 @@ def steps_left(run, runs: Path | None = None) -> int:
     except NoCheckpoints:  # none yet
         return steps
     return max(0, steps - checkpoint_step(latest))
+
+
+def readable(paths: list[Path], directory: Path, why: str) -> list[Path]:
+    """``paths``, each readable; else one line (``DataError``) naming the first that is not,
+    moved aside to ``directory/damaged/`` (damaged after it was written: saves are atomic).
+    ``why``: what the run needs them for ("averages its last 5 checkpoints")."""
+    from reproduce.errors import DataError
+    from reproduce.util.files import DAMAGED, move_aside
+
+    for path in paths:
+        if problem := unreadable(path):
+            moved = move_aside(path, directory / DAMAGED / f"{path.name}.{{time}}")
+            raise DataError(f"{path}: {problem}; moved to {moved}. The run {why} and this one "
+                            "cannot be rebuilt without training again: move "
+                            f"{directory} aside to retrain the run from the start")
+    return paths

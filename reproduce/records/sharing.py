@@ -66,8 +66,9 @@ def same_training(stored: dict[str, Any] | None, config: Config) -> bool:
 
 def _enough(folder: Path, config: Config) -> bool:
     """Whether ``folder`` (a finished training's: its run has a record) holds the final weights
-    and the last ``average_last`` checkpoints, every one readable."""
-    k = config.train.average_last
+    and the last checkpoints it averages or weighs on dev (``kept_checkpoints``), every one
+    readable."""
+    k = config.train.kept_checkpoints()
     if not (folder / LAST).is_file():
         return False
     needed = [folder / LAST]
@@ -116,7 +117,7 @@ def twins(run: PlannedRun) -> tuple[list[PlannedRun], list[PlannedRun]]:
     (those whose training ``run`` could evaluate, keeping the checkpoints it averages; those that
     could evaluate ``run``'s). What a plan says, so that the training is done once."""
     fed_by, feeds = [], []
-    k = run.config.train.average_last
+    k = run.config.train.kept_checkpoints()
     for path in shipped_specs():
         spec = load_spec(path.stem)
         if spec.table == run.table or run.scale not in spec.scales:
@@ -124,9 +125,9 @@ def twins(run: PlannedRun) -> tuple[list[PlannedRun], list[PlannedRun]]:
         for other in spec.plan(spec.variants_at(run.scale), run.scale, [run.seed]):
             if not same_training(other.config.to_dict(), run.config):
                 continue
-            if other.config.train.average_last >= k:
+            if other.config.train.kept_checkpoints() >= k:
                 fed_by.append(other)
-            if k >= other.config.train.average_last:
+            if k >= other.config.train.kept_checkpoints():
                 feeds.append(other)
     return fed_by, feeds
 

@@ -175,10 +175,12 @@ def _log_record(r: Record, wid: str, what: dict[str, Any], directory: Path) -> N
                    group=run_group(f"{r['table']}/{r['row']}"), job_type=r["variant"],
                    resume="allow", tags=what["tags"], config=what["config"],
                    reinit="finish_previous")
-    for step, seconds, loss in (what["curve"] or {}).get("train_loss", []):
-        run.log({"train/loss": loss, "train/seconds": seconds}, step=int(step))
-    for step, seconds, ppl in (what["curve"] or {}).get("dev_ppl", []):
-        run.log({"dev/ppl": ppl, "train/seconds": seconds}, step=int(step))
+    points: dict[int, dict[str, float]] = {}  # in step order: W&B drops a step below its last
+    for key, series in (("train/loss", "train_loss"), ("dev/ppl", "dev_ppl")):
+        for step, seconds, value in (what["curve"] or {}).get(series, []):
+            points.setdefault(int(step), {"train/seconds": seconds})[key] = value
+    for step in sorted(points):
+        run.log(points[step], step=step)
     if what["examples"]:
         run.summary["examples"] = wandb.Table(columns=["split", "source", "reference", "output"],
                                               data=what["examples"])

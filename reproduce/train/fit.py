@@ -21,7 +21,7 @@ from reproduce.data import is_treebank, local_files
 from reproduce.data.module import TranslationData
 from reproduce.data.source import CorpusSource
 from reproduce.data.vocabulary import corpus_tokenizer
-from reproduce.errors import ConfigError, Stopped
+from reproduce.errors import Stopped
 from reproduce.paths import cache_dir
 from reproduce.records import checkpoints, disk
 from reproduce.records.sweep import PlannedRun
@@ -35,7 +35,6 @@ from reproduce.train.callbacks import (
     StopOnDivergence,
     TrainClock,
 )
-from reproduce.train.compiling import cuda_graphs_refusal
 from reproduce.train.devices import ONE_DEVICE, Layout
 from reproduce.train.lit import TranslationModule
 from reproduce.train.step_census import StepCensus
@@ -83,9 +82,6 @@ def fit(run: PlannedRun, work: Path, data, logger, precision: str, callbacks=(),
     loss goes through ``torch.compile`` (``train.compiling``'s answer; None: as the config says
     without ``auto``)."""
     c = run.config
-    if why := cuda_graphs_refusal(c, c.train.compile == "on" if compiled is None else compiled,
-                                  layout):
-        raise ConfigError(f"{run.run_id}: {why}")
     devices.attention_kernels()  # decoding after fit, in this process, keeps them too
     module = TranslationModule(c.to_dict())
     if compiled is not None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from reproduce.records.averaging import average_checkpoints
-from reproduce.records.checkpoints import STEP_NAME, last_checkpoints
+from reproduce.records.checkpoints import STEP_NAME, last_checkpoints, readable
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,8 @@ def choose(module, directory: Path, k: int, metric: str,
     average by ``dev_score`` (the model's dev ``metric`` as loaded now, and the dev entry it came
     from); returns the record's ``pick`` (every candidate, the one chosen, how) and the chosen
     weights' dev entry."""
-    paths = last_checkpoints(directory, k)
+    paths = readable(last_checkpoints(directory, k), directory,
+                     f"weighs its last {k} checkpoints on dev")
     steps = [step_of(p) for p in paths]
     candidates = [(f"step {s}", [p]) for s, p in zip(steps, paths, strict=True)]
     if len(paths) > 1:
@@ -52,6 +53,6 @@ def choose(module, directory: Path, k: int, metric: str,
     assert best is not None  # last_checkpoints returns one at least
     module.load_state_dict(average_checkpoints(best[2]))
     how = (f"the best {metric.upper()} on dev of the last {len(paths)} checkpoints (steps "
-           f"{', '.join(map(str, steps))}) and their average")
+           f"{', '.join(map(str, steps))})" + (" and their average" if len(paths) > 1 else ""))
     return {"how": how, "metric": f"dev_{metric}", "chosen": best[1],
             "candidates": tried}, best[3]

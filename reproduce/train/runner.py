@@ -20,7 +20,7 @@ import torch
 
 from reproduce.config import Config
 from reproduce.data.module import TranslationData
-from reproduce.errors import DataError, DiskError, Diverged, OutOfMemory
+from reproduce.errors import ConfigError, DiskError, Diverged, OutOfMemory
 from reproduce.paper import slots
 from reproduce.paper.flops import analytic_flops, gpu_tflops, paper_cost
 from reproduce.paper.model import count_parameters
@@ -28,7 +28,7 @@ from reproduce.paper.tokenizer import word_coverage
 from reproduce.paths import runs_dir
 from reproduce.records import disk, diverged, footprint
 from reproduce.records.averaging import average_checkpoints
-from reproduce.records.checkpoints import last_checkpoints, steps_left, unreadable
+from reproduce.records.checkpoints import last_checkpoints, readable, steps_left
 from reproduce.records.claims import claim, rank, worker_id
 from reproduce.records.schema import (
     SCHEMA_VERSION,
@@ -45,14 +45,14 @@ from reproduce.records.sharing import Donor, reuse, take_training
 from reproduce.records.store import finished, load_record, record_path, retire_stale, write_record
 from reproduce.records.sweep import PlannedRun
 from reproduce.train import devices, micro_batch, pick
-from reproduce.train.compiling import choose_compile
+from reproduce.train.compiling import choose_compile, cuda_graphs_refusal
 from reproduce.train.devices import ONE_DEVICE, Layout
 from reproduce.train.evaluate import dev_metric, dev_score, task_scores
 from reproduce.train.fit import build_data, fit, local_data, validate
 from reproduce.train.precision import choose_precision
 from reproduce.train.step_time import compile_stats
 from reproduce.train.wandb_run import end_failed, finish_wandb, wandb_logger
-from reproduce.util.files import DAMAGED, DISK_ERRNOS, move_aside
+from reproduce.util.files import DISK_ERRNOS
 from reproduce.util.machine import commit, gpu_share, hardware, measured_tflops, share_cores
 
 log = logging.getLogger("reproduce")
@@ -132,6 +132,8 @@ def _execute(run: PlannedRun, split: str, command: str, work: Path, extra: dict[
         footprint.room(run.run_id, run.config)  # and before its data is read
         precision = choose_precision(run, layout)
         run = micro_batch.resolve(run, layout, precision[0], work)  # before the ranks
+        if why := cuda_graphs_refusal(run.config, run.config.train.compile != "off", layout):
+            raise ConfigError(f"{run.run_id}: {why}")  # before its data, W&B and compiling
         if layout.devices > 1 or decision is not None:  # timed here, once, before the ranks
             choose_compile(run, precision[0], layout, say=False)  # start (they read the cache)
         if layout.devices > 1 and decision is None:
@@ -379,13 +381,7 @@ def _final_weights(module, directory: Path, k: int) -> list[str]:
     if k <= 1:
         return []
 
-    paths = last_checkpoints(directory, k)
-    for path in paths:  # damaged after it was written (saves are atomic): one line, kept aside
-        if why := unreadable(path):
-            moved = move_aside(path, directory / DAMAGED / f"{path.name}.{{time}}")
-            raise DataError(f"{path}: {why}; moved to {moved}. The run averages its last {k} "
-                            "checkpoints and this one cannot be rebuilt without training again: "
-                            f"move {directory} aside to retrain the run from the start")
+    paths = readable(last_checkpoints(directory, k), directory, f"averages its last {k} checkpoints")
     module.load_state_dict(average_checkpoints(paths))
     return [p.name for p in paths]
 

@@ -40,8 +40,12 @@ def wandb_logger(run: PlannedRun, work: Path, precision: str,
     folder = wandb_dir(work)
     folder.mkdir(parents=True, exist_ok=True)
     shared = shared_training(trained_by)
+    wid, earlier = run_id(run, work)
+    if earlier:  # its checkpoints go on under another config (decoding, more steps)
+        shared = {"tags": [*shared["tags"], "continued"],
+                  "config": {**shared["config"], "earlier_wandb_id": earlier}}
     experiment = init_run(
-        run.run_id, project=project(), name=run.run_id, id=run_id(run, work),
+        run.run_id, project=project(), name=run.run_id, id=wid,
         group=run_group(f"{run.table}/{run.row}"), job_type=run.variant,
         tags=[run.table, f"row:{run.row}", f"scale:{run.scale}", f"seed:{run.seed}",
               *shared["tags"]],
@@ -52,17 +56,27 @@ def wandb_logger(run: PlannedRun, work: Path, precision: str,
     return _logger_class()(experiment=experiment, save_dir=str(folder))
 
 
-def run_id(run: PlannedRun, work: Path) -> str:
-    """The W&B id of ``run``'s training: made once (``wandb_id`` with a random part) and kept in
-    its checkpoints folder, so a resumed run reads it again, and a run redone from the start
-    (its checkpoints set aside: another config, changed files) gets a new one."""
-    path = work / "checkpoints" / ID_FILE
-    if path.is_file():
-        return path.read_text().strip()
+def run_id(run: PlannedRun, work: Path) -> tuple[str, str | None]:
+    """The W&B id of ``run`` (``wandb_id`` with a random part), kept in its checkpoints folder
+    with its config's hash: a run resumed from a checkpoint with the same config continues its W&B
+    run; any other start is a new one: from nothing (also after a failure before the first
+    checkpoint, whose steps W&B would drop), or from checkpoints kept under another config (its
+    decoding changed, or more steps), when the earlier id comes second, else None."""
+    folder = work / "checkpoints"
+    path = folder / ID_FILE
+    config = hashlib.sha256(json.dumps(run.config.to_dict(), sort_keys=True).encode()).hexdigest()
+    try:
+        kept = json.loads(path.read_text())
+    except (OSError, ValueError):
+        kept = {}
+    resumable = any(folder.glob("*.ckpt"))
+    if resumable and kept.get("config") == config[:16]:
+        return kept["id"], kept.get("earlier")
     made = wandb_id(run.run_id, results_dir(), run.config.to_dict(), secrets.token_hex(4))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, made.encode())
-    return made
+    earlier = kept.get("id") if resumable else None
+    folder.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, json.dumps({"id": made, "config": config[:16], "earlier": earlier}).encode())
+    return made, earlier
 
 
 def wandb_id(run: str, results: Path, config: Mapping[str, Any], salt: str = "") -> str:

@@ -53,3 +53,13 @@ def test_slots_missing_at_the_start_and_extra_at_the_end_align_in_order():
     tree = realigned("(S (NP NN )NP (VP VBD )VP . )S".split(), Tree.fromstring(
         "(S (NP (DT The) (NN dog)) (VP (VBD barked)) (. .))"), "tags")
     assert words(tree) == ["The", "dog", "barked", "."] and tree.label() == "S"
+
+
+def test_with_word_targets_a_word_written_as_its_shape_is_in_its_place():
+    """The model writes the vocabulary's form of a word (``<unk-Cap>``, pieces): only the number
+    of word slots can say a place was lost."""
+    output = " ".join(linearize(GOLD, "words")).replace("The", "<unk-Cap>", 1)
+    counts = place([output], [GOLD], "words")
+    assert counts["matched"] == counts["in_place"] == 12 and counts["substituted"] == 0
+    dropped = output.replace(" old", "", 1)
+    assert place([dropped], [GOLD], "words")["deleted"] == 1

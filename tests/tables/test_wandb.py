@@ -5,6 +5,7 @@ runs of superseded records tagged, and a training's run in ``WANDB_DIR`` under a
 redone run does not share."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -68,8 +69,8 @@ def test_publish_completes_one_run_per_record_with_the_comparison_and_twice_chan
     assert s["compare/PPL/half_width"] > 0 and s["compare/verdict"].startswith(s["compare/PPL/verdict"])
     assert s["paper/ppl"] == 5.29 and s["final/dev_ppl"] == 8.3
     assert not any(k.startswith("compare/") for k in runs[by_record["table3-base-cpu-seed0"]]["summary"])
-    # the curve where the training logged none; not again where it did
-    assert a1["steps"] and not runs["table3-A1-cpu-seed0-0123456789"]["steps"]
+    # the curve where the training logged none (every point, in step order); not again where it did
+    assert a1["steps"] == [50, 100] and not runs["table3-A1-cpu-seed0-0123456789"]["steps"]
     # the table's run: the Markdown's tables, each with its columns
     table = runs[ledger["__table__"]["id"]]
     md = (root / "results" / "table3.md").read_text()
@@ -127,10 +128,17 @@ def test_a_run_keeps_its_w_b_id_while_it_resumes_and_gets_a_new_one_when_redone(
 
     run = load_spec("table3").plan(["base"], "smoke", [0])[0]
     work = tmp_path / "runs" / "table3" / run.run_id
-    first = run_id(run, work)
-    assert first.startswith("table3-base-smoke-seed0-") and run_id(run, work) == first  # resumed
+    first, earlier = run_id(run, work)
+    assert first.startswith("table3-base-smoke-seed0-") and earlier is None
+    assert run_id(run, work)[0] != first  # no checkpoint yet: started again from nothing
+    first = run_id(run, work)[0]
+    (work / "checkpoints" / "last.ckpt").write_bytes(b"")
+    assert run_id(run, work) == (first, None)  # resumed: the same W&B run
+    decoded = replace(run, config=run.config.overrides(beam=3))  # evaluated again, not retrained
+    again, earlier = run_id(decoded, work)
+    assert again != first and earlier == first and run_id(decoded, work) == (again, first)
     (work / "checkpoints").rename(work / "superseded-1")  # retire_stale: redone from the start
-    assert run_id(run, work) != first
+    assert run_id(run, work)[0] not in (first, again)
     config = run.config.to_dict()
     assert wandb_id(run.run_id, tmp_path / "a", config) != wandb_id(run.run_id, tmp_path / "b", config)
     changed = {**config, "train": {**config["train"], "warmup_steps": 1}}
