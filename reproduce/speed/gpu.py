@@ -290,12 +290,9 @@ def run(steps: int = 10, out: str | None = None, budget: float = 420.0,
         if key in ("compiled", "micro") and not cuda:
             print(f"{part}: on a GPU only", flush=True)
             continue
-        if caps[key] <= 0:  # --cap KEY=0: not run (a timer of 0 s would be no timer at all)
-            report.skip(part, f"skipped (--cap {key}=0)")
-            continue
         left = budget - (time.perf_counter() - started)
-        if left <= 0:
-            report.skip(part, f"the budget of {budget:.0f} s was spent")
+        if why := _not_run(key, caps[key], left, budget):
+            report.skip(part, why)
             continue
         cap = min(caps[key], left)
         try:
@@ -311,6 +308,14 @@ def run(steps: int = 10, out: str | None = None, budget: float = 420.0,
     if report.out is not None:
         print(f"wrote {report.out} and {report.out.with_suffix('.json')}")
     return 0 if report.parts else 1
+
+
+def _not_run(key: str, cap: float, left: float, budget: float) -> str | None:
+    """Why a part is not run: its ``--cap KEY=0`` (a 0 s timer would be none: never uncapped),
+    or the budget spent; None to run it."""
+    if cap <= 0:
+        return f"skipped (--cap {key}=0)"
+    return f"the budget of {budget:.0f} s was spent" if left <= 0 else None
 
 
 def gpu_page(data: dict[str, Any]) -> str:

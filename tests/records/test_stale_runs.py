@@ -251,7 +251,8 @@ def test_status_says_which_runs_wait_for_data_and_counts_no_time_for_them(dirs):
     words, semi = spec.plan(["wsj_only_words", "semi_supervised"], "smoke", [0])
     (runs / "table4" / words.run_id).mkdir(parents=True)
     row = status.table_status("table4", results, runs)[0]
-    assert row["missing"] == ["table4-wsj_only-smoke-seed0", semi.run_id]
+    assert row["missing"] == ["table4-wsj_only-smoke-seed0", "table4-wsj_only_bpe-smoke-seed0",
+                              semi.run_id]
     assert list(row["blocked"]) == [semi.run_id] and "--silver PATH" in row["blocked"][semi.run_id]
     out = status.report(results, runs, verbose=True)
     assert f"  waits    {semi.run_id}: corpus 'wsj-parse-semi' needs" in out

@@ -182,8 +182,8 @@ def test_table4_decodes_constrained_after_ddp_training(tmp_path):
     wsj = write_wsj(tmp_path / "wsj")
     spec = tmp_path / "table4.yaml"  # the shipped spec, constrained at smoke as at `cpu`
     text = (Path(__file__).resolve().parents[2] / "sweeps" / "table4.yaml").read_text()
-    spec.write_text(text.replace("beam: 2, max_len_offset: 100}",
-                                 "beam: 2, max_len_offset: 100, constrained: true}", 1))
+    spec.write_text(text.replace("pick_on_dev: 2, vocabulary: words}",
+                                 "pick_on_dev: 2, vocabulary: words, constrained: true}", 1))
     cli(_env(tmp_path), "table4", "--spec", str(spec), "--scale", "smoke", "--treebank", str(wsj),
         "--variant", "wsj_only", "--devices", "2")
     path = tmp_path / "results" / "table4" / "table4-wsj_only-smoke-seed0-ptb.json"
@@ -192,6 +192,7 @@ def test_table4_decodes_constrained_after_ddp_training(tmp_path):
     assert record["config"]["decode"]["constrained"]
     assert record["evalb"]["test"]["sentences"] == len(TEST)  # every sentence, on rank 0
     assert "test_f1_free" in record["metrics"] and 0.0 <= record["metrics"]["test_f1"] <= 100.0
+    assert len(record["pick"]["candidates"]) == 3  # weighed on dev on both ranks alike
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's cores are what is checked")
