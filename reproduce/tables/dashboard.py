@@ -29,7 +29,7 @@ from reproduce.records.schema import Record
 from reproduce.records.sweep import Spec
 from reproduce.tables.wandb_fields import fields, markdown_tables
 from reproduce.util.files import write_atomic
-from reproduce.util.tracking import init_run, project, run_group, wandb_dir, wandb_mode
+from reproduce.util.tracking import init_run, wandb_mode
 
 # wandb is imported where it is used: 1.3 s that rendering without logging never needs.
 # ours, then the paper's figures for what Table 3 compares (paper_ppl, paper_bleu)
@@ -62,16 +62,12 @@ def log_table(spec: Spec, records: list[Record], markdown: Path, figures: list[P
     time (``wandb_id``)."""
     import wandb
 
-    for folder in (directory, wandb_dir(directory)):
-        folder.mkdir(parents=True, exist_ok=True)
     from reproduce.paths import results_dir
     from reproduce.train.wandb_run import wandb_id
 
-    run = init_run(f"{spec.table}'s table", project=project(), resume="allow",
+    run = init_run(f"{spec.table}'s table", directory, spec.table, resume="allow",
                    id=wandb_id(f"{spec.table}-table", results or results_dir(), {}),
-                   dir=str(wandb_dir(directory)), name=f"{spec.table}-table",
-                   group=run_group(spec.table),
-                   job_type="table", reinit="finish_previous",
+                   name=f"{spec.table}-table", job_type="table", reinit="finish_previous",
                    tags=[spec.table, "table"] + sorted({f"scale:{r['scale']}" for r in records}))
     online = not run.offline
     text = markdown.read_text()
@@ -110,8 +106,7 @@ def publish(spec: Spec, records: list[Record], markdown: Path, figures: list[Pat
     tables as W&B Tables, the figures. Idempotent: ``<directory>/published.json`` keeps what
     each run was given, and publishing the same again logs nothing. Offline unless an API key
     is set."""
-    for folder in (directory, wandb_dir(directory)):
-        folder.mkdir(parents=True, exist_ok=True)
+    directory.mkdir(parents=True, exist_ok=True)
     ledger_path = directory / "published.json"
     ledger = json.loads(ledger_path.read_text()) if ledger_path.exists() else {}
     summaries = fields(spec, records)
@@ -145,7 +140,7 @@ def publish(spec: Spec, records: list[Record], markdown: Path, figures: list[Pat
 def _what(r: Record, compared: dict[str, Any], superseded: bool) -> dict[str, Any]:
     """What ``publish`` gives a record's W&B run: tags, config, summary, and the curve where its
     training logged none."""
-    from reproduce.train.wandb_run import shared_training
+    from reproduce.train.wandb_run import flat_config, shared_training
 
     shared = shared_training(r.get("trained_by"))
     summary = {**{f"final/{k}": v for k, v in r["metrics"].items()},
@@ -154,9 +149,7 @@ def _what(r: Record, compared: dict[str, Any], superseded: bool) -> dict[str, An
     return {
         "tags": [r["table"], f"row:{r['row']}", f"scale:{r['scale']}", f"seed:{r['seed']}",
                  "published", *shared["tags"], *(["superseded"] if superseded else [])],
-        "config": {**{f"{section}.{k}": v for section, values in r["config"].items()
-                      for k, v in values.items()},
-                   "table": r["table"], "row": r["row"], "variant": r["variant"],
+        "config": {**flat_config(r["config"]), "table": r["table"], "row": r["row"], "variant": r["variant"],
                    "scale": r["scale"], "precision": r.get("precision"),
                    "commit": r.get("commit", {}).get("sha"), **shared["config"]},
         "summary": summary,
@@ -170,11 +163,9 @@ def _what(r: Record, compared: dict[str, Any], superseded: bool) -> dict[str, An
 def _log_record(r: Record, wid: str, what: dict[str, Any], directory: Path) -> None:
     import wandb
 
-    run = init_run(r["run_id"], project=project(), dir=str(wandb_dir(directory)), id=wid,
-                   name=r["run_id"],
-                   group=run_group(f"{r['table']}/{r['row']}"), job_type=r["variant"],
-                   resume="allow", tags=what["tags"], config=what["config"],
-                   reinit="finish_previous")
+    run = init_run(r["run_id"], directory, f"{r['table']}/{r['row']}", id=wid, name=r["run_id"],
+                   job_type=r["variant"], resume="allow", tags=what["tags"],
+                   config=what["config"], reinit="finish_previous")
     points: dict[int, dict[str, float]] = {}  # in step order: W&B drops a step below its last
     for key, series in (("train/loss", "train_loss"), ("dev/ppl", "dev_ppl")):
         for step, seconds, value in (what["curve"] or {}).get(series, []):

@@ -10,17 +10,15 @@ import json
 import logging
 import secrets
 from collections.abc import Mapping
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from reproduce.config import Config
 from reproduce.errors import one_line
 from reproduce.paths import results_dir
 from reproduce.records.store import wandb_folder
 from reproduce.records.sweep import PlannedRun
 from reproduce.util.files import write_atomic
-from reproduce.util.tracking import init_run, project, run_group, wandb_dir, wandb_mode
+from reproduce.util.tracking import init_run, wandb_dir, wandb_mode
 
 log = logging.getLogger("reproduce")
 
@@ -37,23 +35,20 @@ def wandb_logger(run: PlannedRun, work: Path, precision: str,
     mode = wandb_mode()
     if mode == "disabled":
         return False  # Lightning's "no logger"; the record says W&B was off
-    folder = wandb_dir(work)
-    folder.mkdir(parents=True, exist_ok=True)
     shared = shared_training(trained_by)
     wid, earlier = run_id(run, work)
     if earlier:  # its checkpoints go on under another config (decoding, more steps)
         shared = {"tags": [*shared["tags"], "continued"],
                   "config": {**shared["config"], "earlier_wandb_id": earlier}}
     experiment = init_run(
-        run.run_id, project=project(), name=run.run_id, id=wid,
-        group=run_group(f"{run.table}/{run.row}"), job_type=run.variant,
+        run.run_id, work, f"{run.table}/{run.row}", name=run.run_id, id=wid,
+        job_type=run.variant, resume="allow",
         tags=[run.table, f"row:{run.row}", f"scale:{run.scale}", f"seed:{run.seed}",
               *shared["tags"]],
-        dir=str(folder), resume="allow",
-        config={**_flat(run.config), "table": run.table, "row": run.row,
+        config={**flat_config(run.config.to_dict()), "table": run.table, "row": run.row,
                 "variant": run.variant, "scale": run.scale, "precision": precision,
                 **shared["config"]})
-    return _logger_class()(experiment=experiment, save_dir=str(folder))
+    return _logger_class()(experiment=experiment, save_dir=str(wandb_dir(work)))
 
 
 def run_id(run: PlannedRun, work: Path) -> tuple[str, str | None]:
@@ -126,9 +121,10 @@ def _logger_class():
     return KeepTraining
 
 
-def _flat(config: Config) -> dict[str, Any]:
-    return {f"{section}.{k}": v for section, values in asdict(config).items()
-            for k, v in values.items()}
+def flat_config(config: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """A config as W&B keeps it: ``{"model.h": 8, ...}`` from ``Config.to_dict()`` (or a
+    record's ``config``)."""
+    return {f"{section}.{k}": v for section, values in config.items() for k, v in values.items()}
 
 
 def finish_wandb(logger, metrics: Mapping[str, Any]) -> dict[str, Any]:

@@ -56,14 +56,16 @@ def init_timeout() -> float:
                             "before logging offline")
 
 
-def init_run(what: str, **kwargs: Any):
+def init_run(what: str, folder: Path, group: str, **kwargs: Any):
     """``wandb.init(**kwargs)`` in ``wandb_mode()``'s mode (never ``disabled``): online within
     ``init_timeout()`` seconds, else offline, with one warning line, for the rest of this command
-    too (``WANDB_MODE=offline``: no second wait). Returns the run."""
-
+    too (``WANDB_MODE=offline``: no second wait). In ``project()``, in ``run_group(group)``, its
+    files under ``wandb_dir(folder)`` (made here). Returns the run."""
+    where = wandb_dir(folder)
+    where.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("WANDB_SILENT", "true")  # its three lines a run: what records say
     with _masked_argv():  # W&B keeps the command line in its run files (wandb-metadata.json)
-        return _init(what, **kwargs)
+        return _init(what, project=project(), group=run_group(group), dir=str(where), **kwargs)
 
 
 @contextmanager
