@@ -54,6 +54,8 @@ class TranslationModule(pl.LightningModule):
         self.graphs_failed: str | None = None  # why it went on without CUDA graphs, if it had to
         self._loss_on_bar: bool | None = None  # the training loss on the progress bar
         self._micro_step, self._micro = -1, 0  # dropout's seed: optimizer step, micro-batch
+        self._seed = 0  # the seed of this pass's dropout (on_train_batch_start)
+        self._pass: tuple = ()  # (batch, loss, seed) of a pass under CUDA graphs (backward)
 
     def use_compiled(self, on: bool) -> None:
         """Train on the fast path (``on``): the training loss over every position of the batch
@@ -68,21 +70,44 @@ class TranslationModule(pl.LightningModule):
         (their capture, say) give way to the same compiled loss without them; a compiler that
         failed (on the first step, or on a new shape later), to the same loss eager. From here
         on, said once and kept for the record; any other error is raised as it came."""
-        where = f"step {self.trainer.global_step}: {one_line(e)}"
-        if self._graphs and (_compiler_error(e) or _capture_error(e)):
-            self.graphs_failed, self._graphs = where, False
-            log.warning("CUDA graphs failed (%s); training goes on compiled, without them", where)
-            self._train_losses = compiled_fast(self._padded_losses, False)
-        elif self._train_losses is not self._losses and _compiler_error(e):
-            self.compile_failed = where
+        if not self._graphs_failed(e):
+            if self._train_losses is self._losses or not _compiler_error(e):
+                raise e
+            self.compile_failed = where = f"step {self.trainer.global_step}: {one_line(e)}"
             log.warning("torch.compile failed (%s); training goes on eager", where)
             self.use_compiled(False)
-        else:
-            raise e
         try:
             return self._train_losses(batch)
         except Exception as again:  # noqa: BLE001 - the next way down, or raised
             return self._fall_back(batch, again)
+
+    def _graphs_failed(self, e: BaseException) -> bool:
+        """Where CUDA graphs are on and ``e`` is theirs (or the compiler's under them): the loss
+        goes on compiled without them from here, said once and kept for the record; True."""
+        if not (self._graphs and (_compiler_error(e) or _capture_error(e))):
+            return False
+        where = f"step {self.trainer.global_step}: {one_line(e)}"
+        self.graphs_failed, self._graphs = where, False
+        log.warning("CUDA graphs failed (%s); training goes on compiled, without them", where)
+        self._train_losses = compiled_fast(self._padded_losses, False)
+        return True
+
+    def backward(self, loss: torch.Tensor, *args, **kwargs) -> None:
+        """Lightning's backward, where CUDA graphs that fail in it (a backward's capture, or the
+        second backward of a step: pytorch/pytorch#169545) give way as in ``_fall_back``: the
+        pass is taken again compiled without them, with the same dropout masks. With CUDA graphs
+        a step is one pass (``compiling.cuda_graphs_refusal``), so the pass's gradients, cleared
+        first, are the step's."""
+        try:
+            super().backward(loss, *args, **kwargs)
+        except Exception as e:
+            if not self._graphs_failed(e):
+                raise
+            scale = loss.detach() / self._pass[1].detach()  # what Lightning divided the loss by
+            self.zero_grad(set_to_none=True)
+            torch.manual_seed(self._pass[2])
+            smoothed, _, n = self._train_losses(self._pass[0])
+            super().backward(smoothed / n * scale, *args, **kwargs)
 
     def _losses(self, batch: dict[str, torch.Tensor]):
         hidden = self.model.features(batch["src"], batch["tgt_in"])
@@ -111,8 +136,9 @@ class TranslationModule(pl.LightningModule):
         step = self.trainer.global_step
         self._micro = self._micro + 1 if step == self._micro_step else 0
         self._micro_step = step
-        torch.manual_seed(int(np.random.SeedSequence(
-            [self.config.train.seed, step, self._micro, self.global_rank]).generate_state(1)[0]))
+        self._seed = int(np.random.SeedSequence(
+            [self.config.train.seed, step, self._micro, self.global_rank]).generate_state(1)[0])
+        torch.manual_seed(self._seed)
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         try:
@@ -120,6 +146,8 @@ class TranslationModule(pl.LightningModule):
         except Exception as e:
             smoothed, nll, n = self._fall_back(batch, e)
         loss = smoothed / n
+        if self._graphs:  # what backward needs to take the pass again (backward)
+            self._pass = (batch, loss, self._seed)
         (B, S), T = batch["src"].shape, batch["tgt_in"].shape[1]
         for key, value in zip(WORK_KEYS[:-1], (B * S, B * T, B * S * S, B * T * T, B * T * S),
                               strict=True):  # the shapes' counts; real tokens are kept apart

@@ -50,7 +50,7 @@ from reproduce.train.devices import ONE_DEVICE, Layout
 from reproduce.train.evaluate import dev_metric, dev_score, task_scores
 from reproduce.train.fit import build_data, fit, local_data, validate
 from reproduce.train.precision import choose_precision
-from reproduce.train.step_time import compile_stats
+from reproduce.train.step_time import compile_backend, compile_stats
 from reproduce.train.wandb_run import end_failed, finish_wandb, wandb_logger
 from reproduce.util.files import DISK_ERRNOS
 from reproduce.util.machine import commit, gpu_share, hardware, measured_tflops, share_cores
@@ -329,7 +329,11 @@ def _compile_entries(compiled: tuple[bool, dict[str, Any]], module,
         how = {**how, "cuda_graphs_failed_in_training": module.graphs_failed}
     if module.compile_failed:
         return False, {**how, "failed_in_training": module.compile_failed}
-    return chosen, {**how, "in_training": graphs} if chosen and graphs is not None else how
+    if not chosen or graphs is None:
+        return chosen, how
+    backend = compile_backend()  # another than inductor: a rehearsal, said so
+    return chosen, {**how, "in_training": graphs if backend == "inductor"
+                    else {**graphs, "backend": backend}}
 
 
 def _batch_summary(layout: Layout, trainer: pl.Trainer, accumulate: int, data: TranslationData,

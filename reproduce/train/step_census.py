@@ -13,7 +13,9 @@ the scales' step-based saves, a save. Counted:
   ``host_waits._READS`` (a value read, a size that depends on values) that the host asked for;
   on a GPU CUDA's synchronizing calls (stream, device and event synchronize, copies).
 
-A profiled step runs a little slower; it is one of the run's steps. Where the profiler cannot
+And where its time went (``costs``): the host's span, the device's busy time on a GPU, and the
+costliest kernels (GPU) or ops (CPU). A profiled step runs a little slower (the host's span most);
+it is one of the run's steps. Where the profiler cannot
 start (another profiler running), the record says so instead."""
 
 from __future__ import annotations
@@ -80,6 +82,40 @@ def census(roots, events=None) -> dict[str, int]:
     return {"ops": ops, "kernels": kernels, "host_waits": waits}
 
 
+TOP = 8  # the costliest kernels or ops a census names
+
+
+def costs(roots, events=None, top: int = TOP) -> dict[str, Any]:
+    """Where a profiled step's time went: ``host_ms``, the span of the ops the host dispatched
+    (the first one's start to the last one's end); on a GPU ``device_ms``, its kernels' time
+    summed (the device's busy time: well under ``host_ms``, the host is what bounds the step);
+    ``top``, the ``top`` costliest as ``[name, ms, calls]``: on a GPU its kernels by their time,
+    on a CPU the aten ops by their own time (outside the ops they called)."""
+    spent: dict[str, list[float]] = {}
+    first, last = None, None
+    stack = list(roots)
+    for root in roots:
+        first = root.start_time_ns if first is None else min(first, root.start_time_ns)
+        last = root.end_time_ns if last is None else max(last, root.end_time_ns)
+    while events is None and stack:
+        node = stack.pop()
+        stack.extend(node.children)
+        if node.name.startswith("aten::"):
+            own = node.duration_time_ns - sum(c.duration_time_ns for c in node.children)
+            entry = spent.setdefault(node.name, [0.0, 0])
+            entry[0], entry[1] = entry[0] + own / 1e6, entry[1] + 1
+    device = None
+    if events is not None:
+        for e in events:
+            if e.device_type == torch.autograd.DeviceType.CUDA:
+                entry = spent.setdefault(e.name[:80], [0.0, 0])
+                entry[0], entry[1] = entry[0] + e.time_range.elapsed_us() / 1e3, entry[1] + 1
+        device = round(sum(ms for ms, _ in spent.values()), 3)
+    ranked = sorted(spent.items(), key=lambda kv: -kv[1][0])[:top]
+    return {"host_ms": round(((last or 0) - (first or 0)) / 1e6, 3), "device_ms": device,
+            "top": [[name, round(ms, 3), int(calls)] for name, (ms, calls) in ranked]}
+
+
 class StepCensus(pl.Callback):
     """Profiles the ``after``-th optimizer step of this fit (a resumed run's counted from where
     it resumed), or the run's last where fewer are left: ``result`` holds its census, or why
@@ -132,7 +168,8 @@ class StepCensus(pl.Callback):
             running.__exit__(None, None, None)
             assert running.profiler is not None and running.profiler.kineto_results is not None
             tree = running.profiler.kineto_results.experimental_event_tree()
+            events = running.events() if self._cuda else None
             self.result = {"step": self.step, "device": "cuda" if self._cuda else "cpu",
-                           **census(tree, running.events() if self._cuda else None)}
+                           **census(tree, events), **costs(tree, events)}
         except Exception as e:  # noqa: BLE001
             self.result = {"step": self.step, "failed": one_line(e)}

@@ -97,6 +97,27 @@ def use_compile_cache() -> Path:
     return folder
 
 
+# The compiler's backend: inductor, unless this names another of torch's (``eager``: dynamo's
+# capture alone, seconds where inductor's codegen takes a CPU minutes): for rehearsing the
+# compiled paths on a CPU (benchmarks/gpu_window.py --compile-backend), never for a record
+# that claims speed; a run's record names a backend other than inductor
+COMPILE_BACKEND_ENV = "REPRODUCE_COMPILE_BACKEND"
+
+
+def compile_backend() -> str:
+    """The backend ``torch.compile`` is given here (``COMPILE_BACKEND_ENV``, default inductor)."""
+    return os.environ.get(COMPILE_BACKEND_ENV) or "inductor"
+
+
+def compile_with_backend(fn: Callable, **kwargs) -> Callable:
+    """``torch.compile(fn, **kwargs)`` with ``compile_backend()``; inductor's ``options`` go to
+    inductor only."""
+    backend = compile_backend()
+    if backend != "inductor":
+        kwargs.pop("options", None)
+    return torch.compile(fn, backend=backend, **kwargs)
+
+
 def compiled_fast(loss_fn: Callable, cuda_graphs: bool = False) -> Callable:
     """``loss_fn`` (the fast path's training loss, ``lit.TranslationModule._padded_losses``)
     under ``torch.compile`` whole (``fullgraph``: nothing in it may fall back to Python between
@@ -117,8 +138,9 @@ def compiled_fast(loss_fn: Callable, cuda_graphs: bool = False) -> Callable:
     from torch.fx.experimental import _config as shapes
 
     use_compile_cache()
-    compiled = torch.compile(loss_fn, dynamic=True, fullgraph=True,
-                             options={"fallback_random": True, "triton.cudagraphs": cuda_graphs})
+    compiled = compile_with_backend(
+        loss_fn, dynamic=True, fullgraph=True,
+        options={"fallback_random": True, "triton.cudagraphs": cuda_graphs})
 
     def run(*args, **kwargs):
         if cuda_graphs:

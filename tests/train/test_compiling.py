@@ -306,6 +306,52 @@ def test_cuda_graphs_that_fail_give_way_to_the_compiled_path_not_to_eager(monkey
     assert module.graphs_failed.startswith("step 0: CaptureFailed: operation not permitted")
 
 
+def test_cuda_graphs_that_fail_in_the_backward_give_way_and_the_pass_is_taken_again(monkeypatch):
+    """A capture failure in the backward (pytorch/pytorch#169545's second backward, say), where
+    the forward's try cannot see it: the pass is taken again compiled without CUDA graphs, with
+    the same dropout masks, so the weights are those of a run that never had them."""
+    from reproduce.speed import inputs as bench_inputs
+    from reproduce.speed.training import lightning_loop
+    from reproduce.train.lit import TranslationModule
+
+    class CaptureFailed(RuntimeError):
+        pass
+
+    CaptureFailed.__module__ = "torch._inductor.cudagraph_trees"
+
+    class FailsBackward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            raise CaptureFailed("captured a second backward while capturing")
+
+    def compile_(fn, **kwargs):
+        graphs = kwargs.get("options", {}).get("triton.cudagraphs")
+
+        def compiled(*args, **kw):
+            smoothed, nll, n = fn(*args, **kw)
+            return (FailsBackward.apply(smoothed) if graphs else smoothed), nll, n
+        return compiled
+
+    monkeypatch.setattr(torch, "compile", compile_)
+    config = load_spec("table3").resolve("base", "smoke").overrides(N=1, compile="on")
+    batches = bench_inputs.synthetic_batches(config.model.vocab_size, 256, 3, 32, seed=0)
+    weights = {}
+    for graphs in (True, False):
+        torch.manual_seed(0)
+        module = TranslationModule(config.overrides(cuda_graphs=graphs).to_dict())
+        lightning_loop(module, "32-true")(batches)
+        weights[graphs] = module.model.state_dict()
+        assert module.fast and module.compile_failed is None
+        assert (module.graphs_failed or "").startswith(
+            "step 0: CaptureFailed: captured a second" if graphs else "")
+    for name, value in weights[False].items():
+        assert torch.equal(weights[True][name], value), name
+
+
 @pytest.mark.parametrize("sets, why", [
     ({"batch_shapes": 0}, "exact batch widths (train.batch_shapes 0) records a CUDA graph"),
     ({"batch_shapes": 8, "batch_tokens": 4096, "device_batch_tokens": 2048},

@@ -7,7 +7,7 @@ from torch.profiler import ProfilerActivity, profile
 from reproduce.config import ModelConfig
 from reproduce.paper.model import Transformer
 from reproduce.paper.optim import output_loss
-from reproduce.train.step_census import ASKING, NO_KERNEL, READS, census, is_cuda_wait
+from reproduce.train.step_census import ASKING, NO_KERNEL, READS, census, costs, is_cuda_wait
 
 
 def _from_event_list(events) -> dict[str, int]:
@@ -55,6 +55,17 @@ def test_the_census_from_the_profilers_tree_equals_the_event_lists():
     counted = census(running.profiler.kineto_results.experimental_event_tree())
     assert counted == _from_event_list(running.events())
     assert counted["host_waits"] >= 2 and counted["kernels"] > 100, counted
+    # where the time went: each of the costliest ops' own time and calls as the event list has
+    # them, in falling order, within the step's span
+    spent = costs(running.profiler.kineto_results.experimental_event_tree(), top=5)
+    assert len(spent["top"]) == 5 and spent["device_ms"] is None
+    assert [ms for _, ms, _ in spent["top"]] == sorted((ms for _, ms, _ in spent["top"]),
+                                                       reverse=True)
+    for name, ms, calls in spent["top"]:
+        same = [e for e in running.events() if e.name == name]
+        assert calls == len(same), name
+        assert abs(ms - sum(e.self_cpu_time_total for e in same) / 1e3) <= 0.02 * ms + 0.01, name
+    assert spent["top"][0][1] < spent["host_ms"] < 60_000
 
 
 def test_on_a_gpu_only_synchronizations_count_as_waits_not_asynchronous_copies():
