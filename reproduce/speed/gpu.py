@@ -1,34 +1,41 @@
 """``python -m reproduce bench --gpu``: what one GPU does with the paper's models, in one prepared,
 time-boxed command for a machine that starts bare (no data, no network: synthetic sentences).
 
-Parts, in this order, each under a hard cap of its own (``PARTS``; ``--cap KEY=SECONDS``), each
-written to ``results/gpu.md`` and ``results/gpu.json`` as it ends (a command stopped at its time
-limit keeps what it measured), each skipped once ``budget`` seconds have gone (said so in the
-report); a part that fails or is cut is one line there, and the others go on:
+Parts, in this order (what matters most first), each under a hard cap of its own (``PARTS``;
+``--cap KEY=SECONDS``, 0 skips it), each written to ``results/gpu.md`` and ``results/gpu.json`` as
+it ends (a command stopped at its time limit keeps what it measured), each skipped once ``budget``
+seconds have gone (said so in the report); a part that fails or is cut is one line there, and the
+others go on. Each times optimizer steps on one synthetic batch of Table 2's EN-DE config
+(~25,000 tokens a step) in bf16-mixed where supported: seconds per step, target tokens/s, counted
+TFLOP/s (``flops.analytic_flops``), MFU against the GPU's dense bf16 peak
+(``flops.BF16_DENSE_TFLOPS``), peak memory, the first steps' seconds (a compile's):
 
-1. ``base``: base at the paper's size and batch (Table 2's EN-DE config: ~25000 tokens per step,
-   micro-batches of ``device_batch_tokens`` accumulated as one GPU would), bf16-mixed where
-   supported, eager: seconds per optimizer step, target tokens/s, counted TFLOP/s
-   (``flops.analytic_flops``), MFU against the GPU's dense bf16 peak
-   (``flops.BF16_DENSE_TFLOPS``), peak memory;
-2. ``big``: big, as 1;
-3. ``beam``: beam search (beam 4, alpha 0.6, input + 50) over 3000 sentences of 27 pieces (a dev
+1. ``compiled``: base on the fast path (``step_time.fast_step_loss``: the loss a run compiles,
+   ``train.compile``), the step in one pass;
+2. ``big-compiled``: big, as 1;
+3. ``two-passes``: 1 in two accumulated passes of half the tokens (the scale's micro-batch before
+   ``device_batch_tokens: auto``);
+4. ``peer``: the same model from ``torch.nn.Transformer`` with ``F.cross_entropy(label_smoothing)``
+   (``speed.peers``), eager, on the same batch;
+5. ``peer-compiled``: 4 under ``torch.compile`` as a user would write it;
+6. ``base`` and 7. ``big``: eager, for reference (what the first windows measured);
+8. ``beam``: beam search (beam 4, alpha 0.6, input + 50) over 3000 sentences of 27 pieces (a dev
    sentence's typical length), untrained weights (outputs run to the maximum length: the worst
    case), batched by source tokens as evaluation batches them: sentences/s;
-4. ``compiled``: the step of 1 with the loss (the whole forward, so the backward) under
-   ``torch.compile``, its compile time beside it;
-5. ``tf32``: base in fp32 with TF32 matmuls;
-6. ``micro``: the largest micro-batch of base that fits in memory (doubling from the config's until
-   out of memory).
+9. ``tf32``: base eager in fp32 with TF32 matmuls;
+10. ``micro``: the largest micro-batch of base that fits in memory (doubling from the config's
+    until out of memory).
 
 Then the hours of Table 2's runs (100K steps base, 300K big) on this GPU and on 8 at ideal
-scaling, from 1 and 4. ``plan.gpu_prices`` prices ``--dry-run --on <a GPU>`` from parts 1 and 2
-(``results/gpu.json``) with a run through the CLI on the same GPU (``results/paper-run.json``,
-``benchmarks/paper_run.py``).
+scaling, from each step part, and ours against the peer. ``plan.gpu_prices`` prices
+``--dry-run --on <a GPU>`` from parts 6 and 7 (``results/gpu.json``) with a run through the
+CLI on the same GPU (``results/paper-run.json``, ``benchmarks/paper_run.py``).
 
-On a machine without a GPU it says so and runs parts 1, 2, 3 and 5 on a tiny model on the CPU
-(the `smoke` widths), writing only to an ``--out`` given (a rehearsal): the code path stays tested
-where no GPU is lent. Not
+On a machine without a GPU it says so and runs the parts on a tiny model on the CPU (the `smoke`
+widths), writing only to an ``--out`` given (a rehearsal): the code path stays tested where no
+GPU is lent. The compiled parts run there only with another backend than inductor
+(``step_time.COMPILE_BACKEND_ENV``: inductor's compile takes a CPU minutes), the memory search
+never. Not
 measured here: DDP over several GPUs (``--devices N`` on a table run; docs/devices.md).
 """
 
@@ -52,8 +59,12 @@ from reproduce.paper.flops import BF16_DENSE_TFLOPS, analytic_flops, lookup
 from reproduce.paper.model import Transformer
 from reproduce.paper.optim import adam_with_schedule
 from reproduce.records.sweep import load_spec
+from reproduce.speed.peers import TorchTransformer, peer_step_loss
 from reproduce.train.devices import attention_kernels
 from reproduce.train.step_time import (
+    COMPILE_BACKEND_ENV,
+    compile_backend,
+    compile_with_backend,
     fast_step_loss,
     step_loss,
     synthetic_batch,
@@ -69,13 +80,15 @@ BOS, EOS = 2, 3
 
 
 def measure(config: Config, device: str, precision: str, steps: int, warmup: int = 2,
-            loss_fn: Callable = step_loss) -> dict[str, Any]:
+            loss_fn: Callable = step_loss, build: Callable[[Any], torch.nn.Module] = Transformer
+            ) -> dict[str, Any]:
     """Seconds per optimizer step (micro-batches accumulated as one device of ``config`` would),
-    target tokens per second, counted FLOPs per step and peak memory."""
+    target tokens per second, counted FLOPs per step and peak memory of the model ``build``
+    makes of ``config.model`` (ours, or a peer of the same function)."""
     m, t = config.model, config.train
     accumulate, micro = t.split_batch(1)
     torch.manual_seed(0)
-    model = Transformer(m).to(device).train()
+    model = build(m).to(device).train()
     optimizer, schedule = adam_with_schedule(model.parameters(), t, m.d_model)
     batch = {k: v.to(device) for k, v in synthetic_batch(m.vocab_size, micro, LENGTH).items()}
     B, S = batch["src"].shape
@@ -185,11 +198,13 @@ class Report:
 
 
 # Each part's key (``--cap KEY=SECONDS``), its name in the report and its hard cap in seconds, in
-# the order they run: the cheap parts that matter most first, the costly ones (compiling, TF32,
-# the memory search) last.
-PARTS = {"base": ("base", 60.0), "big": ("big", 60.0), "beam": ("beam search, base", 60.0),
-         "compiled": ("base, compiled", 150.0), "tf32": ("base, tf32", 45.0),
-         "micro": ("base, largest micro-batch", 60.0)}
+# the order they run: what the fast path does first, the reference and the costly searches last.
+PARTS = {"compiled": ("base, compiled", 90.0), "big-compiled": ("big, compiled", 90.0),
+         "two-passes": ("base, compiled, two passes", 45.0), "peer": ("nn.Transformer", 30.0),
+         "peer-compiled": ("nn.Transformer, compiled", 90.0), "base": ("base", 30.0),
+         "big": ("big", 40.0), "beam": ("beam search, base", 40.0), "tf32": ("base, tf32", 30.0),
+         "micro": ("base, largest micro-batch", 40.0)}
+COMPILED = {"compiled", "big-compiled", "two-passes", "peer-compiled"}
 
 
 class PartCut(BaseException):
@@ -211,11 +226,12 @@ def _where(cuda: bool, steps: int, out: str | None, budget: float
     sizes on the GPU, written to ``out`` (default ``results/gpu.md``); without one, a tiny model on
     the CPU, written only to an ``out`` given (a rehearsal), never to ``results/gpu.md``."""
     info = {"torch": torch.__version__, "steps_timed": steps, "budget_seconds": budget,
+            "compile_backend": compile_backend(),
             "commit": machine.commit(), "command": "python -m reproduce " + " ".join(sys.argv[1:]),
             "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     if not cuda:
         print(f"no GPU: torch {torch.__version__} sees none. The same parts on a tiny model on the "
-              "CPU (smoke widths, half-size micro-batches: accumulation too), "
+              "CPU (smoke widths; compiled by " + compile_backend() + "), "
               + (f"written to {out} (a rehearsal):" if out else "nothing written:"))
         return "cpu", "smoke", "32-true", None, 2, Report(Path(out) if out else None, {
             **info, "gpu": "none: a CPU rehearsal at smoke widths", "gpus_visible": 0,
@@ -238,13 +254,15 @@ def run(steps: int = 10, out: str | None = None, budget: float = 420.0,
     started, cuda = time.perf_counter(), torch.cuda.is_available()
     device, scale, precision, peak, steps, report = _where(cuda, steps, out, budget)
 
-    def config(variant: str) -> Config:
+    def config(variant: str, passes: int = 1) -> Config:
         c = spec.resolve(variant, scale)
-        return c if cuda else c.overrides(device_batch_tokens=c.train.batch_tokens // 2)
+        return c.overrides(device_batch_tokens=c.train.batch_tokens // passes)
 
-    def step_part(part: str, variant: str, part_precision: str, loss_fn=step_loss) -> None:
-        c = config(variant)
-        r = measure(c, device, part_precision, steps, 2 if cuda else 1, loss_fn)
+    def step_part(part: str, variant: str, part_precision: str, loss: Callable | None = None,
+                  passes: int = 1, build: Callable = Transformer) -> None:
+        c = config(variant, passes)
+        r = measure(c, device, part_precision, steps, 2 if cuda else 1,
+                    step_loss if loss is None else loss(c), build)
         r.update(variant=variant, precision=part_precision, train_steps=c.train.train_steps,
                  mfu=None if peak is None or part_precision != "bf16-mixed"
                  else r["achieved_tflops"] / peak,
@@ -254,15 +272,8 @@ def run(steps: int = 10, out: str | None = None, budget: float = 420.0,
               f"{r['micro_batch_tokens']} tokens), {r['target_tokens_per_second']:.0f} target "
               f"tokens/s, {r['achieved_tflops'] * 1e3:.2f} GFLOP/s counted, MFU "
               f"{_percent(r['mfu'])}" + (f", peak {r['peak_memory_gib']:.1f} GiB" if cuda else "")
-              + (f", first steps {r['warmup_seconds']:.0f} s" if loss_fn is not step_loss else ""),
-              flush=True)
+              + f", first steps {r['warmup_seconds']:.1f} s", flush=True)
         report.add(part, r)
-
-    def compiled_part() -> None:
-        try:
-            step_part("base, compiled", "base-en-de", precision, fast_step_loss(config("base-en-de")))
-        except Exception as e:  # noqa: BLE001 - one line, and the other parts go on
-            report.skip("base, compiled", f"torch.compile failed: {one_line(e)}")
 
     def tf32() -> None:
         was = torch.backends.cuda.matmul.allow_tf32
@@ -280,15 +291,25 @@ def run(steps: int = 10, out: str | None = None, budget: float = 420.0,
               f"alpha {r['alpha']}, {r['seconds']:.1f} s)", flush=True)
         report.add("beam search, base", r)
 
+    peer = lambda c: peer_step_loss  # noqa: E731 - the loss a user of nn.Transformer writes
     do: dict[str, Callable[[], None]] = {
+        "compiled": lambda: step_part("base, compiled", "base-en-de", precision, fast_step_loss),
+        "big-compiled": lambda: step_part("big, compiled", "big-en-de", precision, fast_step_loss),
+        "two-passes": lambda: step_part("base, compiled, two passes", "base-en-de", precision,
+                                        fast_step_loss, passes=2),
+        "peer": lambda: step_part("nn.Transformer", "base-en-de", precision, peer,
+                                  build=TorchTransformer),
+        "peer-compiled": lambda: step_part(
+            "nn.Transformer, compiled", "base-en-de", precision,
+            lambda c: compile_with_backend(peer_step_loss), build=TorchTransformer),
         "base": lambda: step_part("base", "base-en-de", precision),
         "big": lambda: step_part("big", "big-en-de", precision),
-        "beam": beam, "compiled": compiled_part, "tf32": tf32,
+        "beam": beam, "tf32": tf32,
         "micro": lambda: report.add("base, largest micro-batch",
-                                    largest_micro_batch(config("base-en-de"), precision))}
+                                    largest_micro_batch(config("base-en-de", 2), precision))}
     for key, (part, _) in PARTS.items():
-        if key in ("compiled", "micro") and not cuda:
-            print(f"{part}: on a GPU only", flush=True)
+        if not cuda and (elsewhere := _cpu_skips(key)):
+            print(f"{part}: {elsewhere}", flush=True)
             continue
         left = budget - (time.perf_counter() - started)
         if why := _not_run(key, caps[key], left, budget):
@@ -310,6 +331,16 @@ def run(steps: int = 10, out: str | None = None, budget: float = 420.0,
     return 0 if report.parts else 1
 
 
+def _cpu_skips(key: str) -> str | None:
+    """Why a part is not rehearsed on a CPU, or None: the memory search is a GPU's; the compiled
+    parts are where inductor compiles (minutes on a CPU: ``step_time.COMPILE_BACKEND_ENV``)."""
+    if key == "micro":
+        return "on a GPU only"
+    if key in COMPILED and compile_backend() == "inductor":
+        return f"on a GPU only (or with {COMPILE_BACKEND_ENV}=eager: a rehearsal)"
+    return None
+
+
 def _not_run(key: str, cap: float, left: float, budget: float) -> str | None:
     """Why a part is not run: its ``--cap KEY=0`` (a 0 s timer would be none: never uncapped),
     or the budget spent; None to run it."""
@@ -325,7 +356,8 @@ def gpu_page(data: dict[str, Any]) -> str:
              f"`{data.get('command', 'python -m reproduce bench --gpu')}` (commit "
              f"{(data.get('commit', {}).get('sha') or '?')[:7]}, {data['precision']}, torch "
              f"{data['torch']}, "
-             f"{data['steps_timed']} steps timed after 2 of warm-up; synthetic {LENGTH}-piece "
+             f"{data['steps_timed']} steps timed after 2 of warm-up; compiled by "
+             f"{data.get('compile_backend', 'inductor')}; synthetic {LENGTH}-piece "
              f"sentences; dense bf16 peak {data['bf16_dense_peak_tflops'] or 'unknown'} TFLOPS; "
              f"measured {data['measured_at']}, budget {data['budget_seconds']:.0f} s).", "",
              "| part | precision | s/step | accumulate x micro | target tok/s | TFLOP/s | MFU | "
@@ -340,6 +372,7 @@ def gpu_page(data: dict[str, Any]) -> str:
                      f"{_percent(r['mfu'])} | {_gib(r['peak_memory_gib'])} | "
                      f"{r['warmup_seconds']:.1f} | {r['hours_one_gpu']:.1f} | "
                      f"{r['hours_eight_gpus_ideal']:.1f} |")
+    lines += _ratios(parts)
     if m := parts.get("base, largest micro-batch"):
         lines += ["", f"Largest micro-batch of base that fits ({m['gib_total']:.0f} GiB): "
                   f"{m['largest_fitting_tokens']} tokens per side (the config's: "
@@ -356,6 +389,24 @@ def gpu_page(data: dict[str, Any]) -> str:
               "scaling. Not measured by this command: DDP over several GPUs, a paper-scale table "
               "run (docs/devices.md)."]
     return "\n".join(lines) + "\n"
+
+
+# (faster, slower, what the ratio says): each pair the page compares where both were measured
+RATIOS = (("base, compiled", "nn.Transformer, compiled", "ours over the peer, both compiled"),
+          ("base", "nn.Transformer", "ours over the peer, both eager"),
+          ("base, compiled", "base", "the fast path over eager (ours)"),
+          ("big, compiled", "big", "the fast path over eager (big)"),
+          ("base, compiled", "base, compiled, two passes", "one pass over two (compiled)"))
+
+
+def _ratios(parts: dict[str, dict[str, Any]]) -> list[str]:
+    """Lines of the page that set parts side by side: how many times faster a step is."""
+    lines = [f"- {what}: {parts[b]['seconds_per_step'] / parts[a]['seconds_per_step']:.2f}x "
+             f"({parts[a]['seconds_per_step']:.3f} s against {parts[b]['seconds_per_step']:.3f} s)"
+             for a, b, what in RATIOS
+             if "seconds_per_step" in parts.get(a, {}) and "seconds_per_step" in parts.get(b, {})]
+    return ["", "Side by side (a step's seconds, the same batch; above 1x the first is faster):",
+            "", *lines] if lines else []
 
 
 def _gib(x: float | None) -> str:

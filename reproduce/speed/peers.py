@@ -197,3 +197,12 @@ def smoothed_cross_entropy(logits: Tensor, target: Tensor, eps_ls: float, pad_id
     ``reproduce.paper.optim.output_loss`` computes in chunks."""
     return F.cross_entropy(logits.float().flatten(0, 1), target.flatten(), ignore_index=pad_id,
                            label_smoothing=eps_ls, reduction="sum")
+
+
+def peer_step_loss(model: TorchTransformer, batch: dict[str, Tensor], eps_ls: float,
+                   pad_id: int) -> Tensor:
+    """A batch's smoothed loss sum as a user of ``nn.Transformer`` computes it (the logits, then
+    ``F.cross_entropy(label_smoothing=...)``): ``step_time.step_loss``'s signature, for timing
+    the peer's steps beside ours (``speed.gpu``)."""
+    return smoothed_cross_entropy(model(batch["src"], batch["tgt_in"]), batch["tgt_out"], eps_ls,
+                                  pad_id)

@@ -198,7 +198,7 @@ def fast_step_loss(micro: Config | int) -> Callable:
     return compiled_fast(functools.partial(padded_step_loss, most_positions=tokens))
 
 
-def train_step(model: Transformer, optimizer, schedule, batch: dict[str, torch.Tensor],
+def train_step(model: torch.nn.Module, optimizer, schedule, batch: dict[str, torch.Tensor],
                config: Config, precision: str, accumulate: int = 1, loss_fn=step_loss) -> None:
     """One optimizer step outside Lightning, as a run trains: ``accumulate`` forward and backward
     passes of ``batch`` (``loss_fn``, by default ``step_loss``, under bf16 autocast for
