@@ -1,31 +1,36 @@
-"""The first GPU window in one prepared command: what matters most first, each part's output
+"""A GPU window in one prepared command: what matters most first, each part capped, its output
 copied to ``--out`` as soon as the part ends, all of it inside ``--seconds`` of wall clock.
 
-    python3 benchmarks/gpu_window.py --out $OUT [--seconds 400] [--reserve 170]
-        [--pairs 200000] [--steps 150] [--eval-pairs 300] [--scale paper] [--cap PART=SECONDS ...]
+    python3 benchmarks/gpu_window.py --out $OUT [--seconds 360] [--run-seconds 170]
+        [--pairs 200000] [--steps 120] [--eval-pairs 200] [--scale paper] [--cap PART=SECONDS ...]
 
 Made for the lent GPU machines (no network, Python with torch and Lightning but not our other
 dependencies), whose device time comes in windows of 15 minutes counted from the machine's start:
 
-1. **preflight** (about 10 s): Python, torch, CUDA, the GPU's name and free memory, nvidia-smi;
-2. the kit (``tools/offline-gpu/install.sh``) installs in the background meanwhile, since
-3. **``bench --gpu``**'s parts need none of it: base, big, beam search, then the costly ones
-   (compiling, TF32, the micro-batch search), each under its hard cap, all of them by the time
-   ``--reserve`` seconds of the window are left (``reproduce/speed/gpu.py``);
-4. **a paper-scale run through the real CLI** in the reserve (``benchmarks/paper_run.py``: Table 2's
-   base EN-DE at the paper's size and batch on a generated corpus of ``--pairs`` pairs, ``--steps``
-   steps, ``--eval-pairs`` dev and test sentences), stopped at the window's end if it runs over.
+1. **preflight** (about 10 s): Python, torch, CUDA, the GPU's name and free memory, nvidia-smi,
+   with the kit (``tools/offline-gpu/install.sh``) installing meanwhile (10-25 s on the H200s);
+2. **base on the fast path through the real CLI** (``benchmarks/paper_run.py --compile on``:
+   Table 2's base EN-DE at the paper's size and batch on a generated corpus of ``--pairs`` pairs,
+   ``--steps`` steps, ``--eval-pairs`` dev and test sentences; compiled once, into the cache the
+   run then uses), at most ``--run-seconds``. Its record holds the profile of a steady step
+   (``step_census``: the host's span, the GPU's busy time, the costliest kernels). Stopped at its
+   cap, the seconds a step its log showed are kept in the summary;
+3. **``bench --gpu``** with what is left: big on the fast path, one pass against two, the
+   ``nn.Transformer`` peer eager and compiled, eager base and big for reference, then beam search,
+   TF32 and the memory search, each under its own cap (``reproduce/speed/gpu.py``'s ``PARTS``).
 
 Into ``--out`` (at most 8 files, as the device tool brings back): ``summary.json`` (the preflight,
 each stage's seconds and outcome; rewritten after each), ``window.log`` (every stage's output),
-``gpu.md`` and ``gpu.json`` (written by ``bench --gpu`` after each of its parts),
 ``paper-run.md``, ``paper-run.json`` (the run's record) and ``tokenizer.tar.gz`` (its BPE model,
-which a CPU ``verify`` of the run needs: unpack it into the cache) and, with ``--compile`` on or
-auto, ``inductor-cache.tar.gz`` (the kernels it compiled, under 60 MB and where fewer than 8
-files came back: unpacked into ``<work>/cache`` of the next window, carried with it, its run loads
-them instead of compiling). Exits 1 only when nothing was
-measured. On a CPU the same command rehearses it (``--scale smoke``: a tiny model;
-``tests/speed/test_gpu_window.py``). The checklist: docs/developing.md.
+which a CPU ``verify`` of the run needs: unpack it into the cache), ``gpu.md`` and ``gpu.json``
+(written by ``bench --gpu`` after each of its parts) and, where fewer than 8 files came back,
+``inductor-cache.tar.gz`` (the kernels the run compiled, under 60 MB: unpacked into
+``<work>/cache`` of the next window, carried with it, its run loads them instead of compiling).
+Exits 1 only when nothing was measured.
+
+On a CPU the same command rehearses it (``--scale smoke --compile-backend eager``: a tiny model,
+dynamo's capture without inductor's codegen; ``tests/speed/test_gpu_window.py``). The checklist:
+docs/developing.md.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -41,6 +47,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+COMPILE_BACKEND_ENV = "REPRODUCE_COMPILE_BACKEND"  # reproduce.train.step_time's (not imported:
+# the window starts before the kit installs what the project imports)
+STEP_LINE = re.compile(r"^step (\d+)/\d+\s+loss \S+\s+(\d+) s$", re.M)  # train/callbacks.py's line
 PREFLIGHT = """
 import json, platform, shutil, subprocess, torch
 info = {"python": platform.python_version(), "torch": torch.__version__,
@@ -105,60 +114,71 @@ class Window:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--seconds", type=float, default=400.0,
-                        help="the window's wall clock, everything included (default 400)")
-    parser.add_argument("--reserve", type=float, default=170.0,
-                        help="seconds of the window kept for the paper-scale run (default 170)")
-    parser.add_argument("--pairs", type=int, default=200_000)
-    parser.add_argument("--steps", type=int, default=150)
-    parser.add_argument("--eval-pairs", type=int, default=300)
-    parser.add_argument("--scale", default="paper")
-    parser.add_argument("--cap", nargs="+", default=[], metavar="PART=SECONDS",
-                        help="bench --gpu's caps (reproduce/speed/gpu.py's PARTS)")
-    parser.add_argument("--work", type=Path, default=Path("/tmp/gpu-window"))
-    parser.add_argument("--compile", choices=("off", "on", "auto"), default="off",
-                        help="the paper-scale run's train.compile (paper_run.py --compile)")
-    parser.add_argument("--profile", action="store_true",
-                        help="the paper-scale run under cProfile (paper_run.py --profile)")
-    parser.add_argument("--batch-shapes", type=int, default=0,
-                        help="the paper-scale run's train.batch_shapes (paper_run.py)")
-    parser.add_argument("--micro-batch", default="",
-                        help="the paper-scale run's train.device_batch_tokens (paper_run.py)")
-    parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
-                        help="more config values for the paper-scale run (paper_run.py --set)")
-    parser.add_argument("--no-bench", action="store_true",
-                        help="the paper-scale run alone (bench --gpu came back from a call before)")
-    parser.add_argument("--no-kit", action="store_true", help="leave .kit/ alone: this Python's "
-                        "packages as they are (a rehearsal in the project's environment)")
-    args = parser.parse_args(argv)
+    args = parse(argv)
     w = Window(args.out, args.seconds)
     # the project from this tree, where it is not installed (the lent machines): scripts in
     # benchmarks/ import it too
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_MODE": "offline",
            "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    if args.compile_backend:
+        env[COMPILE_BACKEND_ENV] = args.compile_backend
     kit = not args.no_kit and (ROOT / ".kit" / "requirements.txt").is_file()
     if kit:  # the copy may lack .git, or hold one that lags (docs/developing.md)
         env["REPRODUCE_COMMIT"] = (ROOT / ".kit" / "commit").read_text().strip()
-    preflight(w)
     install = start_install(w, env) if kit else None
+    preflight(w)
     if not kit:
         w.say("install: no kit used; the packages this Python has are used")
+    measured = False
+    if args.run_seconds <= 0:
+        w.say("paper-scale run: not run (--run-seconds 0)")
+    elif finish_install(w, install, env):
+        measured = paper_run(w, args, env)
     bench = [sys.executable, "-m", "reproduce", "bench", "--gpu", "--out", str(args.out / "gpu.md"),
-             "--budget", f"{max(1.0, w.left() - args.reserve - 10):.0f}"]
+             "--budget", f"{max(1.0, w.left() - 15):.0f}"]
     if args.no_bench:
         w.say("bench --gpu: not run (--no-bench)")
-    else:
-        w.run("bench --gpu", bench + (["--cap", *args.cap] if args.cap else []),
-              w.left() - args.reserve, env)
-    measured = bench_measured(args.out / "gpu.json")
-    if finish_install(w, install, env):
-        measured |= paper_run(w, args, env)
+    elif w.left() > 20:
+        w.run("bench --gpu", bench + (["--cap", *args.cap] if args.cap else []), w.left() - 5, env)
+    measured |= bench_measured(args.out / "gpu.json")
     w.say(f"done: {'something' if measured else 'nothing'} measured; "
           f"{', '.join(sorted(p.name for p in args.out.iterdir()))} in {args.out}")
     return 0 if measured else 1
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--seconds", type=float, default=360.0,
+                        help="the window's wall clock, everything included (default 360)")
+    parser.add_argument("--run-seconds", type=float, default=170.0,
+                        help="the paper-scale run's cap (default 170; 0: not run)")
+    parser.add_argument("--pairs", type=int, default=200_000)
+    parser.add_argument("--steps", type=int, default=120)
+    parser.add_argument("--eval-pairs", type=int, default=200)
+    parser.add_argument("--scale", default="paper")
+    parser.add_argument("--cap", nargs="+", default=[], metavar="PART=SECONDS",
+                        help="bench --gpu's caps (reproduce/speed/gpu.py's PARTS; 0 skips one)")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/gpu-window"))
+    parser.add_argument("--compile", choices=("off", "on", "auto"), default="on",
+                        help="the paper-scale run's train.compile (default on: the fast path)")
+    parser.add_argument("--compile-backend", default="",
+                        help=f"torch.compile's backend ({COMPILE_BACKEND_ENV}; default inductor): "
+                        "eager rehearses the compiled paths on a CPU in seconds")
+    parser.add_argument("--profile", action="store_true",
+                        help="the paper-scale run under cProfile (paper_run.py --profile)")
+    parser.add_argument("--batch-shapes", type=int, default=0,
+                        help="the paper-scale run's train.batch_shapes (paper_run.py)")
+    parser.add_argument("--micro-batch", default="",
+                        help="the paper-scale run's train.device_batch_tokens (default: the "
+                        "scale's; paper's is auto)")
+    parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="more config values for the paper-scale run (paper_run.py --set)")
+    parser.add_argument("--no-bench", action="store_true", help="the paper-scale run alone")
+    parser.add_argument("--no-kit", action="store_true", help="leave .kit/ alone: this Python's "
+                        "packages as they are (a rehearsal in the project's environment)")
+    return parser.parse_args(argv)
 
 
 def bench_measured(path: Path) -> bool:
@@ -206,18 +226,24 @@ def finish_install(w: Window, install: subprocess.Popen | None, env: dict) -> bo
 
 
 def paper_run(w: Window, args: argparse.Namespace, env: dict) -> bool:
-    """The paper-scale run through the CLI within what is left of the window; its report, record
-    and tokenizer copied out. True when it recorded a run."""
+    """The paper-scale run through the CLI within ``--run-seconds``; its report, record and
+    tokenizer copied out, and where it was stopped before its record, the step times its log
+    showed. True when it recorded a run."""
     work = args.work / f"{args.scale}-{args.pairs}"
-    w.run("paper-scale run", [sys.executable, "benchmarks/paper_run.py", "--pairs",
-                              str(args.pairs), "--steps", str(args.steps), "--eval-pairs",
-                              str(args.eval_pairs), "--scale", args.scale, "--work", str(work),
-                              "--out", str(args.out / "paper-run.md"), "--compile", args.compile,
-                              "--batch-shapes", str(args.batch_shapes),
-                              *(["--micro-batch", args.micro_batch] if args.micro_batch else []),
-                              *(["--set", *args.set] if args.set else []),
-                              *(["--profile"] if args.profile else [])], w.left() - 10, env)
-    records = [r for r in [args.out / "paper-run.json"] if r.exists()]  # paper_run.py wrote it
+    logged = w.log.tell()
+    rc = w.run("paper-scale run", [
+        sys.executable, "benchmarks/paper_run.py", "--pairs", str(args.pairs), "--steps",
+        str(args.steps), "--eval-pairs", str(args.eval_pairs), "--scale", args.scale, "--work",
+        str(work), "--out", str(args.out / "paper-run.md"), "--compile", args.compile,
+        "--batch-shapes", str(args.batch_shapes),
+        *(["--micro-batch", args.micro_batch] if args.micro_batch else []),
+        *(["--set", *args.set] if args.set else []), *(["--profile"] if args.profile else [])],
+        min(args.run_seconds, w.left() - 10), env)
+    recorded = (args.out / "paper-run.json").exists()  # paper_run.py wrote it
+    if rc is None and not recorded:
+        with open(w.out / "window.log") as log:
+            log.seek(logged)
+            w.stage("paper-scale run, as logged", **logged_steps(log.read()))
     models = sorted((work / "cache" / "spm").glob("*.model"))
     if models:
         with tarfile.open(args.out / "tokenizer.tar.gz", "w:gz") as tar:
@@ -226,13 +252,25 @@ def paper_run(w: Window, args: argparse.Namespace, env: dict) -> bool:
     kernels = work / "cache" / "inductor"  # the run's compile cache (step_time.use_compile_cache)
     size = sum(f.stat().st_size for f in kernels.rglob("*") if f.is_file()) if kernels.is_dir() else 0
     kept = None  # the device tool brings back 8 files; a carry takes 64 MiB
-    if args.compile != "off" and 0 < size < 60e6 and len(list(args.out.iterdir())) < 8:
+    if args.compile != "off" and 0 < size < 60e6 and len(list(args.out.iterdir())) < 7:
         with tarfile.open(args.out / "inductor-cache.tar.gz", "w:gz", compresslevel=1) as tar:
             tar.add(kernels, arcname="inductor")
         kept = round((args.out / "inductor-cache.tar.gz").stat().st_size / 1e6, 1)
-    w.stage("copied", record=bool(records), tokenizers=[m.name for m in models],
+    w.stage("copied", record=recorded, tokenizers=[m.name for m in models],
             compile_cache_mb=kept)
-    return bool(records)
+    return recorded
+
+
+def logged_steps(text: str) -> dict:
+    """What a stopped run's progress lines (``STEP_LINE``) show: the last step reached, its
+    seconds, and the median seconds a step between logged points after the first (the compile
+    and the first batches are in the first)."""
+    points = [(int(a), int(b)) for a, b in STEP_LINE.findall(text)]
+    per = sorted((t2 - t1) / (s2 - s1)
+                 for (s1, t1), (s2, t2) in zip(points[1:], points[2:], strict=False) if s2 > s1)
+    return {"last_step": points[-1][0] if points else None,
+            "at_seconds": points[-1][1] if points else None,
+            "median_step_s": round(per[len(per) // 2], 3) if per else None}
 
 
 if __name__ == "__main__":

@@ -153,10 +153,26 @@ def report(r: dict, wall: float, generated: float, args, command: str) -> str:
         lines += ["", f"The median step over the second half of the curve: {late:.3f} s (no "
                   "compiling, first-batch or warm-up cost in it; saves and dev loss fall between "
                   "logged points, which the median leaves out)."]
+    lines += profiled_step(b.get("step_census", {}))
     if args.profile:
         lines += ["", "The command ran under cProfile (`--profile`): every phase carries its "
                   "overhead. Its heaviest functions: `paper-run.prof.txt` beside this page."]
     return "\n".join(lines) + "\n"
+
+
+def profiled_step(census: dict) -> list[str]:
+    """Where the record's profiled step went (``step_census``): the host's span, the device's busy
+    time, the costliest kernels (GPU) or ops (CPU)."""
+    if not census.get("top"):
+        return []
+    busy = census.get("device_ms")
+    what = "kernel" if census["device"] == "cuda" else "op (own time)"
+    return ["", f"Step {census['step']}, profiled (the record's `batch.step_census`): the host's "
+            f"span {census['host_ms']:.1f} ms" + (f", the GPU busy {busy:.1f} ms of it "
+                                                  f"({busy / census['host_ms']:.0%})" if busy else "")
+            + f"; {census['kernels']} kernels, {census['host_waits']} host waits. The costliest:",
+            "", f"| {what} | ms | calls |", "|---|---:|---:|",
+            *(f"| `{name}` | {ms:.2f} | {calls} |" for name, ms, calls in census["top"])]
 
 
 def steady_step(curve: list) -> float | None:

@@ -143,10 +143,13 @@ def test_the_measured_step_extrapolates_along_the_measured_line(monkeypatch):
     """cost.step_seconds (how --workers balances runs between workers)."""
     # 0.5 s fixed per step (launches, optimizer) + 1 ms per token: the paper's base at 12500
     # tokens per micro-batch and 2 micro-batches per step costs 2 x (0.5 + 12.5) = 26 s, where a
-    # ratio from one 256-token probe would say 2 x 0.756 x 12500 / 256 = 73.8 s.
+    # ratio from one 256-token probe would say 2 x 0.756 x 12500 / 256 = 73.8 s; in one pass
+    # (auto, on a CPU) 0.5 + 25 s.
     monkeypatch.setattr(cost, "measure_step_seconds", lambda config, tokens, **kw: 0.5 + tokens / 1000)
     run = load_spec("table2").plan(["base-en-de"], "paper", [0])[0]
-    assert cost.step_seconds(run.config) == pytest.approx(26.0)
+    assert cost.step_seconds(run.config) == pytest.approx(25.5)
+    two = run.config.overrides(device_batch_tokens=12500)
+    assert cost.step_seconds(two) == pytest.approx(26.0)
 
 
 def test_the_figure_sets_our_bleu_against_cost_beside_every_cited_system(tmp_path):
