@@ -307,6 +307,16 @@ def run(steps: int = 10, out: str | None = None, budget: float = 420.0,
         "beam": beam, "tf32": tf32,
         "micro": lambda: report.add("base, largest micro-batch",
                                     largest_micro_batch(config("base-en-de", 2), precision))}
+    _run_parts(do, caps, budget, started, cuda, report)
+    if report.out is not None:
+        print(f"wrote {report.out} and {report.out.with_suffix('.json')}")
+    return 0 if report.parts else 1
+
+
+def _run_parts(do: dict[str, Callable[[], None]], caps: dict[str, float], budget: float,
+               started: float, cuda: bool, report: Report) -> None:
+    """Each part of ``do`` in ``PARTS``' order, each within its cap while ``budget`` seconds from
+    ``started`` last; what it measured, or one line of why not, in ``report``."""
     for key, (part, _) in PARTS.items():
         if not cuda and (elsewhere := _cpu_skips(key)):
             print(f"{part}: {elsewhere}", flush=True)
@@ -326,9 +336,6 @@ def run(steps: int = 10, out: str | None = None, budget: float = 420.0,
             report.skip(part, f"failed: {one_line(e)}")
         if cuda:
             torch.cuda.empty_cache()
-    if report.out is not None:
-        print(f"wrote {report.out} and {report.out.with_suffix('.json')}")
-    return 0 if report.parts else 1
 
 
 def _cpu_skips(key: str) -> str | None:
