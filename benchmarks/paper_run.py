@@ -38,8 +38,8 @@ def main() -> None:
                         help="dev and test sentences evaluated (data.max_eval_pairs; 0 = all)")
     parser.add_argument("--scale", default="paper")
     parser.add_argument("--compile", default="off", choices=("off", "on", "auto"),
-                        help="train.compile (default off: the eager step bench --gpu measures "
-                             "first, and no minutes of timing a compile in a short run)")
+                        help="train.compile (default off: the eager step GPU plans price from, "
+                             "plan.gpu_prices; gpu_window.py passes on: the fast path)")
     parser.add_argument("--batch-shapes", type=int, default=0,
                         help="train.batch_shapes (default 0: exact widths)")
     parser.add_argument("--micro-batch", default="",
