@@ -9,7 +9,8 @@ planned with seed 1 on one rank, nothing trained:
 * ``cpu``: Bible EN-DE with the `cpu` scale's BPE (8000 pieces), pairs of at most 128 tokens,
   2048 tokens a batch;
 * ``paper``: Bible EN-DE with the paper's EN-DE vocabulary (37000 pieces), at most 256 tokens,
-  12,500 tokens a micro-batch (the `paper` scale's ``device_batch_tokens``);
+  12,500 tokens a micro-batch (the `paper` scale's two passes a step before
+  ``device_batch_tokens: auto``);
 * ``paper, WMT-sized``: 4,500,000 pairs (WMT14 EN-DE's count) drawn as
   ``benchmarks/data_scale.py`` draws its WMT-sized corpus (each pair one training verse or two
   consecutive ones, seed 0), their lengths added: a wider mix, nearer WMT's (whose files this

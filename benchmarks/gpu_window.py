@@ -15,9 +15,10 @@ dependencies), whose device time comes in windows of 15 minutes counted from the
    run then uses), at most ``--run-seconds``. Its record holds the profile of a steady step
    (``step_census``: the host's span, the GPU's busy time, the costliest kernels). Stopped at its
    cap, the seconds a step its log showed are kept in the summary;
-3. **``bench --gpu``** with what is left: big on the fast path, one pass against two, the
-   ``nn.Transformer`` peer eager and compiled, eager base and big for reference, then beam search,
-   TF32 and the memory search, each under its own cap (``reproduce/speed/gpu.py``'s ``PARTS``).
+3. **``bench --gpu``** with what is left: base and big on the fast path, base's two passes
+   against its one, the ``nn.Transformer`` peer eager and compiled, eager base and big for
+   reference, then beam search, TF32 and the memory search, each under its own cap
+   (``reproduce/speed/gpu.py``'s ``PARTS``; a short budget cuts the last).
 
 Into ``--out`` (at most 8 files, as the device tool brings back): ``summary.json`` (the preflight,
 each stage's seconds and outcome; rewritten after each), ``window.log`` (every stage's output),
@@ -251,8 +252,9 @@ def paper_run(w: Window, args: argparse.Namespace, env: dict) -> bool:
                 tar.add(model, arcname=f"spm/{model.name}")
     kernels = work / "cache" / "inductor"  # the run's compile cache (step_time.use_compile_cache)
     size = sum(f.stat().st_size for f in kernels.rglob("*") if f.is_file()) if kernels.is_dir() else 0
-    kept = None  # the device tool brings back 8 files; a carry takes 64 MiB
-    if args.compile != "off" and 0 < size < 60e6 and len(list(args.out.iterdir())) < 7:
+    kept = None  # a carry takes 64 MiB
+    room = 8 - (0 if args.no_bench else 2)  # the device tool brings back 8; bench writes 2
+    if args.compile != "off" and 0 < size < 60e6 and len(list(args.out.iterdir())) < room:
         with tarfile.open(args.out / "inductor-cache.tar.gz", "w:gz", compresslevel=1) as tar:
             tar.add(kernels, arcname="inductor")
         kept = round((args.out / "inductor-cache.tar.gz").stat().st_size / 1e6, 1)
@@ -263,14 +265,15 @@ def paper_run(w: Window, args: argparse.Namespace, env: dict) -> bool:
 
 def logged_steps(text: str) -> dict:
     """What a stopped run's progress lines (``STEP_LINE``) show: the last step reached, its
-    seconds, and the median seconds a step between logged points after the first (the compile
-    and the first batches are in the first)."""
-    points = [(int(a), int(b)) for a, b in STEP_LINE.findall(text)]
-    per = sorted((t2 - t1) / (s2 - s1)
-                 for (s1, t1), (s2, t2) in zip(points[1:], points[2:], strict=False) if s2 > s1)
+    seconds, and the seconds a step from the first line past step 0 (the compile and the first
+    batches are before it) to the last: whole seconds at both ends, so over many steps."""
+    points = [(int(a), int(b)) for a, b in STEP_LINE.findall(text) if int(a) > 0]
+    slope = ((points[-1][1] - points[0][1]) / (points[-1][0] - points[0][0])
+             if len(points) > 1 and points[-1][0] > points[0][0] else None)
     return {"last_step": points[-1][0] if points else None,
             "at_seconds": points[-1][1] if points else None,
-            "median_step_s": round(per[len(per) // 2], 3) if per else None}
+            "step_s": None if slope is None else round(slope, 4),
+            "steps_timed": points[-1][0] - points[0][0] if slope is not None else 0}
 
 
 if __name__ == "__main__":

@@ -37,7 +37,8 @@ class Bench(Command):
                        "call with the start); each part is written as it ends")
         b.add_argument("--cap", nargs="+", action="extend", default=[],
                        metavar="PART=SECONDS",
-                       help="with --gpu: a part's hard cap, for parts base, big, beam, compiled, "
+                       help="with --gpu: a part's hard cap in seconds, 0 to skip it, for parts "
+                       "compiled, big-compiled, two-passes, peer, peer-compiled, base, big, beam, "
                        "tf32, micro (defaults in reproduce/speed/gpu.py's PARTS)")
         b.add_argument("--seed", type=int, default=0)
         b.add_argument("--out", help="the report (Markdown; default results/performance.md, with "

@@ -2,8 +2,8 @@
 
 Two measurements of one GPU price every run (``Measured.load``):
 
-* ``bench --gpu`` (``results/gpu.json``): the steady step of base and of big, ~25,000 tokens in
-  two micro-batches;
+* ``bench --gpu`` (``results/gpu.json``): the steady eager step of base and of big, ~25,000
+  tokens in the micro-batches its ``accumulate`` says (two in the H200's of 2026-11-27);
 * a run through the CLI on the same GPU (``results/paper-run.json``, ``benchmarks/paper_run.py``):
   its phases, its learning curve's timestamps and the command's wall clock.
 

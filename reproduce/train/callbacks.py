@@ -27,6 +27,8 @@ from reproduce.util import machine
 from reproduce.util.files import atomic_file
 
 log = logging.getLogger("reproduce")
+# A run's progress line (TrainClock), which benchmarks/gpu_window.py reads back from a stopped run
+PROGRESS = "step %d/%d  loss %.3f  %.0f s"
 
 
 # Steps between Lightning's hand-overs to the loggers (the Trainer's log_every_n_steps): where a
@@ -315,8 +317,7 @@ class TrainClock(pl.Callback):
             return  # the same optimizer step seen again (gradient accumulation)
         self.curve["train_loss"].append([step, round(self.seconds, 1), round(float(loss), 4)])
         if self.every and step % self.every == 0:
-            log.info("step %d/%d  loss %.3f  %.0f s", step, trainer.max_steps, float(loss),
-                     self.seconds)
+            log.info(PROGRESS, step, trainer.max_steps, float(loss), self.seconds)
 
     def on_validation_end(self, trainer, pl_module) -> None:
         ppl = trainer.callback_metrics.get("dev/ppl")

@@ -141,14 +141,18 @@ def cuda_graphs_refusal(c: Config, compiled: bool, layout: Layout) -> str | None
     """Why ``train.cuda_graphs`` cannot be used as ``c`` asks, in one line, or None. It acts
     only on the fast path (``compiled``) on a GPU: elsewhere it is no error, and nothing. There,
     exact batch widths (``train.batch_shapes`` 0) record a graph again for every new shape
-    (pytorch/pytorch#188150), and more than one pass a step fails at the second backward
-    (pytorch/pytorch#169545)."""
+    (pytorch/pytorch#188150), more than one pass a step fails at the second backward
+    (pytorch/pytorch#169545), and over several devices a pass whose capture failed in the
+    backward cannot be taken again (DDP's gradient hooks have fired: ``lit.backward``)."""
     if not (c.train.cuda_graphs and compiled and layout.accelerator == "gpu"):
         return None
     passes = c.train.split_batch(layout.world)[0] if c.train.device_batch_tokens != "auto" else 1
     if not c.train.batch_shapes:
         return ("train.cuda_graphs with exact batch widths (train.batch_shapes 0) records a CUDA "
                 "graph for every new shape: set train.batch_shapes (e.g. 8), or cuda_graphs false")
+    if layout.world > 1:
+        return (f"train.cuda_graphs on {layout.world} devices: a pass whose CUDA graph fails in "
+                "the backward cannot be taken again under DDP; one device, or cuda_graphs false")
     if passes > 1:
         return (f"train.cuda_graphs with {passes} passes a step (train.device_batch_tokens "
                 f"{c.train.device_batch_tokens} of {c.train.batch_tokens}) fails at the second "

@@ -95,9 +95,10 @@ class TranslationModule(pl.LightningModule):
     def backward(self, loss: torch.Tensor, *args, **kwargs) -> None:
         """Lightning's backward, where CUDA graphs that fail in it (a backward's capture, or the
         second backward of a step: pytorch/pytorch#169545) give way as in ``_fall_back``: the
-        pass is taken again compiled without them, with the same dropout masks. With CUDA graphs
-        a step is one pass (``compiling.cuda_graphs_refusal``), so the pass's gradients, cleared
-        first, are the step's."""
+        pass is taken again compiled without them, with the same dropout masks, under the run's
+        autocast. With CUDA graphs a step is one pass on one device
+        (``compiling.cuda_graphs_refusal``), so the pass's gradients, cleared first, are the
+        step's."""
         try:
             super().backward(loss, *args, **kwargs)
         except Exception as e:
@@ -106,7 +107,8 @@ class TranslationModule(pl.LightningModule):
             scale = loss.detach() / self._pass[1].detach()  # what Lightning divided the loss by
             self.zero_grad(set_to_none=True)
             torch.manual_seed(self._pass[2])
-            smoothed, _, n = self._train_losses(self._pass[0])
+            with self.trainer.precision_plugin.forward_context():  # autocast, as training_step
+                smoothed, _, n = self._train_losses(self._pass[0])
             super().backward(smoothed / n * scale, *args, **kwargs)
 
     def _losses(self, batch: dict[str, torch.Tensor]):

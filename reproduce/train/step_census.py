@@ -20,6 +20,7 @@ start (another profiler running), the record says so instead."""
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -83,6 +84,7 @@ def census(roots, events=None) -> dict[str, int]:
 
 
 TOP = 8  # the costliest kernels or ops a census names
+log = logging.getLogger("reproduce")
 
 
 def costs(roots, events=None, top: int = TOP) -> dict[str, Any]:
@@ -114,6 +116,15 @@ def costs(roots, events=None, top: int = TOP) -> dict[str, Any]:
     ranked = sorted(spent.items(), key=lambda kv: -kv[1][0])[:top]
     return {"host_ms": round(((last or 0) - (first or 0)) / 1e6, 3), "device_ms": device,
             "top": [[name, round(ms, 3), int(calls)] for name, (ms, calls) in ranked]}
+
+
+def said(result: dict[str, Any]) -> str:
+    """A census in one line: where the profiled step went, its three costliest."""
+    busy = result.get("device_ms")
+    return (f"profiled step {result['step']}: host {result['host_ms']:.1f} ms"
+            + (f", GPU busy {busy:.1f} ms" if busy is not None else "")
+            + f", {result['kernels']} kernels, {result['host_waits']} host waits; costliest: "
+            + ", ".join(f"{name} {ms:.1f} ms" for name, ms, _ in result["top"][:3]))
 
 
 class StepCensus(pl.Callback):
@@ -171,5 +182,6 @@ class StepCensus(pl.Callback):
             events = running.events() if self._cuda else None
             self.result = {"step": self.step, "device": "cuda" if self._cuda else "cpu",
                            **census(tree, events), **costs(tree, events)}
+            log.info("%s", said(self.result))  # in the log too: a run stopped early has no record
         except Exception as e:  # noqa: BLE001
             self.result = {"step": self.step, "failed": one_line(e)}

@@ -306,10 +306,13 @@ def test_cuda_graphs_that_fail_give_way_to_the_compiled_path_not_to_eager(monkey
     assert module.graphs_failed.startswith("step 0: CaptureFailed: operation not permitted")
 
 
-def test_cuda_graphs_that_fail_in_the_backward_give_way_and_the_pass_is_taken_again(monkeypatch):
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_cuda_graphs_that_fail_in_the_backward_give_way_and_the_pass_is_taken_again(monkeypatch,
+                                                                                    precision):
     """A capture failure in the backward (pytorch/pytorch#169545's second backward, say), where
     the forward's try cannot see it: the pass is taken again compiled without CUDA graphs, with
-    the same dropout masks, so the weights are those of a run that never had them."""
+    the same dropout masks and under the same autocast, so the weights are those of a run that
+    never had them."""
     from reproduce.speed import inputs as bench_inputs
     from reproduce.speed.training import lightning_loop
     from reproduce.train.lit import TranslationModule
@@ -343,7 +346,7 @@ def test_cuda_graphs_that_fail_in_the_backward_give_way_and_the_pass_is_taken_ag
     for graphs in (True, False):
         torch.manual_seed(0)
         module = TranslationModule(config.overrides(cuda_graphs=graphs).to_dict())
-        lightning_loop(module, "32-true")(batches)
+        lightning_loop(module, precision)(batches)
         weights[graphs] = module.model.state_dict()
         assert module.fast and module.compile_failed is None
         assert (module.graphs_failed or "").startswith(
@@ -368,3 +371,5 @@ def test_cuda_graphs_are_refused_in_one_line_where_they_are_unsafe(sets, why):
     assert cuda_graphs_refusal(config, True, Layout()) is None  # a CPU: nothing either
     fine = config.overrides(batch_shapes=8, batch_tokens=2048, device_batch_tokens=0)
     assert cuda_graphs_refusal(fine, True, gpu) is None
+    assert "on 2 devices: a pass whose CUDA graph fails in the backward cannot be taken again" in (
+        cuda_graphs_refusal(fine, True, Layout(accelerator="gpu", devices=2)))
