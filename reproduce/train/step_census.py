@@ -93,28 +93,29 @@ def costs(roots, events=None, top: int = TOP) -> dict[str, Any]:
     summed (the device's busy time: well under ``host_ms``, the host is what bounds the step);
     ``top``, the ``top`` costliest as ``[name, ms, calls]``: on a GPU its kernels by their time,
     on a CPU the aten ops by their own time (outside the ops they called)."""
-    spent: dict[str, list[float]] = {}
-    first, last = None, None
-    stack = list(roots)
-    for root in roots:
-        first = root.start_time_ns if first is None else min(first, root.start_time_ns)
-        last = root.end_time_ns if last is None else max(last, root.end_time_ns)
-    while events is None and stack:
-        node = stack.pop()
-        stack.extend(node.children)
-        if node.name.startswith("aten::"):
-            own = node.duration_time_ns - sum(c.duration_time_ns for c in node.children)
-            entry = spent.setdefault(node.name, [0.0, 0])
-            entry[0], entry[1] = entry[0] + own / 1e6, entry[1] + 1
-    device = None
-    if events is not None:
+    spent: dict[str, list[float]] = {}  # name -> [ms, calls]
+
+    def add(name: str, ms: float) -> None:
+        entry = spent.setdefault(name, [0.0, 0])
+        entry[0], entry[1] = entry[0] + ms, entry[1] + 1
+
+    if events is None:  # a CPU: each aten op's own time, from the tree
+        stack = list(roots)
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children)
+            if node.name.startswith("aten::"):
+                add(node.name, (node.duration_time_ns
+                                - sum(c.duration_time_ns for c in node.children)) / 1e6)
+    else:  # a GPU: its kernels' time
         for e in events:
             if e.device_type == torch.autograd.DeviceType.CUDA:
-                entry = spent.setdefault(e.name[:80], [0.0, 0])
-                entry[0], entry[1] = entry[0] + e.time_range.elapsed_us() / 1e3, entry[1] + 1
-        device = round(sum(ms for ms, _ in spent.values()), 3)
+                add(e.name[:80], e.time_range.elapsed_us() / 1e3)
+    span = (max((r.end_time_ns for r in roots), default=0)
+            - min((r.start_time_ns for r in roots), default=0))
     ranked = sorted(spent.items(), key=lambda kv: -kv[1][0])[:top]
-    return {"host_ms": round(((last or 0) - (first or 0)) / 1e6, 3), "device_ms": device,
+    return {"host_ms": round(span / 1e6, 3),
+            "device_ms": None if events is None else round(sum(ms for ms, _ in spent.values()), 3),
             "top": [[name, round(ms, 3), int(calls)] for name, (ms, calls) in ranked]}
 
 
