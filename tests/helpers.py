@@ -334,9 +334,10 @@ def inject(env: dict[str, str], folder: Path, code: str) -> dict[str, str]:
 INJECTED = "REPRODUCE_TEST_INJECTED"
 
 
-# a fault for ``inject``: training steps of at least 0.25 s while the file REPRODUCE_TEST_PACE
-# names exists (or always without it), so that a run is still training when a test's signal or
-# SLURM's comes, however fast the machine; the steps compute what they would unpaced
+# a fault for ``inject``: training steps of at least 0.25 s (or REPRODUCE_TEST_PACE_SECONDS) while
+# the file REPRODUCE_TEST_PACE names exists (or always without it), so that a run is still training
+# when a test's signal or SLURM's comes, however fast the machine; the steps compute what they
+# would unpaced
 PACED = '''
 import os
 import time
@@ -344,10 +345,11 @@ import reproduce.train.lit as lit
 
 _train = lit.TranslationModule.training_step
 _switch = os.environ.get("REPRODUCE_TEST_PACE")
+_seconds = float(os.environ.get("REPRODUCE_TEST_PACE_SECONDS", "0.25"))
 
 def paced_step(self, batch, batch_idx):
     if _switch is None or os.path.exists(_switch):
-        time.sleep(0.25)
+        time.sleep(_seconds)
     return _train(self, batch, batch_idx)
 
 lit.TranslationModule.training_step = paced_step

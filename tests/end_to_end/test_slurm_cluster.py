@@ -207,23 +207,26 @@ def test_one_run_over_both_nodes_stopped_requeued_and_a_node_lost_ends_as_two_lo
     makes SLURM send USR2: saved at the step, requeued, resumed. Then a node is lost (set DOWN):
     SLURM stops the tasks (SIGTERM: saved) and requeues the job, which runs again once the node
     is back. Its record equals the same run's on 2 local processes, never interrupted (trained
-    meanwhile: the cluster's run sleeps through most of its steps, and SLURM's timers wait)."""
-    steps = ("--variant", "base", "--set", "train.train_steps=300")
+    meanwhile: the cluster's run sleeps through most of its steps, and SLURM's timers wait).
+    120 steps, saved every 40 (the signals save at their step), validated every 10 (the lines
+    the test waits on): past the last fault (by step ~45 in most runs; ~105 if the time limit's
+    check waits its full 30 s) the steps are CPU spent on no fault, on the cluster and here."""
+    steps = ("--variant", "base", "--set", "train.train_steps=120", "train.ckpt_every_steps=40")
     user = {k: v for k, v in slurm_env.items() if not k.startswith("REPRODUCE_")}
     local = start({**user, "REPRODUCE_CACHE": str(tmp_path / "cache"), "WANDB_MODE": "disabled",
                    "OMP_NUM_THREADS": "2"}, "table3", "--scale", "smoke", *steps, "--devices",
                   "2", "--results", str(tmp_path / "here"), new_session=True)
     request.addfinalizer(lambda: local.poll() is not None or os.killpg(local.pid, signal.SIGKILL))
     folder = tmp_path / "mine" / "runs" / "table3" / "slurm"
-    # at least 0.25 s a step, so the run is still training when each fault comes, however fast
-    # the machine (300 steps took 20 s on an idle one); the record is the same. Once the last
-    # fault has landed the switch is off, and the rest trains at the machine's own pace. (Injected
-    # into the tasks: sbatch hands them the submitting environment.)
+    # at least 0.5 s a step, so the run is still training when each fault comes, however fast
+    # the machine; the record is the same. Once the last fault has landed the switch is off, and
+    # the rest trains at the machine's own pace. (Injected into the tasks: sbatch hands them the
+    # submitting environment.)
     pace = tmp_path / "pace"
     pace.touch()
     paced = {k: v for k, v in inject(slurm_env, tmp_path / "inject", PACED).items()
              if k in ("PYTHONPATH", INJECTED)}
-    paced["REPRODUCE_TEST_PACE"] = str(pace)
+    paced.update(REPRODUCE_TEST_PACE=str(pace), REPRODUCE_TEST_PACE_SECONDS="0.5")
     first = _submit(slurm_env, tmp_path, *steps, "--nodes", "2", "--gpus-per-node", "0",
                     WANDB_MODE="offline", **paced)
     assert "table3-base-smoke-seed0: 2 nodes x 1 task(s)" in first
