@@ -1,0 +1,150 @@
+"""Where the test suite's CPU goes: README's test command, optionally capped to fewer cores, with
+the CPU of each test counted per pytest-xdist worker and the SLURM tasks' apart.
+
+    python benchmarks/suite_census.py [--cores 1.6] [--out suite-census.md] [-- PYTEST ARGS]
+
+Needs root and cgroup v1 (``/sys/fs/cgroup/cpu`` and ``cpuacct``), as on the project's machines.
+Each worker moves itself into a cpuacct group of its own as it starts (this module is also the
+pytest plugin, ``-p benchmarks.suite_census``), so a test's CPU is its worker's, with every process
+the worker started: CLIs forked from the zygotes, DDP ranks, compilers. The two-node SLURM's
+``slurmd`` (``tools/slurm/cluster.sh up``) goes into another group, whose CPU a SLURM test is
+given over its span (the SLURM tests run one at a time, on one worker). ``--cores`` caps pytest
+and ``slurmd`` together with a CFS quota: 1.6 of this 2-core AMD EPYC matched the 114 GFLOP/s of
+a slower 2-core EPYC without AVX-512 (2026-12-02). The suite is CPU-bound where the used core
+seconds reach cores x wall; then each core second cut is 1/cores of a second of wall.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CPU, ACCT = Path("/sys/fs/cgroup/cpu"), Path("/sys/fs/cgroup/cpuacct")
+GROUP = "reproduce-suite"
+LOG_ENV = "REPRODUCE_SUITE_CENSUS"
+
+
+def _usage(name: str) -> float | None:
+    try:
+        return int((ACCT / name / "cpuacct.usage").read_text()) / 1e9
+    except OSError:
+        return None
+
+
+def _join(group: Path, pid: int) -> None:
+    group.mkdir(exist_ok=True)
+    (group / "cgroup.procs").write_text(str(pid))
+
+
+# --- the plugin, in each xdist worker ---------------------------------------------------------
+
+def pytest_configure(config) -> None:
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker and os.environ.get(LOG_ENV):
+        _join(ACCT / f"{GROUP}-{worker}", os.getpid())
+
+
+def pytest_runtest_logreport(report) -> None:
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker or not os.environ.get(LOG_ENV):
+        return
+    with open(os.environ[LOG_ENV], "a") as f:
+        f.write(json.dumps({"worker": worker, "id": report.nodeid, "when": report.when,
+                            "seconds": report.duration, "end": time.time(),
+                            "cpu": _usage(f"{GROUP}-{worker}"),
+                            "slurm": _usage(f"{GROUP}-slurm")}) + "\n")
+
+
+# --- the census ---------------------------------------------------------------------------------
+
+def census(rows: list[dict]) -> dict:
+    """Per test and per file: wall seconds and CPU seconds (the worker's between its reports; a
+    SLURM test's also the tasks' over its span)."""
+    rows = sorted(rows, key=lambda r: r["end"])
+    last: dict[str, float] = {}
+    tests: dict[str, dict] = collections.defaultdict(lambda: {"wall": 0.0, "cpu": 0.0})
+    for r in rows:
+        cpu = r["cpu"] - last.get(r["worker"], r["cpu"])
+        last[r["worker"]] = r["cpu"]
+        tests[r["id"]]["wall"] += r["seconds"]
+        tests[r["id"]]["cpu"] += cpu
+    slurm = [r for r in rows if r["slurm"] is not None]
+    for test in {r["id"] for r in rows if "slurm" in r["id"].split("::")[0]}:
+        mine = [r for r in slurm if r["id"] == test]
+        if not mine:
+            continue
+        begin = mine[0]["end"] - mine[0]["seconds"]
+        before = [r["slurm"] for r in slurm if r["end"] <= begin] or [slurm[0]["slurm"]]
+        tests[test]["slurm"] = mine[-1]["slurm"] - before[-1]
+    files: dict[str, dict] = collections.defaultdict(lambda: {"wall": 0.0, "cpu": 0.0,
+                                                               "slurm": 0.0})
+    for test, t in tests.items():
+        for key in files[test.split("::")[0]]:
+            files[test.split("::")[0]][key] += t.get(key, 0.0)
+    return {"tests": dict(tests), "files": dict(files)}
+
+
+def report(found: dict, wall: float, cores: float | None, summary: str, top: int = 30) -> str:
+    tests, files = found["tests"], found["files"]
+    used = sum(f["cpu"] + f["slurm"] for f in files.values())
+    cap = f"capped at {cores} cores" if cores else f"{os.cpu_count()} cores, uncapped"
+    lines = ["# Where the suite's CPU goes", "",
+             f"`python benchmarks/suite_census.py{f' --cores {cores}' if cores else ''}`, "
+             f"{time.strftime('%Y-%m-%d')}, {cap}: {summary}", "",
+             f"{used:.0f} core seconds in {wall:.0f} s of wall"
+             + (f": {used / (cores * wall):.0%} of what the cap allows." if cores else "."), "",
+             "| file | wall s | CPU s (its worker) | CPU s (SLURM tasks) |", "|---|---|---|---|"]
+    for name, f in sorted(files.items(), key=lambda x: -(x[1]["cpu"] + x[1]["slurm"]))[:top]:
+        lines.append(f"| {name} | {f['wall']:.0f} | {f['cpu']:.0f} | {f['slurm']:.0f} |")
+    lines += ["", "| test | wall s | CPU s |", "|---|---|---|"]
+    for name, t in sorted(tests.items(), key=lambda x: -(x[1]["cpu"] + x[1].get("slurm", 0)))[
+            :top]:
+        lines.append(f"| {name} | {t['wall']:.0f} | {t['cpu'] + t.get('slurm', 0):.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cores", type=float, help="CFS quota for pytest and slurmd")
+    parser.add_argument("--out", type=Path, default=Path("suite-census.md"))
+    parser.add_argument("pytest", nargs="*", help="after --: arguments for pytest")
+    args = parser.parse_args(argv)
+    if not ACCT.is_dir() or os.geteuid() != 0:
+        print("suite_census: needs root and cgroup v1's cpuacct (/sys/fs/cgroup/cpuacct)",
+              file=sys.stderr)
+        return 2
+    slurmd = subprocess.run(["pgrep", "slurmd"], capture_output=True, text=True).stdout.split()
+    for pid in slurmd:
+        _join(ACCT / f"{GROUP}-slurm", int(pid))
+    cap = CPU / GROUP
+    cap.mkdir(exist_ok=True)
+    (cap / "cpu.cfs_period_us").write_text("100000")
+    (cap / "cpu.cfs_quota_us").write_text(str(int(args.cores * 100000)) if args.cores else "-1")
+    for pid in [*slurmd, str(os.getpid())]:  # pytest, started below, is this process's child
+        (cap / "cgroup.procs").write_text(pid)
+    log = args.out.with_suffix(".jsonl").resolve()
+    log.unlink(missing_ok=True)
+    # no PYTHONPATH: the workers import this module from the checkout's root, their folder
+    env = {**os.environ, LOG_ENV: str(log)}
+    start = time.time()
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "benchmarks.suite_census",
+                           *args.pytest], cwd=ROOT, env=env, capture_output=True, text=True)
+    wall = time.time() - start
+    for pid in [*slurmd, str(os.getpid())]:  # out of the cap again
+        (CPU / "cgroup.procs").write_text(pid)
+    tail = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else f"exit {done.returncode}"
+    rows = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    args.out.write_text(report(census(rows), wall, args.cores, tail))
+    print(f"{tail}\nwrote {args.out} ({len(rows)} reports, {log})")
+    return done.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
