@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     (cap / "cpu.cfs_period_us").write_text("100000")
     (cap / "cpu.cfs_quota_us").write_text(str(int(args.cores * 100000)) if args.cores else "-1")
     for pid in [*slurmd, str(os.getpid())]:  # pytest, started below, is this process's child
-        (cap / "cgroup.procs").write_text(pid)
+        _join(cap, int(pid))
     log = args.out.with_suffix(".jsonl").resolve()
     log.unlink(missing_ok=True)
     # no PYTHONPATH: the workers import this module from the checkout's root, their folder
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                            *args.pytest], cwd=ROOT, env=env, capture_output=True, text=True)
     wall = time.time() - start
     for pid in [*slurmd, str(os.getpid())]:  # out of the cap again
-        (CPU / "cgroup.procs").write_text(pid)
+        _join(CPU, int(pid))
     tail = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else f"exit {done.returncode}"
     rows = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     args.out.write_text(report(census(rows), wall, args.cores, tail))
