@@ -9,9 +9,11 @@ pytest plugin, ``-p benchmarks.suite_census``), so a test's CPU is its worker's,
 the worker started: CLIs forked from the zygotes, DDP ranks, compilers. The two-node SLURM's
 ``slurmd`` (``tools/slurm/cluster.sh up``) goes into another group, whose CPU a SLURM test is
 given over its span (the SLURM tests run one at a time, on one worker). ``--cores`` caps pytest
-and ``slurmd`` together with a CFS quota: 1.6 of this 2-core AMD EPYC matched the 114 GFLOP/s of
-a slower 2-core EPYC without AVX-512 (2026-12-02). The suite is CPU-bound where the used core
-seconds reach cores x wall; then each core second cut is 1/cores of a second of wall.
+and ``slurmd`` together with a CFS quota. 1.6 cores of the AVX-512 EPYC match the GFLOP/s of the
+slower 2-core EPYC without AVX-512, but not its Python: there the suite took 1,391 s against
+948-1,013 under that cap (2026-12-02); ~1.15 would stand in (scaled by the two, not checked).
+The suite is CPU-bound where the used core seconds reach cores x wall; then each core second cut
+is 1/cores of a second of wall.
 """
 
 from __future__ import annotations
