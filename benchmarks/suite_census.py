@@ -14,6 +14,11 @@ slower 2-core EPYC without AVX-512, but not its Python: there the suite took 1,3
 948-1,013 under that cap (2026-12-02); ~1.15 would stand in (scaled by the two, not checked).
 The suite is CPU-bound where the used core seconds reach cores x wall; then each core second cut
 is 1/cores of a second of wall.
+
+Every Python process of the suite is counted too, by kind (a CLI forked from ``tests/zygote.py``,
+a fresh ``python -m reproduce``, a rank Lightning started, a SLURM task, pytest's own): a
+``sitecustomize`` on ``PYTHONPATH`` logs each one as it starts and its CPU as it exits (a process
+ended by a signal logs no exit; one a fault's own ``sitecustomize`` shadows, nothing).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -31,6 +37,28 @@ ROOT = Path(__file__).resolve().parents[1]
 CPU, ACCT = Path("/sys/fs/cgroup/cpu"), Path("/sys/fs/cgroup/cpuacct")
 GROUP = "reproduce-suite"
 LOG_ENV = "REPRODUCE_SUITE_CENSUS"
+PROCESS_LOG_ENV = "REPRODUCE_SUITE_PROCESSES"
+# what each Python of the suite runs as it starts: log the start, and the CPU at a normal exit
+# (a forked child's CPU counts from its fork, so a zygote's CLIs have no imports in theirs)
+SITECUSTOMIZE = '''
+import os
+if os.environ.get("REPRODUCE_SUITE_PROCESSES"):
+    import atexit, json, resource, sys
+    def _log(**what):
+        try:  # never the reason a process of the suite fails
+            with open(os.environ["REPRODUCE_SUITE_PROCESSES"], "a") as f:
+                f.write(json.dumps({"pid": os.getpid(), "argv": sys.orig_argv[1:4] + sys.argv[1:2],
+                                    "slurm": "SLURM_JOB_ID" in os.environ, **what}) + "\\n")
+        except Exception:
+            pass
+    def _exit():
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        _log(cpu=usage.ru_utime + usage.ru_stime, torch="torch" in sys.modules)
+    _log(start=True)
+    atexit.register(_exit)
+    os.register_at_fork(after_in_child=lambda: _log(start=True))
+'''
+assert PROCESS_LOG_ENV in SITECUSTOMIZE
 
 
 def _usage(name: str) -> float | None:
@@ -93,7 +121,42 @@ def census(rows: list[dict]) -> dict:
     return {"tests": dict(tests), "files": dict(files)}
 
 
-def report(found: dict, wall: float, cores: float | None, summary: str, top: int = 30) -> str:
+def kind(argv: list[str], slurm: bool) -> str:
+    """What a Python process of the suite was, from its command line (``sys.orig_argv[1:4]``
+    and, last, ``sys.argv[1]``: for a zygote's child, the CLI command it became)."""
+    if argv and argv[0].endswith("zygote.py"):
+        what = f"CLI forked from a zygote: {argv[-1]}" if len(argv) > 1 else "a zygote"
+    elif argv[:2] == ["-m", "reproduce"]:
+        what = "fresh: rank 0 of a DDP run" if argv[2:3] == ["_rank-run"] else (
+            f"fresh: python -m reproduce {argv[2] if len(argv) > 2 else ''}")
+    elif argv[:2] == ["-m", "reproduce.__main__"]:
+        what = "fresh: a DDP rank Lightning started"
+    elif argv[:2] == ["-m", "reproduce.launch.task_process"]:
+        what = "fresh: a task's process"
+    elif argv[:2] in (["-m", "pytest"], ["-u", "-c"]):
+        what = "pytest and its workers (tests run in-process)"
+    else:
+        what = f"other: {' '.join(argv[:2])[:40]}"
+    return f"SLURM {what}" if slurm else what
+
+
+def processes(rows: list[dict]) -> dict[str, dict]:
+    """Per kind: processes started, processes that logged their exit, and their core seconds."""
+    ends = {r["pid"]: r for r in rows if "cpu" in r}
+    kinds: dict[str, dict] = collections.defaultdict(lambda: {"started": 0, "ended": 0, "cpu": 0.0})
+    for r in rows:
+        if r.get("start"):
+            end = ends.get(r["pid"])
+            k = kinds[kind((end or r)["argv"], r["slurm"])]
+            k["started"] += 1
+            if end is not None:
+                k["ended"] += 1
+                k["cpu"] += end["cpu"]
+    return dict(kinds)
+
+
+def report(found: dict, wall: float, cores: float | None, summary: str, top: int = 30,
+           pythons: dict[str, dict] | None = None) -> str:
     tests, files = found["tests"], found["files"]
     used = sum(f["cpu"] + f["slurm"] for f in files.values())
     cap = f"capped at {cores} cores" if cores else f"{os.cpu_count()} cores, uncapped"
@@ -109,6 +172,13 @@ def report(found: dict, wall: float, cores: float | None, summary: str, top: int
     for name, t in sorted(tests.items(), key=lambda x: -(x[1]["cpu"] + x[1].get("slurm", 0)))[
             :top]:
         lines.append(f"| {name} | {t['wall']:.0f} | {t['cpu'] + t.get('slurm', 0):.0f} |")
+    if pythons:
+        lines += ["", "Python processes by kind (CPU of those that exited normally; a forked "
+                  "child's from its fork):", "",
+                  "| kind | started | exited normally | CPU s | CPU s each |", "|---|---|---|---|---|"]
+        for name, k in sorted(pythons.items(), key=lambda x: -x[1]["cpu"])[:top]:
+            each = k["cpu"] / k["ended"] if k["ended"] else 0.0
+            lines.append(f"| {name} | {k['started']} | {k['ended']} | {k['cpu']:.0f} | {each:.1f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -132,9 +202,14 @@ def main(argv: list[str] | None = None) -> int:
     for pid in [*slurmd, str(os.getpid())]:  # pytest, started below, is this process's child
         _join(cap, int(pid))
     log = args.out.with_suffix(".jsonl").resolve()
-    log.unlink(missing_ok=True)
-    # no PYTHONPATH: the workers import this module from the checkout's root, their folder
-    env = {**os.environ, LOG_ENV: str(log)}
+    pythons_log = args.out.with_suffix(".processes.jsonl").resolve()
+    for old in (log, pythons_log):
+        old.unlink(missing_ok=True)
+    site = Path(tempfile.mkdtemp(prefix="suite-census-"))
+    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    # the workers import this module from the checkout's root, their folder
+    path = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, LOG_ENV: str(log), PROCESS_LOG_ENV: str(pythons_log), "PYTHONPATH": path}
     start = time.time()
     done = subprocess.run([sys.executable, "-m", "pytest", "-p", "benchmarks.suite_census",
                            *args.pytest], cwd=ROOT, env=env, capture_output=True, text=True)
@@ -143,7 +218,9 @@ def main(argv: list[str] | None = None) -> int:
         _join(CPU, int(pid))
     tail = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else f"exit {done.returncode}"
     rows = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
-    args.out.write_text(report(census(rows), wall, args.cores, tail))
+    pythons = ([json.loads(line) for line in pythons_log.read_text().splitlines()]
+               if pythons_log.exists() else [])
+    args.out.write_text(report(census(rows), wall, args.cores, tail, pythons=processes(pythons)))
     print(f"{tail}\nwrote {args.out} ({len(rows)} reports, {log})")
     return done.returncode
 
