@@ -1,5 +1,6 @@
 """Configs, presets, sweep specs and the parameter table's CLI."""
 
+import dataclasses
 import json
 import os
 
@@ -199,6 +200,12 @@ def test_the_follow_ups_are_table3_s_runs_and_say_what_settles_them():
     assert ours.resolve("D1", "cpu-quarter-data") == table3.resolve("D1", "cpu").overrides(
         train_every=4)
     assert list(ours.rows_at("cpu-quarter-data")) == ["D"]
+    # its `cpu` is the shared one but that row D runs at cpu-quarter-data only: neither status
+    # nor a sweep without --row counts or trains D at `cpu`
+    assert list(ours.rows_at("cpu")) == ["width", "E"]
+    assert dataclasses.replace(ours.scale("cpu"), rows=()) == table3.scale("cpu")
+    with pytest.raises(SpecError, match=r"variant D1 \(row D\) is not run at scale `cpu`"):
+        ours.select(variants=["D1"], scale="cpu")
     wide = ours.resolve("W8", "cpu").model
     assert (wide.h, wide.d_k, wide.d_v) == (8, 64, 64)  # 4x base's 16 at cpu
     assert ours.resolve("E-sin", "cpu").model.positions_init == "sinusoid"
