@@ -155,3 +155,19 @@ def test_signal_handlers_and_lightning_s_stop_flag_live_in_one_module():
                     and node.func.value.id == "signal"):
                 found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
     assert not found, "signal handling outside train/stops.py: " + ", ".join(found)
+
+
+def test_commands_that_only_price_runs_leave_torch_s_compiler_unimported():
+    """``status``, ``--render`` and a dry run read records and price runs: importing them must not
+    import ``torch._dynamo`` (~2.4 s of a core on a slow CPU; ``@torch.compiler.disable`` at a
+    module's top imports it). Fresh, as a user's command starts."""
+    import subprocess
+    import sys
+
+    modules = ["reproduce.__main__", "reproduce.commands.status", "reproduce.commands.table",
+               "reproduce.launch.progress", "reproduce.plan.dry_run", "reproduce.tables.render"]
+    out = subprocess.run(
+        [sys.executable, "-c", f"import sys\nfor m in {modules!r}: __import__(m)\n"
+         "print(sorted(m for m in sys.modules if m.startswith('torch._dynamo'))[:3])"],
+        capture_output=True, text=True, check=True, cwd=PACKAGE.parent)
+    assert out.stdout.strip() == "[]", out.stdout

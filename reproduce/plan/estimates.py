@@ -43,7 +43,7 @@ from reproduce.errors import ConfigError
 from reproduce.paper.flops import analytic_flops, gpu_tflops
 from reproduce.records.schema import Record
 from reproduce.train.precision import step_ratio, timed
-from reproduce.train.step_time import TIMINGS
+from reproduce.train.timings import TIMINGS
 from reproduce.util import machine
 from reproduce.util.files import write_atomic
 from reproduce.util.machine import cpu_name, matmul_gflops

@@ -21,7 +21,7 @@ from reproduce.speed.decoding_peers import bench_decoding
 from reproduce.speed.inputs import BIBLE_VOCAB, OTHER, PLANS, Bible, Plan, real_tokens, synthetic_batches
 from reproduce.speed.report import environment, performance_page
 from reproduce.speed.training import bench_training
-from reproduce.train import step_time
+from reproduce.train import timings
 from reproduce.train.lit import TranslationModule
 from reproduce.train.precision import bf16_matmul_not_slower, choose
 from reproduce.util.logs import quiet_libraries
@@ -123,7 +123,7 @@ def _runs_take(config: Config) -> str:
     """The precision a run of ``config`` trains in on this machine, and how it was decided:
     ``precision.choose``, the timed step runs use (cached in runs/timings.json), never a matmul."""
     micro = config.train.split_batch(1)[1]
-    chosen, how = choose(config, micro, runs_dir() / step_time.TIMINGS,
+    chosen, how = choose(config, micro, runs_dir() / timings.TIMINGS,
                          model="table3's base at this scale")
     seconds = how.get("seconds_per_step") or {}
     timed = ", ".join(f"{p} {t:.3f} s/step" for p, t in seconds.items())

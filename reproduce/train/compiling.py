@@ -7,7 +7,7 @@ run trains on, each timed step on a batch shape new to both as a run's are
 (``step_time.seconds_compiled``). Compiling is taken where the compiled step is
 ``MARGIN`` faster *and* the seconds it saves over the run's steps exceed the seconds compiling
 took: a short run, or a small gain, stays eager. The timings are cached per device, torch
-version, precision and model shape (``runs/timings.json``, ``step_time.measured``), so every
+version, precision and model shape (``runs/timings.json``, ``timings.measured``), so every
 rank of a run and every later run on the machine read the same answer; the decision (which
 depends on the run's steps) and its timings go into the record (``compile_choice``). Where
 ``torch.compile`` fails, while timing or on a run's first step, the run trains eager and says so
@@ -25,7 +25,7 @@ from reproduce.config import Config
 from reproduce.errors import one_line
 from reproduce.paths import runs_dir
 from reproduce.records.sweep import PlannedRun
-from reproduce.train import step_time
+from reproduce.train import step_time, timings
 from reproduce.train.devices import ONE_DEVICE, Layout, threads_of_one_rank
 from reproduce.util.machine import cpu_flags, cpu_name
 
@@ -63,10 +63,10 @@ METHOD = 4
 
 def _key(config, tokens: int, precision: str, device: str) -> str:
     return (f"compile|{device}|torch {torch.__version__}|{precision}|"
-            f"{step_time.shape_key(config, tokens)}|timed {METHOD}")
+            f"{timings.shape_key(config, tokens)}|timed {METHOD}")
 
 
-_read = step_time.read_timings
+_read = timings.read_timings
 
 
 def decide(timed: dict[str, Any], micro_steps: int) -> tuple[bool, str]:
@@ -108,7 +108,7 @@ def choose(config, micro_tokens: int, micro_steps: int, precision: str, accelera
             timed = {"failed": one_line(e)}
         return {**timed, "device": device, "timed_model": model, "tokens": micro_tokens}
 
-    known, cached = step_time.measured(cache, _key(config, micro_tokens, precision, device),
+    known, cached = timings.measured(cache, _key(config, micro_tokens, precision, device),
                                        measure)
     chosen, how = decide(known, micro_steps)
     return chosen, {"asked": asked, "chosen": chosen, "how": how, "seconds": known,
@@ -128,7 +128,7 @@ def choose_compile(run: PlannedRun, precision: str, layout: Layout = ONE_DEVICE,
     accumulate, micro = reference.train.split_batch(layout.world)
     with threads_of_one_rank(layout):
         chosen, how = choose(reference, micro, c.train.train_steps * accumulate, precision,
-                             layout.accelerator, runs_dir() / step_time.TIMINGS, model=model)
+                             layout.accelerator, runs_dir() / timings.TIMINGS, model=model)
     if say and c.train.compile != "off" and "cached" not in how and not chosen:  # torch too old
         log.warning("%s: compile %s -> off (%s)", run.run_id, c.train.compile, how["how"])
     elif say and c.train.compile == "auto":

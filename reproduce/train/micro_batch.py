@@ -11,7 +11,7 @@ the micro-batch tried, one pass first, then two, three, ... equal ones; the firs
 (memory torch reserved) stays within ``HEADROOM`` of what the GPU had free is taken (a pass that
 runs out of memory counts as not fitting). Answers are cached per GPU, torch version, precision
 and model (shape and dropout, which keeps its masks) in ``runs/timings.json``
-(``step_time.measured``), and a run keeps its own in its folder (``RUN_FILE``): a resumed run,
+(``timings.measured``), and a run keeps its own in its folder (``RUN_FILE``): a resumed run,
 and a cluster's other ranks (which read it once rank 0 has decided), take the micro-batch it
 started with. A GPU shared with other
 processes when measured gives a smaller answer; one shared later than measured can run out of
@@ -34,7 +34,7 @@ from reproduce.config import Config, model_identity
 from reproduce.errors import ConfigError
 from reproduce.paths import runs_dir
 from reproduce.records.sweep import PlannedRun
-from reproduce.train import step_time
+from reproduce.train import step_time, timings
 from reproduce.train.devices import Layout
 from reproduce.util.files import write_atomic
 
@@ -117,7 +117,7 @@ def cache_key(config: Config, tokens: int, precision: str, device: str) -> str:
     """What a measured micro-batch is of: the device, torch, precision, the model's shapes and
     dropouts (what a step keeps in memory) at ``tokens``, the widest sentence and the method."""
     return (f"micro-batch|{device}|torch {torch.__version__}|{precision}|"
-            f"{step_time.shape_key(config, tokens, ('shape', 'dropout'))}|"
+            f"{timings.shape_key(config, tokens, ('shape', 'dropout'))}|"
             f"width {config.train.max_tokens_per_sentence}|method {METHOD}")
 
 
@@ -143,7 +143,7 @@ def choose(config: Config, devices: int, precision: str, accelerator: str, cache
                 "peak_bytes": {str(k): v for k, v in tried.items()}, "device": device,
                 "model": model_identity(config.model)}
 
-    known, cached = step_time.measured(cache, cache_key(config, per_device, precision, device),
+    known, cached = timings.measured(cache, cache_key(config, per_device, precision, device),
                                        measure)
     peaks = known["peak_bytes"]
     how = (f"{known['passes']} pass(es) of {known['tokens']} tokens a step: peak "
@@ -168,7 +168,7 @@ def resolve(run: PlannedRun, layout: Layout, precision: str, work: Path) -> Plan
         tokens, how = earlier["tokens"], earlier["how"]
     else:
         tokens, how = choose(run.config, layout.world, precision, layout.accelerator,
-                             runs_dir() / step_time.TIMINGS)
+                             runs_dir() / timings.TIMINGS)
         work.mkdir(parents=True, exist_ok=True)
         write_atomic(kept, json.dumps({"per_device": per_device, "tokens": tokens,
                                        "how": how}, indent=1).encode())

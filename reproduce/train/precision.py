@@ -7,7 +7,7 @@ a micro-batch of its size, are timed both ways with the threads the run will use
 (``step_time``); bf16-mixed is taken if it is ``BF16_MARGIN`` faster. The model timed is the
 table's base at the run's scale, not each variant's own: one precision per table and scale, so
 a row's variants differ only in what the row varies. The answer is cached per machine, thread
-count and model shape (``runs/timings.json``, ``step_time.measured``), and both timings go into the record.
+count and model shape (``runs/timings.json``, ``timings.measured``), and both timings go into the record.
 Once a table has records at a scale, they decide: its later runs there train in the precision
 those trained in (``records.precision_history.settled``), whatever this machine would choose, lest a
 section started in fp32 get variants in bf16 on another machine, which puts precision into the
@@ -27,7 +27,7 @@ from reproduce.config import Config
 from reproduce.paths import results_dir, runs_dir
 from reproduce.records.precision_history import settled
 from reproduce.records.sweep import PlannedRun
-from reproduce.train import step_time
+from reproduce.train import timings
 from reproduce.train.devices import ONE_DEVICE, Layout, threads_of_one_rank
 from reproduce.util.machine import cpu_flags, cpu_name, matmul_gflops
 
@@ -46,10 +46,10 @@ def bf16_matmul_not_slower() -> bool:
 
 def _key(config: Config, tokens: int, threads: int) -> str:
     return (f"precision|{cpu_name()}|{','.join(cpu_flags())}|torch {torch.__version__}|"
-            f"{threads}t|{step_time.shape_key(config, tokens)}")
+            f"{threads}t|{timings.shape_key(config, tokens)}")
 
 
-_read = step_time.read_timings
+_read = timings.read_timings
 
 
 def choose(config: Config, micro_tokens: int, cache: Path | None,
@@ -71,6 +71,10 @@ def choose(config: Config, micro_tokens: int, cache: Path | None,
             entry = {"chosen": "32-true", "asked": asked, "how": "bf16 matmul slower than fp32 "
                      "here (no native bf16): fp32 without timing a step", "seconds_per_step": None}
         else:
+            # imported here: torch's compiler comes with it (~2.4 s of a core), which a
+            # command that only prices runs (status, a dry run) never needs
+            from reproduce.train import step_time
+
             seconds = (timer or step_time.seconds_by_precision)(config, micro_tokens)
             fast = seconds["32-true"] >= BF16_MARGIN * seconds["bf16-mixed"]
             entry = {"chosen": "bf16-mixed" if fast else "32-true", "asked": asked,
@@ -79,14 +83,14 @@ def choose(config: Config, micro_tokens: int, cache: Path | None,
                      "seconds_per_step": seconds}
         return {**entry, "cpu": cpu_name(), "cpu_flags": cpu_flags(), "threads": threads}
 
-    entry, cached = step_time.measured(cache, _key(config, micro_tokens, threads), measure)
+    entry, cached = timings.measured(cache, _key(config, micro_tokens, threads), measure)
     return entry["chosen"], {**entry, "cached": cached}
 
 
 def timed(config: Config, threads: int, cache: Path | None = None) -> dict[str, Any] | None:
     """What ``choose`` cached for ``config``'s model on this machine at ``threads``, if anything."""
     micro = config.train.split_batch(1)[1]
-    return _read(cache or runs_dir() / step_time.TIMINGS).get(_key(config, micro, threads))
+    return _read(cache or runs_dir() / timings.TIMINGS).get(_key(config, micro, threads))
 
 
 def step_ratio(choice: dict[str, Any] | None) -> float:
@@ -130,7 +134,7 @@ def choose_precision(run: PlannedRun, layout: Layout = ONE_DEVICE) -> tuple[str,
         model = f"{run.table}'s base at `{run.scale}` (one precision for all its variants)"
     micro = reference.train.split_batch(layout.world)[1]
     with threads_of_one_rank(layout):
-        precision, chosen = choose(reference, micro, runs_dir() / step_time.TIMINGS, model=model)
+        precision, chosen = choose(reference, micro, runs_dir() / timings.TIMINGS, model=model)
     if c.train.precision == "auto":
         # Which model the timings are of, said in every record (a cached answer's "how" keeps
         # the words of the run that timed it).

@@ -11,7 +11,7 @@ from reproduce.config import Config, ModelConfig, model_identity
 from reproduce.records.sweep import load_spec, planned_summary
 from reproduce.speed.report import scale_heading
 from reproduce.tables.params import shape_row
-from reproduce.train import micro_batch, step_time
+from reproduce.train import micro_batch, timings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,7 +31,7 @@ def test_every_place_that_tells_models_apart_tells_a_new_knob_apart():
     assert model_identity(base.model) != model_identity(other.model)
     # the timing caches of the three `auto` choosers (precision, compile, micro-batch)
     for kinds in (("shape",), ("shape", "dropout")):
-        assert step_time.shape_key(base, 512, kinds) != step_time.shape_key(other, 512, kinds)
+        assert timings.shape_key(base, 512, kinds) != timings.shape_key(other, 512, kinds)
     # the plan's line
     run = load_spec("table3").plan(["base"], "smoke", [0])[0]
     lines = [planned_summary(dataclasses.replace(run, config=c), {}) for c in (base, other)]
@@ -62,13 +62,13 @@ def test_every_model_field_declares_a_kind(kind):
 
 
 def test_the_three_auto_choosers_share_one_cache_keyed_by_the_identity(tmp_path, monkeypatch):
-    """precision, compile and the micro-batch follow one protocol (``step_time.measured``) into
+    """precision, compile and the micro-batch follow one protocol (``timings.measured``) into
     one file: each entry named by its chooser and the model's identity, a new knob's value timed
     anew, the same model read back without measuring."""
     from reproduce.train import compiling, precision
 
     monkeypatch.setattr(precision, "bf16_matmul_not_slower", lambda: True)
-    cache = tmp_path / step_time.TIMINGS
+    cache = tmp_path / timings.TIMINGS
     measured: list[str] = []
 
     def choose_all(config: Config) -> list[bool]:

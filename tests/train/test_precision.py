@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from reproduce.records.sweep import load_spec
-from reproduce.train import precision, step_time
+from reproduce.train import precision, step_time, timings
 
 
 @pytest.fixture
@@ -69,7 +69,7 @@ def test_every_variant_of_a_table_trains_in_the_precision_its_base_was_timed_in(
     assert all("cached from an earlier run of the same model: timed" in m for m in lines[1:])
     assert all("table3's base at `smoke`" in how["how"] for _, how in chosen)
     assert all(how["timed_model"].startswith("table3's base at `smoke`") for _, how in chosen)
-    assert len(json.loads((tmp_path / step_time.TIMINGS).read_text())) == 1  # timed once
+    assert len(json.loads((tmp_path / timings.TIMINGS).read_text())) == 1  # timed once
     # Without its table's base, A1 is timed as itself: the choice this prevents.
     alone = dataclasses.replace(runs[1], precision_from=None)
     assert precision.choose_precision(alone)[0] == "bf16-mixed"
