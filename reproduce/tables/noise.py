@@ -8,7 +8,8 @@ sentence term counted as known (a thousand resamples: its own degrees of freedom
 
 With three seeds a side, 2 standard errors (a normal interval) would be a ~88% interval: Student's
 t with ~4 degrees of freedom puts the 97.5% point at 2.78, not 1.96. Plain Python: the t quantile
-by Newton's method on its CDF, integrated with Simpson's rule (no scipy among the dependencies).
+by Newton's method on its CDF, the regularized incomplete beta function by its continued fraction
+(no scipy among the dependencies).
 """
 
 from __future__ import annotations
@@ -32,15 +33,45 @@ def t_density(df: float) -> Callable[[float], float]:
     return pdf
 
 
-def t_cdf(x: float, df: float, intervals: int = 400) -> float:
-    """P(T <= x) for Student's t with ``df`` (> 0, not necessarily whole) degrees of freedom."""
+def t_cdf(x: float, df: float) -> float:
+    """P(T <= x) for Student's t with ``df`` (> 0, not necessarily whole) degrees of freedom:
+    1 - I_z(df/2, 1/2) / 2 for x >= 0, z = df / (df + x^2) (Abramowitz & Stegun 26.7.1 with
+    26.5.27), 1 - z computed as x^2 / (df + x^2) so that no digits cancel near 0."""
     if x < 0:
-        return 1.0 - t_cdf(-x, df, intervals)
-    pdf = t_density(df)
-    h = x / intervals
-    odd = sum(pdf((2 * k - 1) * h) for k in range(1, intervals // 2 + 1))
-    even = sum(pdf(2 * k * h) for k in range(1, intervals // 2))
-    return 0.5 + h / 3 * (pdf(0.0) + 4 * odd + 2 * even + pdf(x))
+        return 1.0 - t_cdf(-x, df)
+    return 1.0 - 0.5 * _incomplete_beta(df / 2, 0.5, df / (df + x * x), x * x / (df + x * x))
+
+
+def _incomplete_beta(a: float, b: float, z: float, one_minus_z: float) -> float:
+    """The regularized incomplete beta function I_z(a, b), by its continued fraction on the side
+    of (a + 1) / (a + b + 2) where that converges fast (Numerical Recipes, 2nd ed., 6.4)."""
+    if z <= 0.0:
+        return 0.0
+    if one_minus_z <= 0.0:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(z)
+                     + b * math.log(one_minus_z))
+    if z < (a + 1) / (a + b + 2):
+        return front * _beta_fraction(a, b, z) / a
+    return 1.0 - front * _beta_fraction(b, a, one_minus_z) / b
+
+
+def _beta_fraction(a: float, b: float, z: float, tiny: float = 1e-300) -> float:
+    """The incomplete beta's continued fraction at ``z``, by Lentz's method to double precision."""
+    def bounded(v: float) -> float:
+        return v if abs(v) >= tiny else tiny
+
+    c, d = 1.0, 1.0 / bounded(1.0 - (a + b) * z / (a + 1))
+    fraction = d
+    for m in range(1, 300):
+        for numerator in (m * (b - m) * z / ((a + 2 * m - 1) * (a + 2 * m)),
+                          -(a + m) * (a + b + m) * z / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 / bounded(1.0 + numerator * d)
+            c = bounded(1.0 + numerator / c)
+            fraction *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return fraction
 
 
 def t_quantile(p: float, df: float) -> float:

@@ -168,6 +168,24 @@ def test_seed_noise_is_a_95_percent_welch_interval_not_two_standard_errors():
     assert difference_noise([1.0, 1.0], [2.0, 2.0]) == 0.0
 
 
+def test_the_t_distribution_matches_its_closed_forms():
+    """1 and 2 degrees of freedom have closed forms (Cauchy's, and x / (2 sqrt(2 + x^2))); a huge
+    df approaches the normal's 1.95996 from above by (z^3 + z) / (4 df)."""
+    import math
+
+    from reproduce.tables.noise import t_cdf, t_quantile
+
+    for x in (1e-6, 0.3, 1.0, 4.2, 60.0):
+        assert t_cdf(x, 1) == pytest.approx(0.5 + math.atan(x) / math.pi, abs=1e-13)
+        assert t_cdf(-x, 2) == pytest.approx(0.5 - x / (2 * math.sqrt(2 + x * x)), abs=1e-13)
+    for p in (0.6, 0.9, 0.975, 0.999):
+        assert t_quantile(p, 1) == pytest.approx(math.tan(math.pi * (p - 0.5)), rel=1e-10)
+        assert t_quantile(p, 2) == pytest.approx((2 * p - 1) * math.sqrt(2 / (1 - (2 * p - 1) ** 2)),
+                                                 rel=1e-10)
+    z = 1.959963984540054
+    assert t_quantile(0.975, 1e6) == pytest.approx(z + (z ** 3 + z) / 4e6, rel=1e-9)
+
+
 def test_changes_from_base_agree_only_beyond_seed_noise():
     spec = load_spec("table3")
     recs = [record("base", "cpu", s, ppl=p, bleu=b) for s, p, b in
