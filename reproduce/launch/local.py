@@ -20,10 +20,8 @@ def train_here(options: Options, argv: list[str], spec, runs: list, layout: Layo
     render ``out`` from the records (logged to W&B with ``log``); ``report`` makes a finished
     run's line. Whether a run failed (diverged)."""
     from reproduce.data.hub import check_data
-    from reproduce.records.store import plan_state, recorded_command
+    from reproduce.records.store import finished, plan_state, recorded_command
     from reproduce.tables.render import render
-    from reproduce.train import runner
-    from reproduce.train.tuning import tune
     from reproduce.util.logs import quiet_libraries
     from reproduce.util.tracking import init_timeout, wandb_mode
 
@@ -50,6 +48,12 @@ def train_here(options: Options, argv: list[str], spec, runs: list, layout: Layo
                 raise SystemExit(1)
             runs = []
         for run in workers.reorder(runs):
+            if not tuning and (record := finished(run)) is not None:  # as runner.execute answers
+                print(f"{run.run_id}: {report(record['metrics'])}")  # it, without importing the
+                continue  # trainer (Lightning, torch's compiler: ~5 s of a core on a slow CPU)
+            from reproduce.train import runner
+            from reproduce.train.tuning import tune
+
             extra = None
             if tuning:
                 run, summary = tune(run, tuning, options.trials, options.storage, run.seed)

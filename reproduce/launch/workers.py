@@ -38,7 +38,6 @@ from pathlib import Path
 import torch
 
 from reproduce.errors import ConfigError
-from reproduce.plan.step_probe import step_seconds
 from reproduce.plan.worker_count import WORKER_ENV
 from reproduce.records.checkpoints import steps_left
 from reproduce.records.store import COMMAND_ENV, finished, recorded_command
@@ -155,6 +154,8 @@ def launch(argv: Sequence[str], runs: list, n: int, devices: int = 1) -> int:
     if not todo:
         print("--workers: every run has a record; nothing to train")
         return 0
+    from reproduce.plan.step_probe import step_seconds  # a model's step: torch's compiler too
+
     threads = max(1, cores // min(n, len(todo)))  # no more workers than runs
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)  # measure each run as a worker will train it

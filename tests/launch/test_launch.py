@@ -369,3 +369,27 @@ def test_a_refused_requeue_is_one_line_that_says_how_to_resume(tmp_path, monkeyp
         "not requeued: scontrol requeue 42 failed (scontrol: error: Requested operation is "
         "presently disabled for job 42); what was trained is saved: submit the same command "
         "again to resume it")
+
+
+def test_a_sweep_whose_runs_all_have_records_renders_without_the_trainer(capsys, tmp_path,
+                                                                        monkeypatch):
+    """The main job on a fresh clone (every run recorded) answers each run from its record, as
+    ``runner.execute`` would, and never imports the trainer (Lightning, torch's compiler)."""
+    import shutil
+    import sys
+
+    import reproduce.train
+    from reproduce.paths import REPO
+
+    (tmp_path / "results" / "table3").mkdir(parents=True)
+    shutil.copy(REPO / "results" / "table3" / "table3-base-cpu-seed0.json",
+                tmp_path / "results" / "table3")
+    monkeypatch.setenv("REPRODUCE_RESULTS", str(tmp_path / "results"))
+    monkeypatch.setenv("REPRODUCE_RUNS", str(tmp_path / "runs"))
+    monkeypatch.delattr(reproduce.train, "runner", raising=False)
+    monkeypatch.setitem(sys.modules, "reproduce.train.runner", None)  # importing it fails
+    assert main(["table3", "--variant", "base", "--scale", "cpu", "--workers", "1"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"table3-base-cpu-seed0: dev PPL [\d.]+, dev BLEU", out), out
+    assert "All 1 run(s) already had a record in" in out
+    assert (tmp_path / "results" / "table3.md").is_file()
