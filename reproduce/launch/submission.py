@@ -9,7 +9,7 @@ import time
 
 from reproduce.launch import queue, slurm
 from reproduce.launch.options import Options
-from reproduce.launch.task import render_job
+from reproduce.launch.render_job import render_job
 
 
 def submit_sweep(options: Options, argv: list[str], spec, runs: list, scale: str,

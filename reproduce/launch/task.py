@@ -1,6 +1,6 @@
 """The array task's side of ``--launcher slurm``, on a compute node: plan the run afresh from the
-spec and execute it as a local sweep does (``runner.execute``), or render the table once the
-arrays have ended (``render_job``).
+spec and execute it as a local sweep does (``runner.execute``). The table is rendered once the
+arrays have ended by a job of its own (``render_job``).
 
 Preemption has one owner, here. SLURM sends USR2 ahead of the time limit (submitit's
 ``--signal``): every task saves a checkpoint at the step it is at (``callbacks.SaveOnStop``, the
@@ -148,19 +148,3 @@ def _run_one(spec_path: str, variant: str, scale: str, seed: int, split: str, co
     if outcome.record is None:  # not run now, and why
         return f"{run.run_id}: {outcome.why}"
     return f"{run.run_id}: recorded, dev PPL {outcome.record['metrics'].get('dev_ppl')}"
-
-
-def render_job(spec_path: str) -> str:
-    """The render job's body, on a node: the table from the records there are (as ``--render``),
-    once the arrays it waits on have ended, however they ended."""
-    from reproduce.paths import results_dir
-    from reproduce.records.sweep import load_spec
-    from reproduce.tables.render import render
-    from reproduce.util.logs import quiet_libraries
-
-    quiet_libraries()
-    spec = load_spec(spec_path)
-    out = results_dir() / f"{spec.table}.md"
-    render(spec, out, log=True)
-    print(f"rendered {out}", flush=True)
-    return str(out)
