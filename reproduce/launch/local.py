@@ -5,6 +5,7 @@ the records hold, and a command whose runs all had records says so and how to tr
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
@@ -13,6 +14,8 @@ from reproduce.launch.options import Options
 from reproduce.plan.worker_count import auto_count, is_worker
 from reproduce.train.devices import Layout
 
+logger = logging.getLogger("reproduce")
+
 
 def train_here(options: Options, argv: list[str], spec, runs: list, layout: Layout, tuning,
                report, out, log: bool) -> bool:
@@ -20,7 +23,7 @@ def train_here(options: Options, argv: list[str], spec, runs: list, layout: Layo
     render ``out`` from the records (logged to W&B with ``log``); ``report`` makes a finished
     run's line. Whether a run failed (diverged)."""
     from reproduce.data.hub import check_data
-    from reproduce.records.store import finished, plan_state, recorded_command
+    from reproduce.records.store import finished, plan_state, record_path, recorded_command
     from reproduce.tables.render import render
     from reproduce.util.logs import quiet_libraries
     from reproduce.util.tracking import init_timeout, wandb_mode
@@ -48,9 +51,12 @@ def train_here(options: Options, argv: list[str], spec, runs: list, layout: Layo
                 raise SystemExit(1)
             runs = []
         for run in workers.reorder(runs):
-            if not tuning and (record := finished(run)) is not None:  # as runner.execute answers
-                print(f"{run.run_id}: {report(record['metrics'])}")  # it, without importing the
-                continue  # trainer (Lightning, torch's compiler: ~5 s of a core on a slow CPU)
+            if not tuning and (record := finished(run)) is not None:
+                # as runner.execute answers it, without importing the trainer (Lightning, torch's
+                # compiler: ~5 s of a core on a slow CPU)
+                logger.info("%s: finished earlier (%s), skipped", run.run_id, record_path(run))
+                print(f"{run.run_id}: {report(record['metrics'])}")
+                continue
             from reproduce.train import runner
             from reproduce.train.tuning import tune
 
