@@ -12,7 +12,7 @@ import sys
 from reproduce.launch import workers
 from reproduce.launch.options import Options
 from reproduce.plan.worker_count import auto_count, is_worker
-from reproduce.train.devices import Layout
+from reproduce.train.devices import Layout, external_ranks
 
 logger = logging.getLogger("reproduce")
 
@@ -51,9 +51,9 @@ def train_here(options: Options, argv: list[str], spec, runs: list, layout: Layo
                 raise SystemExit(1)
             runs = []
         for run in workers.reorder(runs):
-            if not tuning and (record := finished(run)) is not None:
+            if not tuning and not external_ranks() and (record := finished(run)) is not None:
                 # as runner.execute answers it, without importing the trainer (Lightning, torch's
-                # compiler: ~5 s of a core on a slow CPU)
+                # compiler: ~5 s of a core on a slow CPU); a cluster's ranks ask rank 0 (execute)
                 logger.info("%s: finished earlier (%s), skipped", run.run_id, record_path(run))
                 print(f"{run.run_id}: {report(record['metrics'])}")
                 continue

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from reproduce.errors import Stopped, one_line
+from reproduce.launch.render_job import render_job  # noqa: F401 - jobs pickled before it moved
 from reproduce.paths import runs_dir
 from reproduce.records.store import finished
 from reproduce.records.sweep import load_spec, with_sets

@@ -386,8 +386,12 @@ def test_a_sweep_whose_runs_all_have_records_renders_without_the_trainer(capsys,
                 tmp_path / "results" / "table3")
     monkeypatch.setenv("REPRODUCE_RESULTS", str(tmp_path / "results"))
     monkeypatch.setenv("REPRODUCE_RUNS", str(tmp_path / "runs"))
-    monkeypatch.delattr(reproduce.train, "runner", raising=False)
-    monkeypatch.setitem(sys.modules, "reproduce.train.runner", None)  # importing it fails
+    import reproduce.plan
+
+    for package, name in ((reproduce.train, "runner"), (reproduce.train, "tuning"),
+                          (reproduce.plan, "step_probe")):
+        monkeypatch.delattr(package, name, raising=False)
+        monkeypatch.setitem(sys.modules, f"{package.__name__}.{name}", None)  # importing it fails
     assert main(["table3", "--variant", "base", "--scale", "cpu", "--workers", "1"]) == 0
     out = capsys.readouterr().out
     assert re.search(r"table3-base-cpu-seed0: dev PPL [\d.]+, dev BLEU", out), out
