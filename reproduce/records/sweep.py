@@ -262,6 +262,8 @@ VARIANT_KEYS = {"set", "paper", "question"}
 QUESTION_KEYS = {"asks", "against", "settled_if"}
 SCALE_KEYS = {"about", "width", "steps", "corpus", "vocab", "set", "tune", "devices", "rows",
               "variants"}
+# what a spec's own scale of a shared name may set alone, narrowing the shared scale to them
+NARROWING_KEYS = {"rows", "variants"}
 TUNE_KEYS = {"metric", "direction", "knobs"}
 KNOB_KEYS = {"low", "high", "log", "choices"}
 
@@ -459,8 +461,13 @@ def load_spec(table_or_path: str | Path, kind: str | None = None) -> Spec:
     base = _overrides(data.get("base"), f"{path.name}: base")
     varied = {k for v in variants.values() for k in v.overrides}
     own = _mapping(data.get("scales"), f"{path.name}: scales")
-    # A spec's own scale replaces the shared one of the same name, which is then not checked.
-    shared = {k: v for k, v in _read_yaml(SWEEPS / "scales.yaml").items() if k not in own}
+    everyone = _read_yaml(SWEEPS / "scales.yaml")
+    # A spec's own scale of a shared scale's name that sets only `rows` and `variants` narrows the
+    # shared one to them; one that sets anything else replaces it, which is then not checked.
+    own = {name: ({**_mapping(everyone[name], f"scales.yaml: {name}"), **raw}
+                  if name in everyone and isinstance(raw, dict) and raw
+                  and set(raw) <= NARROWING_KEYS else raw) for name, raw in own.items()}
+    shared = {k: v for k, v in everyone.items() if k not in own}
     # a variant may set what a scale sets for every run: the variant's value wins, and the plan
     # says so (``Spec.variant_overrides``)
     scales = load_scales(SWEEPS / "scales.yaml", shared, set())

@@ -203,7 +203,7 @@ def test_the_follow_ups_are_table3_s_runs_and_say_what_settles_them():
     # its `cpu` is the shared one but that row D runs at cpu-quarter-data only: neither status
     # nor a sweep without --row counts or trains D at `cpu`
     assert list(ours.rows_at("cpu")) == ["width", "E"]
-    assert dataclasses.replace(ours.scale("cpu"), rows=()) == table3.scale("cpu")
+    assert dataclasses.replace(ours.scale("cpu"), rows=()) == table3.scale("cpu")  # narrowed
     with pytest.raises(SpecError, match=r"variant D1 \(row D\) is not run at scale `cpu`"):
         ours.select(variants=["D1"], scale="cpu")
     wide = ours.resolve("W8", "cpu").model
@@ -213,6 +213,22 @@ def test_the_follow_ups_are_table3_s_runs_and_say_what_settles_them():
         assert variant.question["asks"] and variant.question["settled_if"], name
         assert all(other in ours.variants or other.startswith("table3/")
                    for other in variant.question["against"]), name
+
+
+def test_a_spec_s_scale_of_a_shared_name_setting_only_rows_narrows_it(tmp_path):
+    """`cpu: {rows: [A]}` in a user's spec is scales.yaml's `cpu` running row A (not a scale of
+    width 1 and no settings that calls itself cpu); one setting anything else replaces it."""
+    text = "variants: {base: {}, A1: {set: {h: 2}}, B1: {set: {N: 1}}}\nrows: {A: [A1], B: [B1]}\n"
+    narrowed = load_spec(_write(tmp_path, text + "scales: {cpu: {rows: [A], variants: [A1]}}"))
+    shared = load_spec(_write(tmp_path, text))
+    assert narrowed.scale("cpu") == dataclasses.replace(shared.scale("cpu"), rows=("A",),
+                                                        variants=("A1",))
+    assert narrowed.resolve("A1", "cpu") == shared.resolve("A1", "cpu")
+    assert narrowed.select(scale="cpu") == ["base", "A1"]
+    replaced = load_spec(_write(tmp_path, text + "scales: {cpu: {rows: [A], width: 0.5}}"))
+    assert (replaced.scale("cpu").width, replaced.scale("cpu").overrides) == (0.5, {})
+    with pytest.raises(SpecError, match=r"bad.yaml: scales.cpu.rows: unknown row 'C'"):
+        load_spec(_write(tmp_path, text + "scales: {cpu: {rows: [C]}}"))
 
 
 def test_a_shared_scale_may_not_name_rows(tmp_path):
