@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-from tests import helpers
+from tests import helpers, spawner
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -30,6 +30,8 @@ def offline_environment(tmp_path_factory):
         # core another process needs (the same numbers; the workers test took 0.82x the CPU
         # seconds beside a busy core)
         "OMP_WAIT_POLICY": "PASSIVE",
+        # a file for each Python a CLI starts that tests/spawner.py forks (helpers.processes)
+        spawner.REGISTRY_ENV: str(root / "spawned"),
     }
     for key, value in env.items():
         os.environ[key] = value
@@ -41,7 +43,7 @@ def offline_environment(tmp_path_factory):
     if user_compile_cache() is None:
         os.environ[INDUCTOR_CACHE_ENV] = default_cache_dir() + "-tests"
     os.environ.pop("WANDB_DIR", None)
-    for key in ("WANDB_CACHE_DIR", "WANDB_CONFIG_DIR"):
+    for key in ("WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", spawner.REGISTRY_ENV):
         os.makedirs(env[key], exist_ok=True)
     torch.set_num_threads(1)
     helpers.SESSION_ENV.update(os.environ)  # the CLI's zygotes start from it (helpers.cli)

@@ -10,10 +10,13 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from tests import spawner
 
 # W&B on, offline into the session's temp dir (conftest turns it off for the other tests)
 WANDB_OFFLINE = {"WANDB_MODE": "offline"}
@@ -55,6 +58,26 @@ def start(env: dict[str, str], *args: str, new_session: bool = False,
     return subprocess.Popen(command, env=env, text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, start_new_session=new_session,
                             preexec_fn=_default_sigint if sigint else None)
+
+
+def processes() -> Iterator[tuple[int, list[str], dict[str, str], str]]:
+    """Every live process as ``(pid, command, environment, state)``, as it was started: from
+    /proc, or for a Python a CLI's spawner forked (``tests/spawner.py``), whose /proc shows the
+    zygote's, from its registry."""
+    folder = os.environ.get(spawner.REGISTRY_ENV, "")
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            state = (proc / "stat").read_text().rsplit(")", 1)[-1].split()[0]
+            if (entry := spawner.registered(folder, int(proc.name)) if folder else None):
+                command, env = entry["command"], entry["env"]
+            else:
+                command = [c.decode(errors="replace")
+                           for c in (proc / "cmdline").read_bytes().split(b"\0")]
+                env = dict(line.decode(errors="replace").partition("=")[::2]
+                           for line in (proc / "environ").read_bytes().split(b"\0") if line)
+        except OSError:
+            continue
+        yield int(proc.name), command, env, state
 
 
 def _default_sigint() -> None:

@@ -27,6 +27,8 @@ import sys
 import tempfile
 import threading
 
+import spawner  # tests/spawner.py: this script's folder is on the path
+
 # what the imports print on stderr (warnings) goes to every child's stderr, as a fresh process
 # prints it
 with tempfile.TemporaryFile() as _said:
@@ -137,11 +139,17 @@ def become(request: dict) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    sys.path[0] = os.getcwd()  # as -m sets it, not this script's folder
-    sys.argv = [reproduce.__main__.__file__, *request["argv"]]
-    del sys.modules["reproduce.__main__"]  # run afresh as __main__, as -m does
     if request.get("sigint"):  # as a fresh Python started with SIGINT not ignored
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    # a CLI that starts CLIs (ranks, workers) forks them from a copy of itself made now
+    # (tests/spawner.py); in a process that copy forked, its own request, applied
+    while spawner.wants_spawner(request["argv"], dict(os.environ)):
+        if (forked := spawner.start()) is None:
+            break
+        spawner.apply(request := forked)
+    sys.path[0] = os.getcwd()  # as -m sets it, not this script's folder
+    sys.argv = [reproduce.__main__.__file__, *request["argv"]]
+    sys.modules.pop("reproduce.__main__", None)  # run afresh as __main__, as -m does
     if injected := os.environ.get("REPRODUCE_TEST_INJECTED"):  # helpers.inject's sitecustomize
         sys.path.insert(1, os.path.dirname(injected))
         with open(injected) as code:

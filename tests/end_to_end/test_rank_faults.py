@@ -17,7 +17,7 @@ import torch
 
 from reproduce.records import claims
 from reproduce.train import devices
-from tests.helpers import WANDB_OFFLINE, cli, cli_env, start
+from tests.helpers import WANDB_OFFLINE, cli, cli_env, processes, start
 
 pytestmark = pytest.mark.slow
 
@@ -86,15 +86,10 @@ def test_two_processes_train_one_run_with_one_record_one_wandb_run_one_table(two
 
 
 def _rank_pid(payload: Path, local_rank: str) -> int | None:
-    for proc in Path("/proc").glob("[0-9]*"):
-        try:
-            cmd = (proc / "cmdline").read_bytes().split(b"\0")
-            env = (proc / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"_rank-run" in cmd and str(payload).encode() in cmd and \
-                f"LOCAL_RANK={local_rank}".encode() in env:
-            return int(proc.name)
+    for pid, command, env, _ in processes():
+        if "_rank-run" in command and str(payload) in command and \
+                env.get("LOCAL_RANK") == local_rank:
+            return pid
     return None
 
 
@@ -196,16 +191,8 @@ def test_sigterm_then_kill_9_of_the_sweep_process_and_the_rerun_equals_an_uninte
 
 def _ranks(payload: Path) -> list[int]:
     """The live rank processes of the run whose payload is ``payload``."""
-    found = []
-    for proc in Path("/proc").glob("[0-9]*"):
-        try:
-            cmd = (proc / "cmdline").read_bytes().split(b"\0")
-            state = (proc / "stat").read_text().split(")")[-1].split()[0]
-        except OSError:
-            continue
-        if b"_rank-run" in cmd and str(payload).encode() in cmd and state != "Z":
-            found.append(int(proc.name))
-    return found
+    return [pid for pid, command, _, state in processes()
+            if "_rank-run" in command and str(payload) in command and state != "Z"]
 
 
 RUN = "table3-base-smoke-seed0"

@@ -5,6 +5,7 @@ tolerance), resume across device counts, averaging and Table 4 after DDP trainin
 options. One run on two ranks, and how it stops and resumes: `tests/end_to_end/test_rank_faults.py`."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from reproduce.errors import ConfigError
 from reproduce.train import devices
 from reproduce.train.step_time import COMPILE_BACKEND_ENV
 from reproduce.util import machine
+from tests import spawner
 from tests.helpers import cli, cli_env
 
 pytestmark = pytest.mark.slow
@@ -48,6 +50,11 @@ def test_two_ranks_equal_one_rank_accumulating_two_micro_batches(tmp_path):
     spec = _spec(tmp_path / "mine.yaml", p_drop=0.0, device_batch_tokens=256, train_steps=10000)
     a, b = tmp_path / "a", tmp_path / "b"
     cli(_env(a), "table3", "--spec", str(spec), "--scale", "smoke", "--devices", "2")
+    # both ranks forked with the CLI's imports done (tests/spawner.py), not fresh Pythons
+    payload = str(a / "runs" / "mine" / "mine-base-smoke-seed0" / devices.PAYLOAD)
+    forked = [json.loads(p.read_text()) for p in Path(os.environ[spawner.REGISTRY_ENV]).iterdir()]
+    assert sorted(f["env"].get("LOCAL_RANK", "0") for f in forked
+                  if f["command"][-2:] == ["_rank-run", payload]) == ["0", "1"]
     cli(_env(b), "table3", "--spec", str(spec), "--scale", "smoke", "--devices", "1")
     ra, rb = _record(a), _record(b)
     assert (ra["batch"]["world_size"], ra["batch"]["accumulate"]) == (2, 1)
