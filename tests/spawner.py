@@ -8,7 +8,9 @@ whose environment differs from the CLI's only in what is read after the imports 
 forked by the spawner, with the caller's stdin, stdout and stderr (or its pipe), working folder,
 environment, session and signal dispositions, and runs the CLI as a fresh one would; anything
 else is a real ``Popen``. Each such process would spend ~6 s of a core importing torch and
-Lightning (about 45 a suite, issue 82).
+Lightning (issue 82). The real ``Popen`` of ranks and workers stays proven where a test starts a
+fresh CLI (``test_workers_flag_trains_runs_in_parallel_and_renders_once``, the SLURM node-lost
+test's local run).
 
 What the product sees is a ``Popen``'s: a pid (its own process group where
 ``start_new_session`` asked for one, made before the pid is answered), ``poll``, ``wait``,
@@ -187,9 +189,11 @@ class _Client:
         threading.Thread(target=self._read, daemon=True, name="spawner-answers").start()
 
     def forkable(self, env: dict[str, str]) -> bool:
-        return not self.lost and all(
-            key.startswith(LATER) for key in env.keys() | self.base.keys()
-            if env.get(key) != self.base.get(key))
+        """Whether a process with ``env`` behaves as a fresh one when forked: it differs from
+        the CLI's only in what is read later, and sets the threads where it changes them."""
+        differ = {key for key in env.keys() | self.base.keys() if env.get(key) != self.base.get(key)}
+        return not self.lost and all(key.startswith(LATER) for key in differ) and (
+            "OMP_NUM_THREADS" not in differ or env.get("OMP_NUM_THREADS", "").isdigit())
 
     def spawn(self, request: dict, fds: list[int]) -> int:
         with self.lock:
