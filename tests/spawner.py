@@ -31,6 +31,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 
 # What the imports did not read, which a forked process may have other values of: the project's
 # and W&B's settings, pytest's and SLURM's, the ranks' rendezvous that Lightning's launcher and
@@ -65,11 +66,14 @@ def start() -> dict | None:
     sys.stdout.flush()
     sys.stderr.flush()
     mine, theirs = socket.socketpair()
-    base = dict(os.environ)
+    base, owner = dict(os.environ), os.getpid()
     pid = os.fork()
     if pid == 0:
         mine.close()
-        return _serve(theirs, os.getppid())
+        try:
+            return _serve(theirs, owner)
+        except BaseException:  # never into the caller's stack: the CLI's own code is there
+            os._exit(1)
     theirs.close()
     subprocess.Popen = _popen_class(_Client(mine, pid, base))  # type: ignore[misc]
     return None
@@ -110,12 +114,12 @@ def _serve(sock: socket.socket, owner: int) -> dict:
                 os.close(ready_w)
                 for fd in set(fds):
                     os.close(fd)
-                os.read(ready_r, 1)  # EOF once its session and streams are set
+                os.read(ready_r, 1)  # EOF once its session, streams and signals are set
                 os.close(ready_r)
                 pidfd = os.pidfd_open(pid)
                 children[pidfd] = pid
                 selector.register(pidfd, selectors.EVENT_READ)
-                _send(sock, {"pid": pid})
+                _send(sock, {"pid": pid, "id": request["id"]})
             else:
                 pid = children.pop(key.fd)
                 selector.unregister(key.fd)
@@ -125,8 +129,8 @@ def _serve(sock: socket.socket, owner: int) -> dict:
 
 
 def apply(request: dict) -> None:
-    """In a forked process: the streams, session, signal dispositions, folder, environment and
-    threads its ``Popen`` asked for; ``sys.argv`` as ``python -m reproduce`` sets it."""
+    """In a forked process: the streams, session, signal dispositions, folder and environment
+    its ``Popen`` asked for, all set before its pid is answered; registered (``REGISTRY_ENV``)."""
     stdin, stdout, stderr = request["fds"]
     for fd, opened in ((0, stdin), (1, stdout), (2, stderr)):
         os.dup2(opened, fd)
@@ -134,7 +138,6 @@ def apply(request: dict) -> None:
         os.close(opened)
     if request["new_session"]:
         os.setsid()
-    os.close(request["ready"])
     sys.stdin = open(0, closefd=False)
     for name, signum in (("SIGINT", signal.SIGINT), ("SIGTERM", signal.SIGTERM),
                          ("SIGHUP", signal.SIGHUP), ("SIGUSR1", signal.SIGUSR1),
@@ -148,13 +151,22 @@ def apply(request: dict) -> None:
     os.environ.clear()
     os.environ.update(request["env"])
     if folder := request["env"].get(REGISTRY_ENV):  # what /proc says of a fresh one
-        with open(os.path.join(folder, str(os.getpid())), "w") as f:
+        path = os.path.join(folder, str(os.getpid()))
+        with open(path + ".tmp", "w") as f:
             json.dump({"command": [sys.executable, "-m", "reproduce", *request["argv"]],
                        "env": request["env"], "started": started(os.getpid())}, f)
-    if threads := request["env"].get("OMP_NUM_THREADS"):
+        os.replace(path + ".tmp", path)
+    os.close(request["ready"])
+
+
+def set_threads() -> None:
+    """The threads this process's environment asks for (torch read the zygote's at import):
+    once no spawner is left to fork, as a thread pool may start here."""
+    if threads := os.environ.get("OMP_NUM_THREADS"):
         import torch
 
-        torch.set_num_threads(int(threads))
+        if torch.get_num_threads() != int(threads):
+            torch.set_num_threads(int(threads))
 
 
 def started(pid: int) -> int:
@@ -183,7 +195,8 @@ class _Client:
         self.sock, self.spawner, self.base = sock, pid, base
         self.lock = threading.Lock()
         self.answered = threading.Condition()
-        self.pids: list[int] = []
+        self.pids: dict[int, int] = {}  # request id -> pid
+        self.asked = 0
         self.codes: dict[int, int] = {}
         self.lost = False
         threading.Thread(target=self._read, daemon=True, name="spawner-answers").start()
@@ -197,33 +210,51 @@ class _Client:
 
     def spawn(self, request: dict, fds: list[int]) -> int:
         with self.lock:
+            self.asked += 1
+            asked = request["id"] = self.asked  # an answer is its request's, however late
             _send(self.sock, request, fds)
-            with self.answered:
-                while not self.pids and not self.lost:
-                    self.answered.wait()
-                if self.lost:
-                    raise OSError(f"the spawner (pid {self.spawner}) died")
-                return self.pids.pop(0)
+        with self.answered:
+            self.answered.wait_for(lambda: asked in self.pids or self.lost)
+            if asked not in self.pids:
+                raise OSError(f"the spawner (pid {self.spawner}) died")
+            return self.pids.pop(asked)
 
     def _read(self) -> None:
-        while (got := _receive(self.sock)) is not None:
-            answer, _ = got
+        try:
+            while (got := _receive(self.sock)) is not None:
+                answer, _ = got
+                with self.answered:
+                    if "pid" in answer:
+                        self.pids[answer["id"]] = answer["pid"]
+                    else:
+                        self.codes[answer["ended"]] = answer["code"]
+                    self.answered.notify_all()
+        finally:
             with self.answered:
-                if "pid" in answer:
-                    self.pids.append(answer["pid"])
-                else:
-                    self.codes[answer["ended"]] = answer["code"]
+                self.lost = True
                 self.answered.notify_all()
-        with self.answered:
-            self.lost = True
-            self.answered.notify_all()
 
     def wait(self, pid: int, timeout: float | None) -> int | None:
+        """``pid``'s exit code, taken; None if it still runs after ``timeout`` seconds. With the
+        spawner gone (the reaper of its processes is then init), from whether ``pid`` lives."""
         with self.answered:
             self.answered.wait_for(lambda: pid in self.codes or self.lost, timeout)
-            if pid not in self.codes and self.lost:
-                self.codes[pid] = -signal.SIGKILL  # its parent died: so did it
-            return self.codes.get(pid)
+            if pid in self.codes:
+                return self.codes.pop(pid)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while _alive(pid):
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
+            time.sleep(0.2)
+        return -signal.SIGKILL  # its exit code went with the spawner
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def _popen_class(client: _Client) -> type:

@@ -143,10 +143,14 @@ def become(request: dict) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     # a CLI that starts CLIs (ranks, workers) forks them from a copy of itself made now
     # (tests/spawner.py); in a process that copy forked, its own request, applied
+    spawned = False
     while spawner.wants_spawner(request["argv"], dict(os.environ)):
         if (forked := spawner.start()) is None:
             break
         spawner.apply(request := forked)
+        spawned = True
+    if spawned:
+        spawner.set_threads()
     sys.path[0] = os.getcwd()  # as -m sets it, not this script's folder
     sys.argv = [reproduce.__main__.__file__, *request["argv"]]
     sys.modules.pop("reproduce.__main__", None)  # run afresh as __main__, as -m does
