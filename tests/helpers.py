@@ -85,17 +85,8 @@ def _default_sigint() -> None:
 
 
 TIMEOUT = 600
-# what the zygote's imports did not read: a CLI forked from it with other values of these behaves
-# as a fresh one (its results and runs folders, W&B's settings, the seed Lightning leaves in the
-# environment of a test that trained in its own process, pytest's own variables, SLURM's, read
-# when a job is submitted or a run's cluster environment is built, and the pointer torch's
-# inductor sets before each compiled library it loads reads it, which an in-process compile
-# leaves behind: without it, no later CLI call of that worker was forked; and the flag joblib sets
-# for Intel's OpenMP runtime, which torch here does not use, as a test first scores BLEU in its own
-# process: sacremoses imports joblib; and Kineto's log level, which a run's step census sets in
-# the process that trains and Kineto reads when it first profiles)
-READ_LATER = ("REPRODUCE_", "WANDB_", "PL_GLOBAL_SEED", "PL_SEED_WORKERS", "PYTEST_", "SLURM_",
-              "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR", "KMP_INIT_AT_FORK", "KINETO_LOG_LEVEL")
+# what the zygote's imports did not read (declared in tests/spawner.py, which forks by it too)
+READ_LATER = spawner.READ_LATER
 # read by torch once: a zygote for each value a test asks for (cli_env's threads)
 PER_ZYGOTE = ("OMP_NUM_THREADS",)
 # the environment the session's tests start from (conftest.py)

@@ -33,13 +33,23 @@ import sys
 import threading
 import time
 
-# What the imports did not read, which a forked process may have other values of: the project's
-# and W&B's settings, pytest's and SLURM's, the ranks' rendezvous that Lightning's launcher and
-# the sweep set, and the threads (set again in the forked process: torch read them at import)
-LATER = ("REPRODUCE_", "WANDB_", "PL_", "PYTEST_", "SLURM_", "MASTER_ADDR", "MASTER_PORT",
-         "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE", "RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE",
-         "OMP_NUM_THREADS", "MKL_NUM_THREADS", "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR",
-         "KMP_INIT_AT_FORK", "KINETO_LOG_LEVEL")
+# what the zygote's imports did not read: a CLI forked from it with other values of these behaves
+# as a fresh one (its results and runs folders, W&B's settings, the seed Lightning leaves in the
+# environment of a test that trained in its own process, pytest's own variables, SLURM's, read
+# when a job is submitted or a run's cluster environment is built, and the pointer torch's
+# inductor sets before each compiled library it loads reads it, which an in-process compile
+# leaves behind: without it, no later CLI call of that worker was forked; and the flag joblib sets
+# for Intel's OpenMP runtime, which torch here does not use, as a test first scores BLEU in its own
+# process: sacremoses imports joblib; and Kineto's log level, which a run's step census sets in
+# the process that trains and Kineto reads when it first profiles)
+READ_LATER = ("REPRODUCE_", "WANDB_", "PL_GLOBAL_SEED", "PL_SEED_WORKERS", "PYTEST_", "SLURM_",
+              "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR", "KMP_INIT_AT_FORK", "KINETO_LOG_LEVEL")
+# and besides those, what a process a CLI starts may differ in: the ranks' rendezvous that
+# Lightning's launcher and the sweep set, and the threads (set again in the forked process: torch
+# read them at import)
+LATER = READ_LATER + ("PL_", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK",
+                      "WORLD_SIZE", "RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS",
+                      "MKL_NUM_THREADS")
 MODULES = ("reproduce", "reproduce.__main__")
 # a folder of a file per forked process, its command and environment: its /proc shows the
 # zygote's (``helpers.processes``)
@@ -334,19 +344,6 @@ class _Spawned:
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
-
-    def communicate(self, input=None, timeout=None):  # noqa: A002 (Popen's name)
-        out = self.stdout.read() if self.stdout is not None else None
-        self.wait(timeout)
-        return out, None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.stdout is not None:
-            self.stdout.close()
-        self.wait()
 
 
 # --- messages: a length, JSON, and file descriptors beside it ------------------------------------

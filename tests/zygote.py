@@ -153,7 +153,7 @@ def become(request: dict) -> None:
         spawner.set_threads()
     sys.path[0] = os.getcwd()  # as -m sets it, not this script's folder
     sys.argv = [reproduce.__main__.__file__, *request["argv"]]
-    sys.modules.pop("reproduce.__main__", None)  # run afresh as __main__, as -m does
+    del sys.modules["reproduce.__main__"]  # run afresh as __main__, as -m does
     if injected := os.environ.get("REPRODUCE_TEST_INJECTED"):  # helpers.inject's sitecustomize
         sys.path.insert(1, os.path.dirname(injected))
         with open(injected) as code:
