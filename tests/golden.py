@@ -26,23 +26,25 @@ class _Losses(pl.Callback):
         self.losses.append(float(outputs["loss"]))
 
 
-def config(steps: int = STEPS):
+def config(steps: int = STEPS, **overrides):
     """Table 3's base at ``smoke``, trained ``steps`` steps, nothing saved or evaluated, in
-    batches of 1024 tokens: the scale's batch when the values were written (now 512)."""
+    batches of 1024 tokens: the scale's batch when the values were written (now 512);
+    ``overrides``: config fields changed beside (not the golden's values then)."""
     from reproduce.records.sweep import load_spec
 
     return load_spec("table3").resolve("base", "smoke").overrides(
-        train_steps=steps, val_every_steps=0, ckpt_every_steps=0, batch_tokens=1024)
+        train_steps=steps, val_every_steps=0, ckpt_every_steps=0, batch_tokens=1024, **overrides)
 
 
-def losses(steps: int = STEPS, compiled: bool = False, prepare=None) -> list[float]:
+def losses(steps: int = STEPS, compiled: bool = False, prepare=None, **overrides) -> list[float]:
     """The training loss of each of the first ``steps`` optimizer steps (the run's data, built in
     ``$REPRODUCE_CACHE``); ``compiled``: the training loss as ``train.compile`` runs it;
-    ``prepare(module)``: a last change to the module before it trains."""
+    ``prepare(module)``: a last change to the module before it trains; ``overrides``: as
+    ``config``'s."""
     from reproduce.train.fit import build_data
     from reproduce.train.lit import TranslationModule
 
-    c = config(steps)
+    c = config(steps, **overrides)
     pl.seed_everything(c.train.seed, workers=True, verbose=False)  # as runner.run_here
     _, data = build_data(c)
     module = TranslationModule(c.to_dict())

@@ -55,21 +55,26 @@ def test_the_eager_path_gives_the_golden_losses(own_cache):
     _assert_golden(golden.losses(), same_cpu_bound=0.0)
 
 
-def test_the_fast_path_compiled_gives_the_golden_losses_from_one_compile(own_cache):
+def test_the_fast_path_compiled_trains_as_the_eager_path_from_one_compile(own_cache):
     """Compiled whole (fullgraph) once with dynamic shapes: 20 batches of 20 shapes, no
     recompile (a loop over the real positions' count, or two sizes equal on the first batch,
-    made one per batch), dropout drawn as eager draws it (the same losses); the loss kept off the
-    progress bar, which reads its values every step. Traced once: the modules' floats (dropout's
-    p, layer norm's eps) are constants from the start, not symbols that dynamo later specializes
-    and traces the whole graph again for (half the compile's time)."""
+    made one per batch), dropout drawn as eager draws it: the eager path's losses (which are the
+    golden's, above) within rounding, the bounds above; the loss kept off the progress bar, which
+    reads its values every step. Traced once: the modules' floats (dropout's p, layer norm's eps)
+    are constants from the start, not symbols that dynamo later specializes and traces the whole
+    graph again for (half the compile's time). Two layers a side where the golden has six: the
+    same layer repeated, compiled in a third of the time."""
     from torch._dynamo.utils import compilation_time_metrics, counters
 
+    eager = golden.losses(N=2)
     torch._dynamo.reset()
     counters.clear()
     compilation_time_metrics.clear()
     modules: list = []
-    losses = golden.losses(compiled=True, prepare=modules.append)
-    _assert_golden(losses, same_cpu_bound=1e-5)
+    losses = golden.losses(compiled=True, prepare=modules.append, N=2)
+    differences = [abs(a - b) / abs(b) for a, b in zip(losses, eager, strict=True)]
+    assert max(differences[:FIRST_STEPS]) < OTHER_CPU_FIRST, differences
+    assert max(differences) < OTHER_CPU_ALL, differences
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
     attempts = [k for k in compilation_time_metrics if k.startswith("compile_attempt_")]
     assert attempts == ["compile_attempt_0"], attempts
