@@ -85,7 +85,7 @@ def start() -> dict | None:
         except BaseException:  # never into the caller's stack: the CLI's own code is there
             os._exit(1)
     theirs.close()
-    subprocess.Popen = _popen_class(_Client(mine, pid, base))  # type: ignore[misc]
+    subprocess.Popen = _popen_class(_Client(mine, pid, base))  # type: ignore[misc,assignment]
     return None
 
 
@@ -298,7 +298,8 @@ class _Spawned:
     """A process the spawner forked, as the ``Popen`` the caller asked for."""
 
     def __init__(self, client: _Client, args: list[str], env: dict[str, str], kwargs: dict):
-        self.args, self._client, self.returncode = args, client, None
+        self.args, self._client = args, client
+        self.returncode: int | None = None
         self.stdin = self.stderr = self.stdout = None
         out = err = None
         if kwargs.get("stdout") == subprocess.PIPE:
@@ -328,7 +329,7 @@ class _Spawned:
             if code is None:
                 if timeout == 0:
                     return None
-                raise subprocess.TimeoutExpired(self.args, timeout)
+                raise subprocess.TimeoutExpired(self.args, timeout or 0.0)  # (None waits)
             self.returncode = code
         return self.returncode
 
