@@ -99,7 +99,7 @@ def forkable(env: dict[str, str]) -> bool:
     ``inject`` adds (the child runs it as it starts)."""
     return bool(SESSION_ENV) and all(
         key.startswith(READ_LATER) or key in PER_ZYGOTE
-        or (key == "PYTHONPATH" and env.get(key) == _injected_path(env))
+        or (key == "PYTHONPATH" and env.get(key) in _paths_forkable(env))
         for key in differing(env))
 
 
@@ -109,15 +109,28 @@ def differing(env: dict[str, str]) -> list[str]:
                   if env.get(key) != SESSION_ENV.get(key))
 
 
-def _injected_path(env: dict[str, str]) -> str | None:
-    """The session's PYTHONPATH with the folder of ``env``'s injected fault before it."""
-    if INJECTED not in env:
-        return None
-    return _path_with(Path(env[INJECTED]).parent, SESSION_ENV.get("PYTHONPATH"))
+def _paths_forkable(env: dict[str, str]) -> set[str]:
+    """The session's PYTHONPATH with the folder of ``env``'s injected fault before it, or the
+    folder that hands SLURM tasks over (``TASK_HAND_OVER``), or both."""
+    session = SESSION_ENV.get("PYTHONPATH")
+    paths = {_path_with(TASK_HAND_OVER, session)}
+    if INJECTED in env:
+        fault = Path(env[INJECTED]).parent
+        paths |= {_path_with(fault, session), _path_with(fault, _path_with(TASK_HAND_OVER, session))}
+    return paths
 
 
 def _path_with(folder: Path, pythonpath: str | None) -> str:
-    return os.pathsep.join(p for p in (str(folder), pythonpath) if p)
+    """``folder`` first on ``pythonpath``, but after ``TASK_HAND_OVER`` (its sitecustomize runs
+    the one after it)."""
+    rest = [p for p in (pythonpath or "").split(os.pathsep) if p]
+    first = rest[:1] if rest[:1] == [str(TASK_HAND_OVER)] and folder != TASK_HAND_OVER else []
+    return os.pathsep.join([*first, str(folder), *rest[len(first):]])
+
+
+# a folder whose sitecustomize hands a SLURM task to a zygote (``tests/task_zygote.py``), on the
+# PYTHONPATH the SLURM tests submit with
+TASK_HAND_OVER = Path(__file__).with_name("task_hand_over")
 
 
 class _Zygote:

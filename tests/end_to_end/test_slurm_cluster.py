@@ -12,14 +12,18 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from reproduce.launch.slurm import TASK_PROCESS
 from reproduce.tables.common import layouts
-from tests.helpers import INJECTED, PACED, cli, inject, start
+from tests.helpers import INJECTED, PACED, TASK_HAND_OVER, _path_with, cli, inject, start
+from tests.spawner import READ_LATER
+from tests.task_hand_over import task_key
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF = Path(os.environ.get("REPRODUCE_SLURM_DIR", "/tmp/reproduce-slurm")) / "slurm.conf"
@@ -27,7 +31,9 @@ pytestmark = pytest.mark.slow  # the module-scoped cluster keeps them on one wor
 
 
 @pytest.fixture(scope="module")
-def slurm_env() -> dict[str, str]:
+def slurm_env(tmp_path_factory) -> Iterator[dict[str, str]]:
+    """The environment the tests submit with: the cluster's, and its tasks handed over to a
+    zygote started with it (``tests/task_zygote.py``)."""
     env = {**os.environ, "SLURM_CONF": str(CONF)}
     try:
         nodes = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], env=env, capture_output=True,
@@ -47,11 +53,48 @@ def slurm_env() -> dict[str, str]:
         if os.environ.get("REPRODUCE_SLURM_REQUIRED"):  # CI (.ci/run) started one: it must be up
             pytest.fail(f"{why}, though .ci/run started one with tools/slurm/cluster.sh up")
         pytest.skip(f"{why}: `tools/slurm/cluster.sh up` starts one")
-    return env
+    env.update({"PYTHONPATH": _path_with(TASK_HAND_OVER, env.get("PYTHONPATH")),
+                task_key.ZYGOTES_ENV: str(tmp_path_factory.mktemp("tasks"))})
+    _task_zygote(env)
+    yield env
+    for zygote in _ZYGOTES.values():
+        zygote.kill()
+        zygote.wait()
+    _ZYGOTES.clear()
+
+
+_ZYGOTES: dict[str, subprocess.Popen] = {}  # by the key of the environment each was started with
+
+
+def _task_zygote(env: dict[str, str]) -> None:
+    """``tests/task_zygote.py`` started with ``env``: each task submitted with ``env`` (as the
+    imports read it) forks from it instead of importing torch and Lightning again (a core's ~6 s),
+    once it listens (``_ready``); a task with any other environment is a fresh Python."""
+    folder = Path(env[task_key.ZYGOTES_ENV])
+    with open(folder / f"{_key(env)}.log", "wb") as log:
+        _ZYGOTES[_key(env)] = subprocess.Popen(
+            [sys.executable, str(ROOT / "tests" / "task_zygote.py"), str(folder)], env=env,
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _ready(env: dict[str, str], timeout: float = 120) -> None:
+    """Once the zygote started for ``env``'s tasks listens (none started: at once)."""
+    if (zygote := _ZYGOTES.get(_key(env))) is None:
+        return
+    socket = Path(env[task_key.ZYGOTES_ENV]) / f"{_key(env)}.sock"
+    deadline = time.time() + timeout
+    while not socket.exists() and zygote.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    assert zygote.poll() is None, (socket.with_suffix(".log")).read_text()[-3000:]
+
+
+def _key(env: dict[str, str]) -> str:
+    return task_key.key(env, READ_LATER + task_key.TASK_LATER)
 
 
 def _submit(env: dict[str, str], root: Path, *args: str, **extra: str) -> str:
     user = {k: v for k, v in env.items() if not k.startswith("REPRODUCE_")}
+    _ready(user)
     out = cli({**user, "REPRODUCE_CACHE": str(root / "cache"), "WANDB_MODE": "disabled", **extra},
               "table3", "--scale", "smoke", "--launcher", "slurm", "--results", str(root / "mine"),
               *args, check=False)
@@ -520,6 +563,7 @@ def test_the_cluster_recipe_runs_as_written_at_smoke(slurm_env, tmp_path):
         if argv[0] in (".", "source"):  # the settings file, in this shell
             for setting in Path(argv[1]).read_text().splitlines():
                 export(shlex.split(setting))
+            _task_zygote(env)  # for the tasks submitted with these settings
             continue
         if argv[0] == "cd":
             continue  # the checkout's root is where every command below runs
@@ -538,6 +582,8 @@ def test_the_cluster_recipe_runs_as_written_at_smoke(slurm_env, tmp_path):
             _wait_for_queue(slurm_env, submitted)  # the render jobs' too
             page = (results / "table3.md").read_text()  # rendered by the render job
             assert all(f"\n| {v} | " in page for v in ("A1", "A2", "A3", "A4")), page
+        if submits:
+            _ready(env)
         out = cli(inject(env, tmp_path / "inject", FAILS_TASK_4) if submits else env, *args,
                   cwd=ROOT, check=False)
         assert out.returncode == 0, f"{line}\n{out.stdout}\n{out.stderr}"
