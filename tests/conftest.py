@@ -61,16 +61,18 @@ def own_wandb_service(monkeypatch):
 
 
 # The files the workers start first, in this order (``--dist loadfile`` deals whole files, in the
-# order of the collected items: ``--no-loadscope-reorder``, pyproject.toml). The SLURM tests
-# first: for most of their ~3.5 minutes they wait on SLURM's timers and paced steps, and the
-# CPU-bound files of the other worker fill the cores meanwhile (started in the middle, they met
-# the compiling tests, and both cores idled). Then the longest, so no long one is left alone at
-# the end. Sizes from ``--durations=0`` (a 2-core AMD EPYC, 2026-11-29); the order decides only
-# when a file runs, never what it runs or proves.
-FIRST = ("end_to_end/test_slurm_cluster.py", "end_to_end/test_faults.py", "train/test_devices.py",
-         "train/test_fast_step.py", "launch/test_workers.py", "end_to_end/test_rank_faults.py",
-         "train/test_compiling.py", "train/test_tuning.py", "end_to_end/test_first_steps.py",
-         "end_to_end/test_install.py", "speed/test_gpu_window.py",
+# order of the collected items: ``--no-loadscope-reorder``, pyproject.toml; each worker starts with
+# two, then takes the next as one ends). The SLURM tests first: for much of their ~6 minutes they
+# wait on SLURM's timers, cron's minute and paced steps, so the other worker starts with the files
+# that run two or more processes at once (ranks, workers, pip), which fill both cores meanwhile;
+# the fault tests, which wait on paced steps themselves, come after them (beside the SLURM file
+# they left the machine 16% idle). Then the longest, so no long one is left alone at the end.
+# Sizes from a timeline of the suite (a 2-core AMD EPYC, 2026-12-03); the order decides only when
+# a file runs, never what it runs or proves.
+FIRST = ("end_to_end/test_slurm_cluster.py", "train/test_devices.py", "train/test_fast_step.py",
+         "launch/test_workers.py", "end_to_end/test_rank_faults.py", "end_to_end/test_install.py",
+         "end_to_end/test_faults.py", "train/test_tuning.py", "train/test_compiling.py",
+         "end_to_end/test_first_steps.py", "speed/test_gpu_window.py",
          "end_to_end/test_offline_kit.py", "data/test_hub_snapshot.py")
 
 

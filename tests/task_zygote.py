@@ -1,4 +1,4 @@
-"""A zygote for SLURM tasks: ``python tests/task_zygote.py FOLDER``, started by the SLURM tests
+"""A zygote for SLURM tasks: ``python tests/task_zygote.py FOLDER PID``, started by the SLURM tests
 with the environment they submit with. It imports what ``tests/zygote.py`` imports (torch,
 Lightning, the CLI's modules) and what a task adds (submitit, ``launch.task``), then listens on
 ``FOLDER/<key>.sock``, its environment's key (``tests/task_hand_over/task_key.py``), and
@@ -7,6 +7,7 @@ forks a process for each task that connects: that process is the task, as
 environment and arguments, and dies with the task's stand-in. Many at once (an array, the ranks of
 a run over both nodes); the stand-in gets each one's exit code."""
 
+import ctypes
 import gc
 import importlib.util
 import io
@@ -31,8 +32,12 @@ gc.freeze()
 LATER = spawner.READ_LATER + task_key.TASK_LATER
 
 
-def serve(folder: str) -> dict:
-    """Accept stand-ins, fork a task for each; return only in a forked task (its request)."""
+def serve(folder: str, parent: int) -> dict:
+    """Accept stand-ins, fork a task for each; return only in a forked task (its request). Dies
+    with ``parent``, the test process that started it (``PID``)."""
+    ctypes.CDLL(None, use_errno=True).prctl(spawner.PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # it died before the line above took effect
+        raise SystemExit(1)
     own = task_key.key(dict(os.environ), LATER)
     path = os.path.join(folder, own + ".sock")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -139,5 +144,5 @@ def _task_file() -> str:
 
 
 if __name__ == "__main__":
-    become(serve(sys.argv[1]))
+    become(serve(sys.argv[1], int(sys.argv[2])))
     runpy.run_module(task_key.TASK_MODULE, run_name="__main__", alter_sys=True)

@@ -73,7 +73,8 @@ def _task_zygote(env: dict[str, str]) -> None:
     folder = Path(env[task_key.ZYGOTES_ENV])
     with open(folder / f"{_key(env)}.log", "wb") as log:
         _ZYGOTES[_key(env)] = subprocess.Popen(
-            [sys.executable, str(ROOT / "tests" / "task_zygote.py"), str(folder)], env=env,
+            [sys.executable, str(ROOT / "tests" / "task_zygote.py"), str(folder),
+             str(os.getpid())], env=env,
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
 
 
