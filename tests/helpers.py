@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from tests import spawner
+from tests.task_hand_over.task_key import INJECTED  # a child forked from a zygote runs it
 
 # W&B on, offline into the session's temp dir (conftest turns it off for the other tests)
 WANDB_OFFLINE = {"WANDB_MODE": "offline"}
@@ -356,9 +357,6 @@ def inject(env: dict[str, str], folder: Path, code: str) -> dict[str, str]:
     return {**env, "PYTHONPATH": _path_with(folder, env.get("PYTHONPATH")),
             INJECTED: str(folder / "sitecustomize.py")}
 
-
-# the fault ``inject`` wrote: a child forked from a zygote runs it as it starts
-INJECTED = "REPRODUCE_TEST_INJECTED"
 
 
 # a fault for ``inject``: training steps of at least 0.25 s (or REPRODUCE_TEST_PACE_SECONDS) while

@@ -124,10 +124,7 @@ def become(request: dict) -> None:
     tempfile.tempdir = None  # from TMPDIR, which SLURM sets, when next asked
     sys.path[0] = os.getcwd()  # as -m sets it, not this script's folder
     sys.argv = [_task_file(), *request["argv"]]
-    if injected := os.environ.get(task_key.INJECTED):  # helpers.inject's sitecustomize
-        sys.path.insert(1, os.path.dirname(injected))
-        with open(injected) as code:
-            exec(compile(code.read(), injected, "exec"), {"__name__": "sitecustomize"})
+    task_key.run_injected()  # helpers.inject's sitecustomize
 
 
 def _die_with(stand_in: int) -> None:

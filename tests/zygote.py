@@ -28,6 +28,7 @@ import tempfile
 import threading
 
 import spawner  # tests/spawner.py: this script's folder is on the path
+from task_hand_over import task_key  # tests/task_hand_over/task_key.py
 
 # what the imports print on stderr (warnings) goes to every child's stderr, as a fresh process
 # prints it
@@ -154,10 +155,7 @@ def become(request: dict) -> None:
     sys.path[0] = os.getcwd()  # as -m sets it, not this script's folder
     sys.argv = [reproduce.__main__.__file__, *request["argv"]]
     del sys.modules["reproduce.__main__"]  # run afresh as __main__, as -m does
-    if injected := os.environ.get("REPRODUCE_TEST_INJECTED"):  # helpers.inject's sitecustomize
-        sys.path.insert(1, os.path.dirname(injected))
-        with open(injected) as code:
-            exec(compile(code.read(), injected, "exec"), {"__name__": "sitecustomize"})
+    task_key.run_injected()  # helpers.inject's sitecustomize
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import os
 import signal
 import sys
 
-from task_key import INJECTED, TASK_LATER, TASK_MODULE, ZYGOTES_ENV, key
+from task_key import TASK_LATER, TASK_MODULE, ZYGOTES_ENV, key, run_injected
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2,
              signal.SIGCONT, signal.SIGQUIT)
@@ -76,7 +76,4 @@ def _hand_over() -> None:
 
 
 _hand_over()
-if _injected := os.environ.get(INJECTED):  # the fault's own sitecustomize, as Python runs it
-    sys.path.insert(1, os.path.dirname(_injected))
-    with open(_injected) as _code:
-        exec(compile(_code.read(), _injected, "exec"), {"__name__": "sitecustomize"})
+run_injected()  # the fault's own sitecustomize, as Python would run it

@@ -1,13 +1,16 @@
 """Which zygote a SLURM task's environment may be forked from (``tests/task_zygote.py``): one
-started with the same environment, as the imports read it."""
+started with the same environment, as the imports read it. And the fault ``helpers.inject`` wrote
+into that environment, which a task runs as it starts wherever it was forked from."""
 
 import hashlib
 import os
+import sys
 
 # the folder of the zygotes' sockets (PYTEST_: what the SLURM tests submit with keeps it)
 ZYGOTES_ENV = "PYTEST_REPRODUCE_TASK_ZYGOTES"
 TASK_MODULE = "reproduce.launch.task_process"
-INJECTED = "REPRODUCE_TEST_INJECTED"  # helpers.INJECTED
+# the sitecustomize of a fault ``helpers.inject`` wrote
+INJECTED = "REPRODUCE_TEST_INJECTED"
 # besides what the CLI's imports do not read (spawner.READ_LATER): what SLURM and submitit set in
 # a task's environment (TMPDIR too, which a task's process reads afresh: task_zygote.become)
 TASK_LATER = ("SLURMD_", "SRUN_", "PMI_", "PMIX_", "SUBMITIT_", "ENVIRONMENT", "HOSTNAME", "PWD",
@@ -25,3 +28,13 @@ def key(env: dict[str, str], later: tuple[str, ...]) -> str:
     kept = sorted((k, v) for k, v in {**env, "PYTHONPATH": path}.items()
                   if not k.startswith(later))
     return hashlib.sha1(repr(kept).encode()).hexdigest()[:16]
+
+
+def run_injected() -> None:
+    """Run the fault's sitecustomize, if the environment names one, as Python would have run it
+    first: with its folder on the path. A child forked from a zygote (``tests/zygote.py``,
+    ``tests/task_zygote.py``) and a task handed over by ``sitecustomize`` call it as they start."""
+    if injected := os.environ.get(INJECTED):
+        sys.path.insert(1, os.path.dirname(injected))
+        with open(injected) as code:
+            exec(compile(code.read(), injected, "exec"), {"__name__": "sitecustomize"})
